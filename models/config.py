@@ -1,0 +1,130 @@
+"""The model's configuration: what ``model.yaml`` in a model repository holds.
+
+Frozen dataclasses, round-tripped through plain dicts so the YAML file stays
+readable and the fingerprint (a digest over the canonical dict) is stable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from models.errors import ModelRepositoryError
+
+SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+SUPPORTED_INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """A timm Vision Transformer: the architecture name plus keyword overrides.
+
+    ``timm_kwargs`` are passed to ``timm.create_model`` (e.g. ``img_size``,
+    ``embed_dim``) so small test models are real timm ViTs, not look-alikes.
+    """
+
+    architecture: str = "vit_large_patch16_224"
+    timm_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """How an image becomes model input; the one place that decides it.
+
+    Mirrors timm's eval transform: resize the shorter side to
+    ``resize_size`` (``input_size / crop_pct``), centre-crop ``input_size``,
+    then normalise with ``mean``/``std`` on the device.
+    """
+
+    input_size: int = 224
+    resize_size: int = 248
+    interpolation: str = "bicubic"
+    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+
+    def identity(self) -> str:
+        """A canonical string naming this preprocessing (part of cache keys)."""
+        return (
+            f"size={self.input_size};resize={self.resize_size};interp={self.interpolation};"
+            f"mean={','.join(repr(m) for m in self.mean)};std={','.join(repr(s) for s in self.std)}"
+        )
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """A BERT-family encoder, built from these numbers or loaded from ``hf_dir``.
+
+    ``hf_dir`` (relative to the repository, or absolute) names a local
+    Hugging Face directory written by ``save_pretrained``; when it is set the
+    width and depth come from that directory's own ``config.json``.
+    """
+
+    hidden_size: int = 384
+    num_layers: int = 6
+    num_heads: int = 6
+    intermediate_size: int = 1536
+    max_position_embeddings: int = 512
+    hf_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class FusionConfig:
+    """The low-rank cross-modal attention layer: rank and kernel backend."""
+
+    rank: int = 16
+    backend: str = "auto"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to rebuild the model bit for bit from its weights."""
+
+    name: str
+    vision: VisionConfig
+    text: TextConfig
+    fusion: FusionConfig
+    preprocess: PreprocessConfig
+    dtype: str = "float32"
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["preprocess"]["mean"] = list(self.preprocess.mean)
+        data["preprocess"]["std"] = list(self.preprocess.std)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        """Build a config from ``model.yaml`` content, naming any bad key."""
+        try:
+            preprocess = dict(data["preprocess"])
+            preprocess["mean"] = tuple(float(m) for m in preprocess["mean"])
+            preprocess["std"] = tuple(float(s) for s in preprocess["std"])
+            config = cls(
+                name=str(data["name"]),
+                vision=VisionConfig(**data["vision"]),
+                text=TextConfig(**data["text"]),
+                fusion=FusionConfig(**data.get("fusion", {})),
+                preprocess=PreprocessConfig(**preprocess),
+                dtype=str(data.get("dtype", "float32")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ModelRepositoryError(f"model.yaml is malformed: {e!r}") from e
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.dtype not in SUPPORTED_DTYPES:
+            raise ModelRepositoryError(
+                f"model.yaml: dtype {self.dtype!r} is not one of {SUPPORTED_DTYPES}"
+            )
+        if self.preprocess.interpolation not in SUPPORTED_INTERPOLATIONS:
+            raise ModelRepositoryError(
+                f"model.yaml: preprocess.interpolation {self.preprocess.interpolation!r} "
+                f"is not one of {SUPPORTED_INTERPOLATIONS}"
+            )
+        if self.preprocess.resize_size < self.preprocess.input_size:
+            raise ModelRepositoryError(
+                "model.yaml: preprocess.resize_size must be >= preprocess.input_size"
+            )
+        if self.fusion.rank < 1:
+            raise ModelRepositoryError("model.yaml: fusion.rank must be >= 1")

@@ -1,0 +1,34 @@
+"""Typed errors of the models package.
+
+The server maps these to HTTP answers; nothing here knows about HTTP.
+"""
+
+from __future__ import annotations
+
+
+class ModelError(Exception):
+    """Base class for everything the models package raises on purpose."""
+
+
+class ModelRepositoryError(ModelError):
+    """A model repository is missing, malformed or does not match its config.
+
+    The message always names the offending file, key or tensor so an operator
+    can fix the repository without reading code.
+    """
+
+
+class UnknownPresetError(ModelError):
+    """A preset name that is not one of ``models.presets.PRESET_NAMES``."""
+
+
+class TextTooLongError(ModelError):
+    """A text has more tokens than the text encoder's position table allows."""
+
+    def __init__(self, num_tokens: int, max_tokens: int) -> None:
+        super().__init__(
+            f"text is {num_tokens} tokens long; the model accepts at most {max_tokens} "
+            "(send \"truncate\": true to cut it to the limit)"
+        )
+        self.num_tokens = num_tokens
+        self.max_tokens = max_tokens

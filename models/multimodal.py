@@ -1,0 +1,125 @@
+"""The whole model: vision encoder, text encoder and the cross-modal layer.
+
+Tensors in, tensors out, one item per list entry: the router batches, the
+cache stores per-item segments, and this module only computes. Segments stay
+on the model's device.
+
+    encode_images: (B, S, S, 3) uint8           -> [ImageSegment] * B
+    encode_texts:  B token-id sequences         -> [TextSegment]  * B
+    fuse:          [ImageSegment], [TextSegment] -> [FusedOutput] * B
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.config import ModelConfig
+from models.fusion import LowRankCrossAttention
+from models.text import TextEncoder
+from models.vision import VisionEncoder
+
+
+@dataclass(frozen=True)
+class ImageSegment:
+    """What one image contributes: its embedding and its fusion keys/values."""
+
+    pooled: torch.Tensor  # (d_v,)
+    k: torch.Tensor  # (Lv, r)
+    v: torch.Tensor  # (Lv, d_v)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.pooled, self.k, self.v))
+
+
+@dataclass(frozen=True)
+class TextSegment:
+    """What one text contributes: its embedding and its fusion queries."""
+
+    pooled: torch.Tensor  # (d_t,)
+    q: torch.Tensor  # (Lt, r), real tokens only
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.q.shape[0])
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.pooled, self.q))
+
+
+@dataclass(frozen=True)
+class FusedOutput:
+    fused: torch.Tensor  # (d_t,)
+    score: torch.Tensor  # ()
+
+
+class MultimodalModel(nn.Module):
+    """Vision + text encoders and the low-rank cross-modal attention."""
+
+    def __init__(self, config: ModelConfig, vision: VisionEncoder, text: TextEncoder) -> None:
+        super().__init__()
+        self.config = config
+        self.vision = vision
+        self.text = text
+        self.fusion = LowRankCrossAttention(
+            text_dim=text.hidden_size,
+            image_dim=vision.embed_dim,
+            rank=config.fusion.rank,
+            backend=config.fusion.backend,
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @torch.inference_mode()
+    def encode_images(self, images: torch.Tensor) -> list[ImageSegment]:
+        """``images``: (B, S, S, 3) uint8 on any device; moved to the model's."""
+        out = self.vision(images.to(self.device, non_blocking=True))
+        k, v = self.fusion.project_image(out.tokens)  # (B, Lv, r), (B, Lv, d_v)
+        return [ImageSegment(pooled=out.pooled[i], k=k[i], v=v[i]) for i in range(images.shape[0])]
+
+    @torch.inference_mode()
+    def encode_texts(self, token_ids: Sequence[Sequence[int]], pad_to: int | None = None,
+                     pad_token_id: int = 0) -> list[TextSegment]:
+        """Right-pad to ``pad_to`` (or the longest), encode, and keep each text's real rows."""
+        lengths = [len(ids) for ids in token_ids]
+        width = max(lengths) if pad_to is None else pad_to
+        if width < max(lengths):
+            raise ValueError(f"pad_to={pad_to} is shorter than the longest text ({max(lengths)})")
+        input_ids = torch.full((len(token_ids), width), pad_token_id, dtype=torch.long)  # (B, Lt)
+        attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)  # (B, Lt)
+        for row, ids in enumerate(token_ids):
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
+        q = self.fusion.project_text(out.tokens)  # (B, Lt, r)
+        return [
+            TextSegment(pooled=out.pooled[i], q=q[i, : lengths[i]]) for i in range(len(token_ids))
+        ]
+
+    @torch.inference_mode()
+    def fuse(self, images: Sequence[ImageSegment], texts: Sequence[TextSegment]) -> list[FusedOutput]:
+        """Pair ``images[i]`` with ``texts[i]``; text is packed, not padded."""
+        if len(images) != len(texts):
+            raise ValueError(f"{len(images)} image segments but {len(texts)} text segments")
+        q = torch.cat([t.q for t in texts], dim=0)  # (T, r)
+        lengths = torch.tensor([t.num_tokens for t in texts], dtype=torch.int32)
+        cu_seqlens_q = torch.zeros(len(texts) + 1, dtype=torch.int32)  # (B+1,)
+        cu_seqlens_q[1:] = torch.cumsum(lengths, dim=0)
+        k = torch.stack([s.k for s in images])  # (B, Lv, r)
+        v = torch.stack([s.v for s in images])  # (B, Lv, d_v)
+        out = self.fusion(
+            q,
+            cu_seqlens_q.to(q.device),
+            k,
+            v,
+            torch.stack([t.pooled for t in texts]),  # (B, d_t)
+            torch.stack([s.pooled for s in images]),  # (B, d_v)
+        )
+        return [FusedOutput(fused=out.fused[i], score=out.score[i]) for i in range(len(texts))]

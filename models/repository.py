@@ -1,0 +1,205 @@
+"""Model repositories: a directory that fully describes a servable model.
+
+    my-model/
+    ├── model.yaml            architecture, preprocessing, limits, dtype
+    ├── weights.safetensors   every tensor of the model (no pickle)
+    └── tokenizer/            a fast tokenizer (save_pretrained output)
+
+``model.yaml`` may instead point ``text.hf_dir`` at a local Hugging Face
+directory (``save_pretrained`` output, relative to the repository or
+absolute); the text encoder and its tokenizer then come from there and
+``weights.safetensors`` holds the vision and fusion tensors only.
+
+Loading checks every tensor's name and shape against the architecture that
+``model.yaml`` describes and names each mismatch. The fingerprint is a BLAKE2b
+digest of the canonical config, the tokenizer and every tensor, computed the
+same way for a preset built in memory, so equal models have equal
+fingerprints and a changed model never shares cache entries with the old one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from transformers import PreTrainedTokenizerBase
+
+from models.config import ModelConfig
+from models.errors import ModelRepositoryError
+from models.multimodal import MultimodalModel
+from models.presets import preset_config
+from models.text import TextEncoder
+from models.tokenizer import (
+    TextTokenizer,
+    build_byte_level_tokenizer,
+    load_tokenizer,
+)
+from models.vision import VisionEncoder
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "model.yaml"
+WEIGHTS_FILE = "weights.safetensors"
+TOKENIZER_DIR = "tokenizer"
+TEXT_PREFIX = "text."
+
+
+@dataclass(frozen=True)
+class ModelBundle:
+    """A ready model with its tokenizer, config and identity."""
+
+    model: MultimodalModel
+    tokenizer: TextTokenizer
+    config: ModelConfig
+    fingerprint: str
+    source: str  # "preset:<name> seed=<n>" or the repository path
+    has_random_weights: bool
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None) -> MultimodalModel:
+    vision = VisionEncoder(config.vision, config.preprocess)
+    if text is None:
+        text = TextEncoder.from_config(config.text, len(tokenizer), int(tokenizer.pad_token_id or 0))
+    return MultimodalModel(config, vision, text)
+
+
+def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig) -> str:
+    """BLAKE2b-256 over config, tokenizer and every tensor (name, dtype, shape, bytes)."""
+    digest = hashlib.blake2b(digest_size=32)
+    config_data = config.to_dict()
+    config_data["text"]["hf_dir"] = None  # where the files sit is not what the model is
+    config_data["fusion"]["backend"] = None  # which kernel runs it is not either
+    digest.update(json.dumps(config_data, sort_keys=True).encode())
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    digest.update((backend.to_str() if backend is not None else repr(tokenizer.get_vocab())).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().to("cpu").contiguous()
+        digest.update(f"{name}|{flat.dtype}|{tuple(flat.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
+    return digest.hexdigest()
+
+
+def _finish(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig,
+            device: str, source: str, has_random_weights: bool) -> ModelBundle:
+    model.eval()
+    model_fingerprint = fingerprint(model, tokenizer, config)
+    model.to(device=device, dtype=_torch_dtype(config.dtype))
+    max_tokens = min(model.text.max_tokens, int(getattr(tokenizer, "model_max_length", 10**9)))
+    return ModelBundle(
+        model=model,
+        tokenizer=TextTokenizer(tokenizer, max_tokens),
+        config=config,
+        fingerprint=model_fingerprint,
+        source=source,
+        has_random_weights=has_random_weights,
+    )
+
+
+def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str | None = None) -> ModelBundle:
+    """A preset with seeded random weights (same seed, same weights, same fingerprint)."""
+    config = preset_config(name)
+    if backend is not None:
+        config = _with_backend(config, backend)
+    tokenizer = build_byte_level_tokenizer(config.text.max_position_embeddings)
+    torch.manual_seed(seed)
+    model = _build(config, tokenizer, text=None)
+    return _finish(model, tokenizer, config, device, f"preset:{name} seed={seed}", True)
+
+
+def _with_backend(config: ModelConfig, backend: str) -> ModelConfig:
+    return replace(config, fusion=replace(config.fusion, backend=backend))
+
+
+def write_repository(directory: Path, bundle: ModelBundle) -> None:
+    """Write ``bundle`` as a model repository (the directory may exist but must be empty)."""
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()):
+        raise ModelRepositoryError(f"{directory} exists and is not empty")
+    directory.mkdir(parents=True, exist_ok=True)
+    config = bundle.config
+    (directory / CONFIG_FILE).write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    state = {name: t.detach().to("cpu").contiguous() for name, t in bundle.model.state_dict().items()}
+    if config.text.hf_dir is not None:
+        state = {name: t for name, t in state.items() if not name.startswith(TEXT_PREFIX)}
+    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    if config.text.hf_dir is None:
+        bundle.tokenizer.tokenizer.save_pretrained(str(directory / TOKENIZER_DIR))
+
+
+def _resolve_inside(repository: Path, relative: str) -> Path:
+    """A path from model.yaml: absolute as written, relative ones may not leave the repository."""
+    candidate = Path(relative)
+    if candidate.is_absolute():
+        return candidate
+    resolved = (repository / candidate).resolve()
+    if not resolved.is_relative_to(repository.resolve()):
+        raise ModelRepositoryError(
+            f"{CONFIG_FILE}: text.hf_dir {relative!r} points outside the repository {repository}"
+        )
+    return resolved
+
+
+def _check_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Compare names and shapes in the weights file with the architecture; name every mismatch."""
+    with safe_open(str(weights_path), framework="pt") as f:
+        found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    problems: list[str] = []
+    for name in sorted(set(expected) - set(found)):
+        problems.append(f"missing tensor {name} (expected shape {tuple(expected[name].shape)})")
+    for name in sorted(set(found) - set(expected)):
+        problems.append(f"unexpected tensor {name} (shape {found[name]})")
+    for name in sorted(set(found) & set(expected)):
+        if found[name] != tuple(expected[name].shape):
+            problems.append(
+                f"tensor {name} has shape {found[name]}, the architecture expects {tuple(expected[name].shape)}"
+            )
+    if problems:
+        raise ModelRepositoryError(f"{weights_path} does not match {CONFIG_FILE}: " + "; ".join(problems))
+
+
+def load_repository(directory: Path, *, device: str = "cpu", backend: str | None = None) -> ModelBundle:
+    """Load and verify a model repository written by ``write_repository`` (or by hand)."""
+    directory = Path(directory)
+    config_path = directory / CONFIG_FILE
+    weights_path = directory / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise ModelRepositoryError(f"model repository {directory} has no {path.name}")
+    try:
+        raw = yaml.safe_load(config_path.read_text())
+    except yaml.YAMLError as e:
+        raise ModelRepositoryError(f"{config_path} is not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ModelRepositoryError(f"{config_path} must hold a mapping")
+    config = ModelConfig.from_dict(raw)
+    if backend is not None:
+        config = _with_backend(config, backend)
+
+    text: TextEncoder | None = None
+    if config.text.hf_dir is not None:
+        hf_dir = _resolve_inside(directory, config.text.hf_dir)
+        tokenizer = load_tokenizer(hf_dir)
+        text = TextEncoder.from_pretrained(hf_dir)
+    else:
+        tokenizer = load_tokenizer(_resolve_inside(directory, TOKENIZER_DIR))
+
+    model = _build(config, tokenizer, text)
+    expected = model.state_dict()
+    if text is not None:
+        expected = {name: t for name, t in expected.items() if not name.startswith(TEXT_PREFIX)}
+    _check_tensors(weights_path, expected)
+    state = load_file(str(weights_path))
+    model.load_state_dict(state, strict=text is None)
+    logger.info("loaded model repository %s (%s)", directory, config.name)
+    return _finish(model, tokenizer, config, device, str(directory), False)

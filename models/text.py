@@ -1,0 +1,69 @@
+"""The text encoder: a BERT-family transformers model.
+
+Built from ``TextConfig`` numbers (presets) or loaded with ``AutoModel`` from a
+local Hugging Face directory. The pooled embedding is the mean over each
+text's real tokens (padding masked out), the sentence-transformers convention,
+so the result does not depend on how much a batch was padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoModel, BertConfig, BertModel
+
+from models.config import TextConfig
+from models.errors import ModelRepositoryError
+
+
+@dataclass(frozen=True)
+class TextOutput:
+    tokens: torch.Tensor  # (B, Lt, d_t), padded
+    pooled: torch.Tensor  # (B, d_t)
+
+
+def bert_config(config: TextConfig, vocab_size: int, pad_token_id: int) -> BertConfig:
+    return BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_position_embeddings,
+        pad_token_id=pad_token_id,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+
+
+class TextEncoder(nn.Module):
+    """A transformers encoder returning token states and a masked-mean embedding."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.hidden_size: int = int(model.config.hidden_size)
+        self.max_tokens: int = int(model.config.max_position_embeddings)
+
+    @classmethod
+    def from_config(cls, config: TextConfig, vocab_size: int, pad_token_id: int) -> "TextEncoder":
+        return cls(BertModel(bert_config(config, vocab_size, pad_token_id), add_pooling_layer=False))
+
+    @classmethod
+    def from_pretrained(cls, directory: Path) -> "TextEncoder":
+        """Load a local Hugging Face directory (``save_pretrained`` output), no network."""
+        try:
+            model = AutoModel.from_pretrained(str(directory), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ModelRepositoryError(f"cannot load the text model from {directory}: {e}") from e
+        return cls(model)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TextOutput:
+        """``input_ids``/``attention_mask``: (B, Lt) int64, right-padded."""
+        tokens = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(tokens.dtype)  # (B, Lt, 1)
+        pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)  # (B, d_t)
+        return TextOutput(tokens=tokens, pooled=pooled)

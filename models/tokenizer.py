@@ -1,0 +1,86 @@
+"""Text to token ids, with the encoder's length limit enforced.
+
+Presets use a byte-level tokenizer (every UTF-8 byte is one token, plus
+``[CLS]``/``[SEP]``) built from the ``tokenizers`` library, so nothing needs to
+be downloaded; it is saved with ``save_pretrained`` into the model repository
+and loaded back as a fast tokenizer like any Hugging Face tokenizer. A local
+Hugging Face text model brings its own tokenizer instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from models.errors import ModelRepositoryError, TextTooLongError
+
+SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+BYTE_LEVEL_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
+
+
+def build_byte_level_tokenizer(max_tokens: int) -> PreTrainedTokenizerFast:
+    """A fast tokenizer with one token per UTF-8 byte; needs no download."""
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    for byte_char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[byte_char] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])],
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        model_max_length=max_tokens,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+
+
+def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
+    """A tokenizer saved by ``save_pretrained``, read from local files only."""
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ModelRepositoryError(f"cannot load the tokenizer from {directory}: {e}") from e
+
+
+@dataclass(frozen=True)
+class TokenizedText:
+    """Token ids of one text, ready for the text encoder."""
+
+    token_ids: tuple[int, ...]
+    is_truncated: bool
+    num_tokens_before_truncation: int
+
+
+class TextTokenizer:
+    """Wraps a fast tokenizer with the encoder's ``max_tokens`` limit.
+
+    Called from the server's thread pool, never on the event loop.
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.pad_token_id: int = int(tokenizer.pad_token_id or 0)
+
+    def encode(self, text: str, *, truncate: bool) -> TokenizedText:
+        """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate``."""
+        token_ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+        num_tokens = len(token_ids)
+        if num_tokens <= self.max_tokens:
+            return TokenizedText(tuple(token_ids), False, num_tokens)
+        if not truncate:
+            raise TextTooLongError(num_tokens, self.max_tokens)
+        truncated = self.tokenizer(
+            text, add_special_tokens=True, truncation=True, max_length=self.max_tokens
+        )["input_ids"]
+        return TokenizedText(tuple(truncated), True, num_tokens)

@@ -1,0 +1,83 @@
+"""The plain Prometheus series of mmserve (counters, gauges, histograms).
+
+One ``ServingMetrics`` is built per app on that app's own ``CollectorRegistry``
+(never the process-global one), so two servers in one process, as in tests,
+never share a series. Names follow DESIGN.md: prefix ``mmserve_``, base units,
+``_total`` for counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Request latency buckets: fine below 10 ms (the text lane lives there) and
+# still resolving multi-second stalls. A histogram is mergeable across
+# replicas; the exact tail comes from the digests, not from these buckets.
+REQUEST_DURATION_BUCKETS_S: tuple[float, ...] = (
+    0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.006, 0.008, 0.010,
+    0.015, 0.020, 0.030, 0.050, 0.075, 0.100, 0.150, 0.200, 0.300,
+    0.500, 0.750, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0,
+)
+
+BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+
+
+class ServingMetrics:
+    """Every plain series the server, router and cache update.
+
+    Attributes are ``prometheus_client`` metric objects; callers label them
+    (``metrics.requests_total.labels(route="fusion", code="200").inc()``).
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests_total = Counter(
+            "mmserve_requests_total",
+            "Requests answered, by route and HTTP status code.",
+            ("route", "code"),
+            registry=registry,
+        )
+        self.request_duration_seconds = Histogram(
+            "mmserve_request_duration_seconds",
+            "End-to-end request latency as seen by the server.",
+            ("route",),
+            buckets=REQUEST_DURATION_BUCKETS_S,
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "mmserve_batch_size",
+            "Number of real (unpadded) requests in each executed batch.",
+            ("lane",),
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.queue_depth = Gauge(
+            "mmserve_queue_depth",
+            "Requests waiting in a lane's queue.",
+            ("lane",),
+            registry=registry,
+        )
+        self.rejected_total = Counter(
+            "mmserve_rejected_total",
+            "Requests refused by admission control, by lane and reason.",
+            ("lane", "reason"),
+            registry=registry,
+        )
+        self.cache_events_total = Counter(
+            "mmserve_cache_events_total",
+            "Segment cache events (hit, miss, coalesced, eviction, insert).",
+            ("modality", "event"),
+            registry=registry,
+        )
+        self.cache_bytes = Gauge(
+            "mmserve_cache_bytes",
+            "Bytes held by the segment cache.",
+            ("modality",),
+            registry=registry,
+        )
+        self.cache_entries = Gauge(
+            "mmserve_cache_entries",
+            "Entries held by the segment cache.",
+            ("modality",),
+            registry=registry,
+        )

@@ -1,0 +1,44 @@
+"""Typed errors of the router: why a request was not served.
+
+The server maps each to an HTTP answer (503 + Retry-After, 504, 500 with an
+error id); the router never speaks HTTP.
+"""
+
+from __future__ import annotations
+
+
+class RouterError(Exception):
+    """Base class for the router's deliberate failures."""
+
+
+class QueueFullError(RouterError):
+    """Admission control refused the request; ``retry_after_s`` estimates the drain."""
+
+    def __init__(self, lane: str, reason: str, retry_after_s: float) -> None:
+        super().__init__(f"the {lane} lane is saturated ({reason}); retry in {retry_after_s:.1f} s")
+        self.lane = lane
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(RouterError):
+    """The request's deadline passed before it could be computed."""
+
+
+class ShuttingDownError(RouterError):
+    """The server is draining and takes no new requests."""
+
+
+class ItemFailedError(RouterError):
+    """This item failed inside the model (after the batch was split down to it).
+
+    ``error_id`` is logged with the traceback so an operator can find it.
+    """
+
+    def __init__(self, error_id: str) -> None:
+        super().__init__(f"inference failed (error id {error_id})")
+        self.error_id = error_id
+
+
+class ComputeUnavailableError(RouterError):
+    """The compute thread is not running (died or never started)."""

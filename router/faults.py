@@ -1,0 +1,76 @@
+"""Fault drills: delay a stage for a fraction of its executions, for a while.
+
+Off unless the server was started with fault injection enabled. Operators use
+it to rehearse their alerts (a 172 ms stall in ``vision`` for 20 % of
+requests should raise drift attributed to ``vision``); tests use it to keep
+the compute thread busy on purpose. A compute stage (``vision``, ``text``,
+``fusion``) is delayed per batch, so every request in a delayed batch sees
+it; ``decode`` is delayed per request.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+FAULT_STAGES: tuple[str, ...] = ("decode", "vision", "text", "fusion")
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    stage: str
+    delay_ms: float
+    fraction: float
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if self.stage not in FAULT_STAGES:
+            raise ValueError(f"stage must be one of {FAULT_STAGES}, got {self.stage!r}")
+        if not 0 <= self.fraction <= 1:
+            raise ValueError("fraction must lie in [0, 1]")
+        if self.delay_ms < 0 or self.duration_s <= 0:
+            raise ValueError("delay_ms must be >= 0 and duration_s > 0")
+
+
+class FaultInjector:
+    """Holds the active plans; ``after_stage(stage)`` sleeps when a plan says so."""
+
+    def __init__(self, clock_s: Callable[[], float] = time.monotonic,
+                 sleep_s: Callable[[float], None] = time.sleep, seed: int | None = None) -> None:
+        self._plans: dict[str, tuple[FaultPlan, float]] = {}
+        self._lock = threading.Lock()
+        self._clock_s = clock_s
+        self._sleep_s = sleep_s
+        self._random = random.Random(seed)
+
+    def activate(self, plan: FaultPlan) -> float:
+        """Start ``plan`` (replacing one for the same stage); returns its end time."""
+        ends_at = self._clock_s() + plan.duration_s
+        with self._lock:
+            self._plans[plan.stage] = (plan, ends_at)
+        return ends_at
+
+    def clear(self) -> None:
+        with self._lock:
+            self._plans.clear()
+
+    def active(self) -> list[FaultPlan]:
+        now = self._clock_s()
+        with self._lock:
+            return [plan for plan, ends_at in self._plans.values() if ends_at > now]
+
+    def after_stage(self, stage: str) -> None:
+        with self._lock:
+            entry = self._plans.get(stage)
+            if entry is None:
+                return
+            plan, ends_at = entry
+            if self._clock_s() >= ends_at:
+                del self._plans[stage]
+                return
+            hit = self._random.random() < plan.fraction
+        if hit:
+            self._sleep_s(plan.delay_ms / 1000.0)

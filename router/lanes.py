@@ -1,0 +1,74 @@
+"""Per-lane queues and their batching settings.
+
+One ``Lane`` per route. A lane holds ``Pending`` items in arrival order; the
+policy picks which of them form the next batch (most urgent first, texts of
+similar length together). Lanes are only touched under the scheduler's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from router.request import InferenceRequest, Route
+
+
+@dataclass(frozen=True)
+class LaneSettings:
+    """Batching knobs of one lane (Triton's dynamic-batcher vocabulary)."""
+
+    max_batch_size: int = 8
+    max_queue_delay_ns: int = 5_000_000
+    max_queue_size: int = 256
+    default_timeout_ns: int = 30_000_000_000
+    preferred_batch_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.max_queue_size < 1:
+            raise ValueError("max_queue_size must be >= 1")
+        if any(size < 1 or size > self.max_batch_size for size in self.preferred_batch_sizes):
+            raise ValueError("preferred batch sizes must lie in [1, max_batch_size]")
+
+    @property
+    def warm_batch_sizes(self) -> tuple[int, ...]:
+        """Every batch shape this lane runs: the preferred sizes, else powers of two."""
+        if self.preferred_batch_sizes:
+            sizes = set(self.preferred_batch_sizes)
+        else:
+            sizes = {1 << i for i in range(self.max_batch_size.bit_length()) if 1 << i <= self.max_batch_size}
+        sizes.add(self.max_batch_size)
+        return tuple(sorted(sizes))
+
+    def padded_size(self, num_items: int) -> int:
+        """The smallest warmed batch shape that holds ``num_items``."""
+        return next(size for size in self.warm_batch_sizes if size >= num_items)
+
+
+@dataclass(eq=False)
+class Pending:
+    """A queued request, its scheduling key and the way back to its awaiting coroutine.
+
+    ``urgency_ns`` orders service (smaller first): the deadline shifted by the
+    priority class's offset. ``length_bucket`` groups texts for padding (0
+    for lanes without text).
+    """
+
+    request: InferenceRequest
+    enqueued_ns: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    urgency_ns: int = 0
+    length_bucket: int = 0
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self.future.cancelled()
+
+
+@dataclass(eq=False)
+class Lane:
+    route: Route
+    settings: LaneSettings
+    queue: list[Pending] = field(default_factory=list)

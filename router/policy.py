@@ -1,0 +1,126 @@
+"""The batching policy: which lane runs next, with which requests, and when.
+
+A function of the lanes, the clock and the service-time estimates, so it is
+tested on a fake clock. The scheduler calls it under its lock.
+
+Order of service — earliest deadline first, shifted by priority class:
+
+    urgency = deadline - priority_step   (high)
+            = deadline                   (normal)
+            = deadline + priority_step   (low)
+
+A low request is therefore served before any normal request that arrived
+more than ``priority_step`` after it: the offset is bounded, so waiting ages
+a low request past newcomers and it is never starved.
+
+A lane's batch closes when any of these holds:
+
+    * it is full (``max_batch_size`` items chosen, or the queue holds that many);
+    * its oldest item has waited ``max_queue_delay``;
+    * waiting longer would make its most urgent item miss its deadline,
+      given the measured service time of a batch of this (padded) size.
+
+Among closed lanes the one whose head is most urgent runs. Requests whose
+deadline has passed are taken out (to be answered 504) and cancelled ones are
+dropped, so neither ever holds a batch slot. Text batches group requests of
+the same length bucket (then shorter ones), so a batch pads to its bucket,
+not to the longest text in the queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from router.lanes import Lane, Pending
+from router.request import Priority, Route
+
+EstimateNs = Callable[[Route, int], int]
+
+
+def urgency_ns(deadline_ns: int, priority: Priority, priority_step_ns: int) -> int:
+    if priority == Priority.HIGH:
+        return deadline_ns - priority_step_ns
+    if priority == Priority.LOW:
+        return deadline_ns + priority_step_ns
+    return deadline_ns
+
+
+def _service_order(pending: Pending) -> tuple[int, int]:
+    return pending.urgency_ns, pending.enqueued_ns
+
+
+def select_batch(lane: Lane) -> list[Pending]:
+    """The lane's next batch: its most urgent item plus the best companions."""
+    ordered = sorted(lane.queue, key=_service_order)
+    limit = lane.settings.max_batch_size
+    head_bucket = ordered[0].length_bucket
+    if head_bucket == 0:
+        return ordered[:limit]
+    same = [p for p in ordered if p.length_bucket == head_bucket]
+    shorter = [p for p in ordered if p.length_bucket < head_bucket]
+    return (same + shorter)[:limit]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Run ``batch`` of ``lane`` now, or sleep ``wait_ns`` (None: until a put)."""
+
+    lane: Lane | None
+    batch: list[Pending] = field(default_factory=list)
+    expired: list[Pending] = field(default_factory=list)
+    wait_ns: int | None = None
+
+
+def _take_out_dead(lane: Lane, now_ns: int, expired: list[Pending]) -> None:
+    alive = []
+    for pending in lane.queue:
+        if pending.is_cancelled:
+            continue
+        if pending.request.deadline_ns <= now_ns:
+            expired.append(pending)
+        else:
+            alive.append(pending)
+    lane.queue[:] = alive
+
+
+def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs) -> Decision:
+    expired: list[Pending] = []
+    ready: list[tuple[tuple[int, int], Lane, list[Pending]]] = []
+    earliest_close_ns: int | None = None
+    for lane in lanes:
+        _take_out_dead(lane, now_ns, expired)
+        if not lane.queue:
+            continue
+        batch = select_batch(lane)
+        settings = lane.settings
+        service_ns = estimate_ns(lane.route, settings.padded_size(len(batch)))
+        close_ns = min(
+            min(p.enqueued_ns for p in batch) + settings.max_queue_delay_ns,
+            min(p.request.deadline_ns for p in batch) - service_ns,
+        )
+        is_full = len(batch) >= settings.max_batch_size or len(lane.queue) >= settings.max_batch_size
+        if is_full or close_ns <= now_ns:
+            ready.append((_service_order(batch[0]), lane, batch))
+        elif earliest_close_ns is None or close_ns < earliest_close_ns:
+            earliest_close_ns = close_ns
+    if ready:
+        _, lane, batch = min(ready, key=lambda entry: entry[0])
+        chosen = set(map(id, batch))
+        lane.queue[:] = [p for p in lane.queue if id(p) not in chosen]
+        return Decision(lane=lane, batch=batch, expired=expired)
+    wait_ns = None if earliest_close_ns is None else max(0, earliest_close_ns - now_ns)
+    return Decision(lane=None, expired=expired, wait_ns=wait_ns)
+
+
+def work_ahead_ns(lanes: Sequence[Lane], urgency_limit_ns: int, estimate_ns: EstimateNs) -> int:
+    """Device time of the queued work that would run before an item of ``urgency_limit_ns``."""
+    total_ns = 0
+    for lane in lanes:
+        ahead = sum(1 for p in lane.queue if p.urgency_ns <= urgency_limit_ns)
+        if ahead:
+            full, rest = divmod(ahead, lane.settings.max_batch_size)
+            total_ns += full * estimate_ns(lane.route, lane.settings.max_batch_size)
+            if rest:
+                total_ns += estimate_ns(lane.route, lane.settings.padded_size(rest))
+    return total_ns

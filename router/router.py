@@ -1,0 +1,134 @@
+"""The router: the server's one entry point into lanes, batching and compute.
+
+``submit`` picks the lane from what a request carries, gives it a deadline
+and an urgency, admits or refuses it (a full lane, or a wait that would miss
+the deadline, answers at once with a retry estimate), and awaits the compute
+thread's answer. Cancelling the awaiting task (the client went away) cancels
+the queued item, which then never reaches the model. ``start``/``drain``
+bracket the compute thread's life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from models.repository import ModelBundle
+from monitoring.serving_metrics import ServingMetrics
+from router.errors import ComputeUnavailableError, QueueFullError, ShuttingDownError
+from router.lanes import Lane, LaneSettings, Pending
+from router.policy import urgency_ns
+from router.request import InferenceRequest, InferenceResult, Route
+from router.runner import BatchRunner, Outcome
+from router.scheduler import Scheduler
+from router.service_time import ServiceTimeEstimator
+from router.worker import ComputeWorker
+
+
+class Router:
+    """Lanes + scheduler + compute thread for one model on one device."""
+
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        lane_settings: Mapping[Route, LaneSettings],
+        metrics: ServingMetrics | None = None,
+        *,
+        priority_step_ns: int = 1_000_000_000,
+        stage_hook: Callable[[str], None] | None = None,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.bundle = bundle
+        self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}
+        self.estimator = ServiceTimeEstimator()
+        self.scheduler = Scheduler(list(self.lanes.values()), self.estimator, clock_ns)
+        self.runner = BatchRunner(bundle, dict(lane_settings), stage_hook=stage_hook)
+        self.worker = ComputeWorker(self.scheduler, self.runner, on_batch=self._on_batch, clock_ns=clock_ns)
+        self.metrics = metrics
+        self.priority_step_ns = priority_step_ns
+        self._clock_ns = clock_ns
+        self._is_draining = False
+        self._num_in_flight = 0
+        if metrics is not None:
+            for route, lane in self.lanes.items():
+                metrics.queue_depth.labels(lane=route.value).set_function(
+                    lambda lane=lane: self.scheduler.depth(lane)
+                )
+
+    # -- life cycle -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the compute thread (it warms up before it serves)."""
+        self.worker.start()
+
+    @property
+    def is_ready(self) -> bool:
+        return self.worker.ready.is_set() and self.worker.is_alive() and not self._is_draining
+
+    @property
+    def is_alive(self) -> bool:
+        """The compute thread runs (warming up or serving)."""
+        return self.worker.is_alive()
+
+    @property
+    def is_draining(self) -> bool:
+        return self._is_draining
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_in_flight
+
+    def begin_drain(self) -> None:
+        """Readiness goes false and new requests are refused from now on."""
+        self._is_draining = True
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Refuse new work, finish what was accepted; ``True`` if all finished in time."""
+        self.begin_drain()
+        deadline = time.monotonic() + timeout_s
+        while self._num_in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        self.scheduler.close()
+        await asyncio.to_thread(self.worker.join, max(0.1, deadline - time.monotonic()))
+        return self._num_in_flight == 0
+
+    # -- requests -------------------------------------------------------------
+
+    def _pending(self, request: InferenceRequest, lane: Lane, loop: asyncio.AbstractEventLoop) -> Pending:
+        now_ns = self._clock_ns()
+        if request.deadline_ns is None:
+            request = dataclasses.replace(request, deadline_ns=now_ns + lane.settings.default_timeout_ns)
+        bucket = self.runner.length_bucket(len(request.token_ids)) if request.needs_text else 0
+        return Pending(
+            request=request,
+            enqueued_ns=now_ns,
+            future=loop.create_future(),
+            loop=loop,
+            urgency_ns=urgency_ns(request.deadline_ns, request.priority, self.priority_step_ns),
+            length_bucket=bucket,
+        )
+
+    async def submit(self, request: InferenceRequest) -> InferenceResult:
+        """Queue ``request`` and await its result; raises the router's typed errors."""
+        if self._is_draining:
+            raise ShuttingDownError("the server is shutting down")
+        if not self.worker.is_alive():
+            raise ComputeUnavailableError("the compute thread is not running")
+        lane = self.lanes[request.lane]
+        pending = self._pending(request, lane, asyncio.get_running_loop())
+        refusal = self.scheduler.admit(lane, pending)
+        if refusal is not None:
+            if self.metrics is not None:
+                self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
+            raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
+        self._num_in_flight += 1
+        try:
+            return await pending.future
+        finally:
+            self._num_in_flight -= 1
+
+    def _on_batch(self, lane: Lane, batch: Sequence[Pending], outcomes: Sequence[Outcome]) -> None:
+        if self.metrics is not None:
+            self.metrics.batch_size.labels(lane=lane.route.value).observe(len(batch))

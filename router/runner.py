@@ -1,0 +1,209 @@
+"""Runs one batch of one lane through the model; runs only on the compute thread.
+
+Batches are padded to a warmed shape (batch size, and for text a length
+bucket) so nothing after start-up meets a shape it has not run. A batch that
+raises is split in halves down to single items, so one bad item fails alone
+and the others still get their answers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from models.multimodal import FusedOutput, ImageSegment, TextSegment
+from models.repository import ModelBundle
+from router.errors import ItemFailedError
+from router.lanes import LaneSettings
+from router.request import InferenceRequest, InferenceResult, Route
+
+logger = logging.getLogger(__name__)
+
+Outcome = InferenceResult | Exception
+
+
+def text_length_buckets(max_tokens: int, smallest: int = 8) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` up to ``max_tokens`` (always included)."""
+    buckets = []
+    size = smallest
+    while size < max_tokens:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_tokens)
+    return tuple(buckets)
+
+
+def _to_host(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy()
+
+
+class BatchRunner:
+    """Turns a list of same-lane requests into per-item outcomes."""
+
+    def __init__(self, bundle: ModelBundle, lane_settings: dict[Route, LaneSettings],
+                 stage_hook: Callable[[str], None] | None = None) -> None:
+        self.bundle = bundle
+        self.model = bundle.model
+        self.lane_settings = lane_settings
+        self.text_buckets = text_length_buckets(bundle.tokenizer.max_tokens)
+        self.pad_token_id = bundle.tokenizer.pad_token_id
+        # Called with a stage name after that stage ran (fault drills delay here).
+        self._stage_hook = stage_hook
+        self._is_cuda = self.model.device.type == "cuda"
+
+    # -- timing -------------------------------------------------------------
+
+    def _stage_done(self, stage: str, started_ns: int, stage_ns: dict[str, int]) -> None:
+        if self._is_cuda:
+            torch.cuda.synchronize()
+        if self._stage_hook is not None:
+            self._stage_hook(stage)
+        stage_ns[stage] = time.perf_counter_ns() - started_ns
+
+    # -- one padded batch -------------------------------------------------------
+
+    def _bucket(self, longest: int) -> int:
+        return next(b for b in self.text_buckets if b >= longest)
+
+    def _encode_images(self, requests: Sequence[InferenceRequest], padded: int,
+                       stage_ns: dict[str, int]) -> list[ImageSegment]:
+        started = time.perf_counter_ns()
+        pixels = np.stack([r.image for r in requests])  # (B, S, S, 3) uint8
+        if padded > len(requests):
+            pixels = np.concatenate([pixels, np.repeat(pixels[-1:], padded - len(requests), axis=0)])
+        images = torch.from_numpy(pixels)
+        if self._is_cuda:
+            images = images.pin_memory()
+        segments = self.model.encode_images(images)[: len(requests)]
+        self._stage_done("vision", started, stage_ns)
+        return segments
+
+    def _encode_texts(self, requests: Sequence[InferenceRequest], padded: int,
+                      stage_ns: dict[str, int]) -> list[TextSegment]:
+        started = time.perf_counter_ns()
+        token_ids = [r.token_ids for r in requests]
+        token_ids += [token_ids[-1]] * (padded - len(requests))
+        pad_to = self._bucket(max(len(ids) for ids in token_ids))
+        segments = self.model.encode_texts(token_ids, pad_to=pad_to, pad_token_id=self.pad_token_id)
+        self._stage_done("text", started, stage_ns)
+        return segments[: len(requests)]
+
+    def length_bucket(self, num_tokens: int) -> int:
+        """The padded length a text of ``num_tokens`` runs at (the batcher groups by it)."""
+        return self._bucket(num_tokens)
+
+    def run_batch(self, lane: Route, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
+        """Compute what each request still needs (segments it lacks, then fusion); raises on failure."""
+        settings = self.lane_settings[lane]
+        stage_ns: dict[str, int] = {}
+        images = [r.image_segment for r in requests]
+        texts = [r.text_segment for r in requests]
+        vision_rows = [i for i, r in enumerate(requests) if r.needs_vision]
+        text_rows = [i for i, r in enumerate(requests) if r.needs_text]
+        if vision_rows:
+            computed = self._encode_images([requests[i] for i in vision_rows],
+                                           settings.padded_size(len(vision_rows)), stage_ns)
+            for row, segment in zip(vision_rows, computed):
+                images[row] = segment
+        if text_rows:
+            computed = self._encode_texts([requests[i] for i in text_rows],
+                                          settings.padded_size(len(text_rows)), stage_ns)
+            for row, segment in zip(text_rows, computed):
+                texts[row] = segment
+        fusion_rows = [i for i, r in enumerate(requests) if r.route == Route.FUSION]
+        fused: dict[int, FusedOutput] = {}
+        if fusion_rows:
+            started = time.perf_counter_ns()
+            outputs = self.model.fuse([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
+            fused = dict(zip(fusion_rows, outputs))
+            self._stage_done("fusion", started, stage_ns)
+        results = []
+        for i, request in enumerate(requests):
+            image, text, fusion = images[i], texts[i], fused.get(i)
+            results.append(InferenceResult(
+                route=request.route,
+                image_embedding=_to_host(image.pooled) if image is not None else None,
+                text_embedding=_to_host(text.pooled) if text is not None else None,
+                fused_embedding=_to_host(fusion.fused) if fusion is not None else None,
+                score=float(fusion.score) if fusion is not None else None,
+                batch_size=len(requests),
+                stage_ns={stage: ns for stage, ns in stage_ns.items()
+                          if (stage != "vision" or request.needs_vision) and (stage != "text" or request.needs_text)
+                          and (stage != "fusion" or fusion is not None)},
+                image_segment=image,
+                text_segment=text,
+            ))
+        return results
+
+    def run(self, route: Route, requests: Sequence[InferenceRequest]) -> list[Outcome]:
+        """Per-item outcomes; a failing batch is split in halves down to single items."""
+        try:
+            return list(self.run_batch(route, requests))
+        except Exception:  # noqa: BLE001 - any model failure is isolated by splitting
+            if len(requests) == 1:
+                error_id = uuid.uuid4().hex[:16]
+                logger.exception("inference failed for request %s (error id %s)",
+                                 requests[0].request_id, error_id)
+                return [ItemFailedError(error_id)]
+            middle = len(requests) // 2
+            return self.run(route, requests[:middle]) + self.run(route, requests[middle:])
+
+    # -- start-up -------------------------------------------------------------
+
+    def warm_up(self) -> int:
+        """Run every shape the lanes will meet once; returns the number of shapes run.
+
+        Vision runs once per batch size, text once per (batch size, length
+        bucket), fusion once per batch size; a shape two lanes share runs once.
+        """
+        input_size = self.bundle.config.preprocess.input_size
+        image = torch.zeros((input_size, input_size, 3), dtype=torch.uint8)
+        done: set[tuple] = set()
+        for route, settings in self.lane_settings.items():
+            for size in settings.warm_batch_sizes:
+                images = texts = None
+                if route != Route.TEXT and ("vision", size) not in done:
+                    images = self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
+                    done.add(("vision", size))
+                if route != Route.VISION:
+                    for bucket in self.text_buckets:
+                        if ("text", size, bucket) not in done:
+                            ids = [(self.pad_token_id,) * bucket] * size
+                            texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
+                            done.add(("text", size, bucket))
+                if route == Route.FUSION and ("fusion", size) not in done:
+                    if images is None:
+                        images = self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
+                    if texts is None:
+                        ids = [(self.pad_token_id,) * self.text_buckets[0]] * size
+                        texts = self.model.encode_texts(ids, pad_to=self.text_buckets[0],
+                                                        pad_token_id=self.pad_token_id)
+                    self.model.fuse(images, texts)
+                    done.add(("fusion", size))
+        return len(done)
+
+    def measure_service_times(self, observe: Callable[[Route, int, int], None]) -> None:
+        """Time one batch per lane and warmed size (after ``warm_up``) to seed the estimates.
+
+        Text is measured at a middle length bucket; online updates refine it.
+        """
+        input_size = self.bundle.config.preprocess.input_size
+        image = np.zeros((input_size, input_size, 3), dtype=np.uint8)
+        bucket = self.text_buckets[len(self.text_buckets) // 2]
+        token_ids = (self.pad_token_id,) * bucket
+        for lane, settings in self.lane_settings.items():
+            request = InferenceRequest(
+                request_id="measure",
+                token_ids=None if lane == Route.VISION else token_ids,
+                image=None if lane == Route.TEXT else image,
+                deadline_ns=2**62,
+            )
+            for size in settings.warm_batch_sizes:
+                started = time.perf_counter_ns()
+                self.run_batch(lane, [request] * size)
+                observe(lane, size, time.perf_counter_ns() - started)

@@ -1,0 +1,107 @@
+"""Thread-safe lanes around the batching policy: admission, and ``next_batch`` for the compute thread.
+
+Admission happens on the event loop: a full lane, or an estimated wait that
+would already miss the request's deadline, refuses at once with a retry
+estimate (the time to drain what is queued). The compute thread blocks in
+``next_batch`` until the policy closes a batch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from router.lanes import Lane, Pending
+from router.policy import decide, work_ahead_ns
+from router.service_time import ServiceTimeEstimator
+
+_NO_LIMIT = 2**62
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why admission said no, and when trying again makes sense."""
+
+    reason: str  # "queue_full" | "deadline"
+    retry_after_s: float
+
+
+@dataclass(frozen=True)
+class ScheduledBatch:
+    lane: Lane | None  # None: only expired requests to answer
+    batch: list[Pending] = field(default_factory=list)
+    expired: list[Pending] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, lanes: Sequence[Lane], estimator: ServiceTimeEstimator,
+                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+        self.lanes = list(lanes)
+        self.estimator = estimator
+        self._clock_ns = clock_ns
+        self._condition = threading.Condition()
+        self._is_closed = False
+        self._running_until_ns = 0  # expected end of the batch on the device
+
+    def _drain_s(self) -> float:
+        remaining_ns = max(0, self._running_until_ns - self._clock_ns())
+        return (remaining_ns + work_ahead_ns(self.lanes, _NO_LIMIT, self.estimator.estimate_ns)) / 1e9
+
+    def admit(self, lane: Lane, pending: Pending) -> Refusal | None:
+        """Enqueue ``pending`` or say why not (``None`` means admitted)."""
+        with self._condition:
+            if len(lane.queue) >= lane.settings.max_queue_size:
+                return Refusal("queue_full", self._drain_s())
+            now_ns = self._clock_ns()
+            wait_ns = (
+                max(0, self._running_until_ns - now_ns)
+                + work_ahead_ns(self.lanes, pending.urgency_ns, self.estimator.estimate_ns)
+                + self.estimator.estimate_ns(lane.route, 1)
+            )
+            if now_ns + wait_ns > pending.request.deadline_ns:
+                return Refusal("deadline", self._drain_s())
+            lane.queue.append(pending)
+            self._condition.notify()
+            return None
+
+    def depth(self, lane: Lane) -> int:
+        with self._condition:
+            return len(lane.queue)
+
+    def total_depth(self) -> int:
+        with self._condition:
+            return sum(len(lane.queue) for lane in self.lanes)
+
+    def close(self) -> None:
+        """Wake the compute thread for good; queued items still run (drain)."""
+        with self._condition:
+            self._is_closed = True
+            self._condition.notify_all()
+
+    def mark_running(self, expected_ns: int) -> None:
+        with self._condition:
+            self._running_until_ns = self._clock_ns() + expected_ns
+
+    def next_batch(self) -> ScheduledBatch | None:
+        """Block until a batch closes; ``None`` once closed and empty.
+
+        Requests that expired while queued come back in ``expired`` (possibly
+        with an empty batch) so they are answered without waiting for work.
+        """
+        with self._condition:
+            while True:
+                decision = decide(self.lanes, self._clock_ns(), self.estimator.estimate_ns)
+                if decision.lane is not None or decision.expired:
+                    return ScheduledBatch(decision.lane, decision.batch, decision.expired)
+                if self._is_closed:
+                    # Draining: what is queued runs now, without waiting for fuller batches.
+                    if not any(lane.queue for lane in self.lanes):
+                        return None
+                    lane = next(lane for lane in self.lanes if lane.queue)
+                    batch = lane.queue[: lane.settings.max_batch_size]
+                    del lane.queue[: len(batch)]
+                    return ScheduledBatch(lane, batch)
+                timeout_s = None if decision.wait_ns is None else decision.wait_ns / 1e9
+                self._condition.wait(timeout=timeout_s)

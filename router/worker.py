@@ -1,0 +1,114 @@
+"""The compute thread: the one thread that owns the model.
+
+It warms every shape up and measures service times first, then loops: take
+the next closed batch from the scheduler, answer requests that expired in the
+queue with 504 (they never reach the model), skip those whose client went
+away, run the rest, and hand each outcome back to the event loop awaiting it
+with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from router.errors import DeadlineExceededError
+from router.lanes import Lane, Pending
+from router.runner import BatchRunner, Outcome
+from router.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+def _resolve(future: asyncio.Future, outcome: Outcome) -> None:
+    """Runs on the event loop: settle the future unless its awaiter gave up."""
+    if future.done():
+        return
+    if isinstance(outcome, Exception):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)
+
+
+def settle(pending: Pending, outcome: Outcome) -> None:
+    """Hand ``outcome`` to the loop awaiting ``pending``; safe from any thread."""
+    try:
+        pending.loop.call_soon_threadsafe(_resolve, pending.future, outcome)
+    except RuntimeError:
+        logger.debug("dropped the outcome of %s: its event loop is closed", pending.request.request_id)
+
+
+class ComputeWorker:
+    """Owns the model thread; ``ready`` is set once every shape has run."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        runner: BatchRunner,
+        *,
+        on_batch: Callable[[Lane, list[Pending], list[Outcome]], None] | None = None,
+        clock_ns: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self.scheduler = scheduler
+        self.runner = runner
+        self.ready = threading.Event()
+        self.stopped = threading.Event()
+        self.failure: BaseException | None = None
+        self.num_computed_items = 0  # requests that reached the model (tests count on it)
+        self._on_batch = on_batch
+        self._clock_ns = clock_ns
+        self._thread = threading.Thread(target=self._main, name="mmserve-compute", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+    def _main(self) -> None:
+        try:
+            started = time.perf_counter()
+            num_shapes = self.runner.warm_up()
+            self.runner.measure_service_times(self.scheduler.estimator.observe)
+            logger.info("warm-up ran %d shapes in %.1f s", num_shapes, time.perf_counter() - started)
+            self.ready.set()
+            while (scheduled := self.scheduler.next_batch()) is not None:
+                now_ns = self._clock_ns()
+                for pending in scheduled.expired:
+                    settle(pending, DeadlineExceededError(
+                        f"deadline passed after {(now_ns - pending.enqueued_ns) / 1e6:.1f} ms in the queue"))
+                if scheduled.lane is not None:
+                    self._run(scheduled.lane, scheduled.batch)
+        except BaseException as e:  # noqa: BLE001 - recorded so health checks can report it
+            self.failure = e
+            logger.exception("the compute thread died")
+            raise
+        finally:
+            self.stopped.set()
+
+    def _run(self, lane: Lane, batch: list[Pending]) -> None:
+        runnable = [p for p in batch if not p.is_cancelled]
+        if not runnable:
+            return
+        estimator = self.scheduler.estimator
+        padded = lane.settings.padded_size(len(runnable))
+        self.scheduler.mark_running(estimator.estimate_ns(lane.route, padded))
+        started_ns = self._clock_ns()
+        self.num_computed_items += len(runnable)
+        outcomes = self.runner.run(lane.route, [p.request for p in runnable])
+        elapsed_ns = self._clock_ns() - started_ns
+        self.scheduler.mark_running(0)
+        if not any(isinstance(o, Exception) for o in outcomes):
+            estimator.observe(lane.route, padded, elapsed_ns)
+        for pending, outcome in zip(runnable, outcomes, strict=True):
+            if not isinstance(outcome, Exception):
+                outcome.stage_ns["queue"] = started_ns - pending.enqueued_ns
+            settle(pending, outcome)
+        if self._on_batch is not None:
+            self._on_batch(lane, runnable, outcomes)

@@ -1,0 +1,107 @@
+"""Bytes from a client -> an RGB image the model can take, or a named 4xx.
+
+Runs in the server's decode thread pool, never on the event loop. The pixel
+count is checked from the header before any pixel is decoded, so a tiny file
+that claims to be 100 000 x 100 000 (a decompression bomb) costs nothing.
+EXIF orientation is applied; every Pillow mode becomes 8-bit RGB, images with
+transparency are composited on white (what a viewer shows), 16-bit and float
+images are scaled rather than clipped, and an animation gives its first frame.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from server.errors import ApiError
+
+_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
+_WIDE_INTEGER_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+
+
+def decode_base64(text: str, field: str) -> bytes:
+    """Strict base64 (standard alphabet, padding required); empty is refused."""
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ApiError(400, "invalid_base64", f"{field} is not valid base64: {e}", field) from e
+    if not data:
+        raise ApiError(400, "empty_image", f"{field} decodes to zero bytes", field)
+    return data
+
+
+def _check_pixels(width: int, height: int, max_pixels: int, field: str) -> None:
+    if width < 1 or height < 1:
+        raise ApiError(422, "invalid_image_size", f"{field} is {width}x{height}; both sides must be >= 1", field)
+    if width * height > max_pixels:
+        raise ApiError(
+            413, "image_too_large",
+            f"{field} is {width}x{height} = {width * height} pixels; the limit is {max_pixels} "
+            "(MMSERVE_MAX_IMAGE_PIXELS)",
+            field,
+        )
+
+
+def _to_rgb(image: Image.Image) -> Image.Image:
+    if image.mode == "RGB":
+        return image
+    if image.mode in _WIDE_INTEGER_MODES:
+        # 16-bit (or 32-bit holding 16-bit) grey: scale 0..65535 to 0..255.
+        wide = np.asarray(image, dtype=np.float64)
+        grey = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")
+    if image.mode == "F":
+        grey = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey).convert("RGB")
+    has_alpha = image.mode in _ALPHA_MODES or (image.mode == "P" and "transparency" in image.info)
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def decode_image(data: bytes, max_pixels: int, field: str = "image") -> Image.Image:
+    """Encoded image bytes -> an RGB Pillow image (first frame, EXIF-oriented)."""
+    if not data:
+        raise ApiError(400, "empty_image", f"{field} is empty", field)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as e:
+        raise ApiError(413, "image_too_large", f"{field}: {e}; the limit is {max_pixels} pixels "
+                       "(MMSERVE_MAX_IMAGE_PIXELS)", field) from e
+    except UnidentifiedImageError as e:
+        raise ApiError(415, "unsupported_image_format",
+                       f"{field} is not an image format this server decodes", field) from e
+    except (OSError, SyntaxError, ValueError) as e:
+        raise ApiError(400, "corrupt_image", f"{field} cannot be read: {e}", field) from e
+    _check_pixels(image.width, image.height, max_pixels, field)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image.load()
+            image = ImageOps.exif_transpose(image)
+            return _to_rgb(image)
+    except (OSError, SyntaxError, ValueError, EOFError) as e:
+        raise ApiError(400, "corrupt_image", f"{field} is truncated or corrupt: {e}", field) from e
+
+
+def decode_pixels(shape: list[int], data: bytes, max_pixels: int, field: str = "image.uint8") -> np.ndarray:
+    """Raw uint8 pixels with a declared [H, W, 3] shape -> an (H, W, 3) array."""
+    if len(shape) != 3 or shape[2] != 3:
+        raise ApiError(422, "invalid_tensor_shape",
+                       f"{field}.shape must be [H, W, 3], got {shape}", f"{field}.shape")
+    height, width = shape[0], shape[1]
+    _check_pixels(width, height, max_pixels, field)
+    expected = height * width * 3
+    if len(data) != expected:
+        raise ApiError(422, "invalid_tensor_length",
+                       f"{field}.b64 holds {len(data)} bytes; shape {shape} needs {expected}", f"{field}.b64")
+    return np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)  # (H, W, 3)

@@ -1,0 +1,164 @@
+"""From an HTTP body to a model-ready ``InferenceRequest``.
+
+Two steps with a thread hop between them:
+
+    parse (event loop)     JSON or multipart -> ``ParsedInput``: field checks only
+    prepare (thread pool)  decode + resize the image, tokenize the text
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import Request
+from pydantic import ValidationError
+from starlette.datastructures import FormData, UploadFile
+
+from models.errors import TextTooLongError
+from models.preprocessing import pixels_to_model_input, resize_to_model_input
+from models.repository import ModelBundle
+from models.tokenizer import TokenizedText
+from router.faults import FaultInjector
+from server.decoding import decode_base64, decode_image, decode_pixels
+from server.errors import ApiError
+from server.schemas import EncodedImage, InferRequest, RawImage
+from server.settings import Settings
+
+MULTIPART_FIELDS = frozenset({"image", "text", "priority", "timeout_ms", "truncate"})
+
+
+@dataclass(frozen=True)
+class ParsedInput:
+    """What the client sent, checked for shape but not yet decoded."""
+
+    text: str | None
+    encoded_image: bytes | None
+    raw_pixels: tuple[list[int], bytes] | None
+    priority: str
+    timeout_ms: int | None
+    truncate: bool
+
+    @property
+    def route(self) -> str:
+        has_image = self.encoded_image is not None or self.raw_pixels is not None
+        if has_image and self.text is not None:
+            return "fusion"
+        return "vision" if has_image else "text"
+
+
+@dataclass(frozen=True)
+class PreparedInput:
+    image: np.ndarray | None  # (S, S, 3) uint8
+    text: TokenizedText | None
+
+
+def _first_error_field(error: ValidationError) -> tuple[str, str]:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"])
+    return location or "body", f"{location or 'body'}: {first['msg']}"
+
+
+def _check_text(text: str | None, settings: Settings) -> str | None:
+    if text is None:
+        return None
+    if not text.strip():
+        raise ApiError(422, "empty_text", "text is empty or only whitespace", "text")
+    if len(text) > settings.max_text_chars:
+        raise ApiError(422, "text_too_long",
+                       f"text has {len(text)} characters; the limit is {settings.max_text_chars} "
+                       "(MMSERVE_MAX_TEXT_CHARS)", "text")
+    return text
+
+
+def _finish(text: str | None, encoded: bytes | None, raw: tuple[list[int], bytes] | None,
+            priority: str, timeout_ms: int | None, truncate: bool, settings: Settings) -> ParsedInput:
+    parsed = ParsedInput(_check_text(text, settings), encoded, raw, priority, timeout_ms, truncate)
+    if parsed.text is None and encoded is None and raw is None:
+        raise ApiError(422, "empty_request", "send a text, an image or both", "body")
+    return parsed
+
+
+def parsed_input(text: str | None, encoded_image: bytes | None, raw_pixels: tuple[list[int], bytes] | None,
+                 settings: Settings, *, priority: str = "normal", timeout_ms: int | None = None,
+                 truncate: bool = False) -> ParsedInput:
+    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty)."""
+    return _finish(text, encoded_image, raw_pixels, priority, timeout_ms, truncate, settings)
+
+
+def parse_json(body: bytes, settings: Settings) -> ParsedInput:
+    try:
+        document = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, "invalid_json", f"body is not valid JSON: {e}", "body") from e
+    try:
+        request = InferRequest.model_validate(document)
+    except ValidationError as e:
+        field, message = _first_error_field(e)
+        raise ApiError(422, "invalid_request", message, field) from e
+    encoded = raw = None
+    if isinstance(request.image, EncodedImage):
+        encoded = decode_base64(request.image.b64, "image.b64")
+    elif isinstance(request.image, RawImage):
+        raw = (request.image.uint8.shape, decode_base64(request.image.uint8.b64, "image.uint8.b64"))
+    return _finish(request.text, encoded, raw, request.priority, request.timeout_ms,
+                   request.truncate, settings)
+
+
+async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
+    """``image`` file part and ``text`` field (plus the JSON body's scalar options)."""
+    try:
+        form: FormData = await request.form(max_files=1, max_fields=len(MULTIPART_FIELDS),
+                                            max_part_size=settings.max_body_bytes)
+    except ApiError:
+        raise
+    except Exception as e:  # starlette raises its own parser errors; all mean a bad body
+        raise ApiError(400, "invalid_multipart", f"multipart body cannot be parsed: {e}", "body") from e
+    try:
+        unknown = set(form.keys()) - MULTIPART_FIELDS
+        if unknown:
+            raise ApiError(422, "invalid_request", f"unknown form field(s): {sorted(unknown)}",
+                           sorted(unknown)[0])
+        image_part = form.get("image")
+        encoded = None
+        if image_part is not None:
+            if not isinstance(image_part, UploadFile):
+                raise ApiError(422, "invalid_request", "image must be a file part", "image")
+            encoded = await image_part.read()
+            if not encoded:
+                raise ApiError(400, "empty_image", "image file part is empty", "image")
+        text = form.get("text")
+        if text is not None and not isinstance(text, str):
+            raise ApiError(422, "invalid_request", "text must be a plain form field", "text")
+        try:
+            options = InferRequest.model_validate({
+                key: form[key] for key in ("priority", "timeout_ms", "truncate") if key in form
+            })
+        except ValidationError as e:
+            field, message = _first_error_field(e)
+            raise ApiError(422, "invalid_request", message, field) from e
+        return _finish(text, encoded, None, options.priority, options.timeout_ms, options.truncate, settings)
+    finally:
+        await form.close()
+
+
+def prepare(parsed: ParsedInput, bundle: ModelBundle, settings: Settings,
+            faults: FaultInjector | None = None) -> PreparedInput:
+    """Decode, resize and tokenize; runs in the decode thread pool."""
+    if faults is not None:
+        faults.after_stage("decode")
+    preprocess = bundle.config.preprocess
+    image = None
+    if parsed.encoded_image is not None:
+        image = resize_to_model_input(decode_image(parsed.encoded_image, settings.max_image_pixels), preprocess)
+    elif parsed.raw_pixels is not None:
+        shape, data = parsed.raw_pixels
+        image = pixels_to_model_input(decode_pixels(shape, data, settings.max_image_pixels), preprocess)
+    tokens = None
+    if parsed.text is not None:
+        try:
+            tokens = bundle.tokenizer.encode(parsed.text, truncate=parsed.truncate)
+        except TextTooLongError as e:
+            raise ApiError(422, "text_too_long", str(e), "text") from e
+    return PreparedInput(image=image, text=tokens)

@@ -1,0 +1,37 @@
+"""Which model the server runs: a repository if one is named, else a seeded preset."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from models.repository import ModelBundle, build_preset, load_repository
+from server.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(setting: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu`` (asked at start-up, not import)."""
+    if setting == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return setting
+
+
+def load_model(settings: Settings) -> ModelBundle:
+    device = resolve_device(settings.device)
+    if settings.model_repo is not None:
+        bundle = load_repository(settings.model_repo, device=device, backend=settings.fusion_backend)
+    else:
+        bundle = build_preset(settings.preset, seed=settings.seed, device=device,
+                              backend=settings.fusion_backend)
+        logger.warning(
+            "serving preset %r with RANDOM weights (seed %d): outputs are meaningless. To serve real "
+            "weights, write a model repository with `mmserve init-model-repo DIR --preset %s`, put "
+            "your weights in DIR/weights.safetensors (or point text.hf_dir in DIR/model.yaml at a local "
+            "Hugging Face model), and start `mmserve serve --model-repo DIR`.",
+            settings.preset, settings.seed, settings.preset,
+        )
+    logger.info("model %s on %s, fingerprint %s", bundle.config.name, device, bundle.fingerprint)
+    return bundle

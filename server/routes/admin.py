@@ -1,0 +1,47 @@
+"""Operator routes: fault drills (only when the server was started with them enabled)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field, ValidationError
+
+from router.faults import FAULT_STAGES, FaultPlan
+from server.errors import ApiError
+from server.state import ServerState
+
+router = APIRouter()
+
+
+class FaultRequest(BaseModel):
+    stage: str = Field(description=f"One of {', '.join(FAULT_STAGES)}.")
+    delay_ms: float = Field(ge=0, le=60_000)
+    fraction: float = Field(1.0, ge=0, le=1)
+    duration_s: float = Field(60.0, gt=0, le=86_400)
+
+
+def _injector(request: Request):
+    state: ServerState = request.app.state.mmserve
+    if state.faults is None:
+        raise ApiError(404, "fault_injection_disabled",
+                       "fault injection is off; start the server with --enable-fault-injection")
+    return state.faults
+
+
+@router.post("/v1/admin/faults", summary="Delay a stage for a fraction of requests, for a while (drills).")
+async def add_fault(request: Request, body: FaultRequest) -> JSONResponse:
+    injector = _injector(request)
+    try:
+        plan = FaultPlan(stage=body.stage, delay_ms=body.delay_ms, fraction=body.fraction,
+                         duration_s=body.duration_s)
+    except (ValueError, ValidationError) as e:
+        raise ApiError(422, "invalid_fault", str(e), "stage") from e
+    injector.activate(plan)
+    return JSONResponse({"active": [vars(p) for p in injector.active()]})
+
+
+@router.delete("/v1/admin/faults", summary="End every fault drill now.")
+async def clear_faults(request: Request) -> JSONResponse:
+    injector = _injector(request)
+    injector.clear()
+    return JSONResponse({"active": []})

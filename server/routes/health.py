@@ -1,0 +1,33 @@
+"""Liveness, readiness and the Prometheus scrape endpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.state import ServerState
+
+router = APIRouter()
+
+
+@router.get("/health/live", summary="200 while the compute thread runs (warming up or serving).")
+async def live(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    if state.router.is_alive:
+        return JSONResponse({"status": "live"})
+    return JSONResponse({"status": "dead", "reason": "the compute thread is not running"}, status_code=503)
+
+
+@router.get("/health/ready", summary="200 once every shape has been warmed up, until draining starts.")
+async def ready(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    if state.router.is_ready:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "not_ready"}, status_code=503)
+
+
+@router.get("/metrics", summary="Prometheus text exposition.")
+async def metrics(request: Request) -> Response:
+    state: ServerState = request.app.state.mmserve
+    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)

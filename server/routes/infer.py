@@ -1,0 +1,183 @@
+"""``POST /v1/infer``: the native API (JSON or multipart)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import numpy as np
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from router.request import InferenceRequest, InferenceResult, Priority
+from server.error_mapping import api_error_from
+from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
+from server.inputs import ParsedInput, PreparedInput, parse_json, parse_multipart, prepare
+from server.schemas import InferResponse
+from server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter()
+T = TypeVar("T")
+
+MULTIPART_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "image": {"type": "string", "format": "binary", "description": "An encoded image file."},
+        "text": {"type": "string"},
+        "priority": {"type": "string", "enum": ["high", "normal", "low"]},
+        "timeout_ms": {"type": "integer", "minimum": 1},
+        "truncate": {"type": "boolean"},
+    },
+}
+
+_ERROR_RESPONSES = {
+    status: {"description": description, "content": {"application/json": {"schema": ERROR_RESPONSE_SCHEMA}}}
+    for status, description in {
+        400: "Malformed body, base64 or image.",
+        413: "Body or image over its limit.",
+        415: "Unsupported content type or image format.",
+        422: "A field fails validation (names the field and the limit).",
+        500: "The model failed on this item (the error id is logged).",
+        503: "Overloaded, warming up or shutting down (see Retry-After).",
+        504: "The request's deadline passed before it was computed.",
+    }.items()
+}
+
+
+class ClientDisconnectedError(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client goes away first; then cancel it.
+
+    Cancelling the router's ``submit`` cancels the queued item, so a request
+    whose client disconnected never reaches the model.
+    """
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not work_task.done():
+        work_task.cancel()
+        raise ClientDisconnectedError()
+    return work_task.result()
+
+
+def _ms(nanoseconds: int) -> float:
+    return round(nanoseconds / 1e6, 3)
+
+
+def _as_list(values: np.ndarray | None) -> list[float] | None:
+    return None if values is None else values.tolist()
+
+
+def _response_body(request_id: str, state: ServerState, result: InferenceResult,
+                   prepared: PreparedInput) -> dict:
+    """Everything but ``timings_ms``, which is added once the body is built."""
+    body: dict = {
+        "id": request_id,
+        "route": result.route.value,
+        "model": {"name": state.bundle.config.name, "fingerprint": state.bundle.fingerprint},
+    }
+    for key, value in (
+        ("image_embedding", _as_list(result.image_embedding)),
+        ("text_embedding", _as_list(result.text_embedding)),
+        ("fused_embedding", _as_list(result.fused_embedding)),
+        ("score", result.score),
+    ):
+        if value is not None:
+            body[key] = value
+    if prepared.text is not None:
+        body["text"] = {
+            "num_tokens": len(prepared.text.token_ids),
+            "truncated": prepared.text.is_truncated,
+            "num_tokens_before_truncation": prepared.text.num_tokens_before_truncation,
+        }
+    body["cache"] = {}
+    return body
+
+
+async def _parse(request: Request, state: ServerState) -> ParsedInput:
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type == "application/json":
+        return parse_json(await request.body(), state.settings)
+    if content_type == "multipart/form-data":
+        return await parse_multipart(request, state.settings)
+    raise ApiError(415, "unsupported_media_type",
+                   f"content type {content_type or '(none)'!r} is not accepted; send application/json "
+                   "or multipart/form-data", "content-type")
+
+
+@router.post(
+    "/v1/infer",
+    response_model=InferResponse,
+    responses=_ERROR_RESPONSES,
+    summary="Embed an image, a text or both (fused), in one request.",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}},
+                "multipart/form-data": {"schema": MULTIPART_SCHEMA},
+            },
+        }
+    },
+)
+async def infer(request: Request) -> Response:
+    started_ns = time.perf_counter_ns()
+    state: ServerState = request.app.state.mmserve
+    request_id = uuid.uuid4().hex
+    route_label = "invalid"
+    stage_ns: dict[str, int] = {}
+    try:
+        parsed = await _parse(request, state)
+        route_label = parsed.route
+        decode_started_ns = time.perf_counter_ns()
+        prepared = await asyncio.get_running_loop().run_in_executor(
+            state.decode_pool, prepare, parsed, state.bundle, state.settings, state.faults
+        )
+        stage_ns["decode"] = time.perf_counter_ns() - decode_started_ns
+        inference_request = InferenceRequest(
+            request_id=request_id,
+            token_ids=prepared.text.token_ids if prepared.text is not None else None,
+            image=prepared.image,
+            deadline_ns=None if parsed.timeout_ms is None else started_ns + parsed.timeout_ms * 1_000_000,
+            priority=Priority(parsed.priority),
+        )
+        result = await until_disconnected(request, state.router.submit(inference_request))
+        stage_ns.update(result.stage_ns)
+        respond_started_ns = time.perf_counter_ns()
+        body = _response_body(request_id, state, result, prepared)
+        stage_ns["respond"] = time.perf_counter_ns() - respond_started_ns
+        stage_ns["total"] = time.perf_counter_ns() - started_ns
+        body["timings_ms"] = {stage: _ms(ns) for stage, ns in stage_ns.items()}
+        response = Response(json.dumps(body), media_type="application/json")
+    except ClientDisconnectedError:
+        # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
+        response = ApiError(499, "client_disconnected", "the client closed the connection").response()
+    except Exception as e:  # noqa: BLE001 - every failure becomes a JSON answer
+        error = api_error_from(e)
+        if error is None:
+            logger.exception("unexpected error in request %s", request_id)
+            error = ApiError(500, "internal_error", f"internal error (request id {request_id})")
+        response = error.response()
+    duration_s = (time.perf_counter_ns() - started_ns) / 1e9
+    state.metrics.requests_total.labels(route=route_label, code=str(response.status_code)).inc()
+    state.metrics.request_duration_seconds.labels(route=route_label).observe(duration_s)
+    response.headers["X-Request-ID"] = request_id
+    return response

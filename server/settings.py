@@ -1,0 +1,100 @@
+"""Server settings: defaults < YAML file (``--config``) < ``MMSERVE_*`` env < CLI flags.
+
+Every limit the server enforces is a setting here, with a default that suits
+the default preset; README.md carries the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+LaneName = Literal["text", "vision", "fusion"]
+
+
+class Settings(BaseSettings):
+    """All of mmserve's knobs. Env names are ``MMSERVE_`` + the field name upper-cased."""
+
+    model_config = SettingsConfigDict(env_prefix="MMSERVE_", extra="forbid", protected_namespaces=())
+
+    # -- model ----------------------------------------------------------------
+    preset: str = Field("vit-l16", description="Model preset served when no model repository is given.")
+    model_repo: Path | None = Field(None, description="Model repository directory (mmserve init-model-repo).")
+    seed: int = Field(0, description="Seed for a preset's random weights.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
+    fusion_backend: Literal["auto", "triton", "torch"] = Field(
+        "auto", description="Cross-attention kernel: auto = Triton on CUDA, torch on CPU.")
+
+    # -- network --------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(8000, ge=0, le=65535, description="Port to bind (0 = any free port).")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+
+    # -- input limits ---------------------------------------------------------
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="Largest request body accepted.")
+    max_image_pixels: int = Field(36_000_000, ge=1, description="Largest image (width x height), from its header.")
+    max_text_chars: int = Field(100_000, ge=1, description="Longest text accepted before tokenizing.")
+    decode_threads: int = Field(4, ge=1, description="Threads decoding images and tokenizing text.")
+
+    # -- batching (every lane; per-lane overrides below) ---------------------------
+    max_batch_size: int = Field(8, ge=1, description="Largest batch a lane runs.")
+    max_queue_delay_ms: float = Field(5.0, ge=0, description="Longest a request waits for its batch to fill.")
+    max_queue_size: int = Field(256, ge=1, description="Requests a lane holds before refusing with 503.")
+    text_max_batch_size: int | None = Field(None, ge=1)
+    vision_max_batch_size: int | None = Field(None, ge=1)
+    fusion_max_batch_size: int | None = Field(None, ge=1)
+    text_max_queue_delay_ms: float | None = Field(None, ge=0)
+    vision_max_queue_delay_ms: float | None = Field(None, ge=0)
+    fusion_max_queue_delay_ms: float | None = Field(None, ge=0)
+    text_max_queue_size: int | None = Field(None, ge=1)
+    vision_max_queue_size: int | None = Field(None, ge=1)
+    fusion_max_queue_size: int | None = Field(None, ge=1)
+    default_timeout_ms: int = Field(30_000, ge=1, description="Deadline of a request that sets no timeout_ms.")
+    text_default_timeout_ms: int | None = Field(None, ge=1)
+    vision_default_timeout_ms: int | None = Field(None, ge=1)
+    fusion_default_timeout_ms: int | None = Field(None, ge=1)
+    priority_step_ms: float = Field(
+        1000.0, ge=0, description="How far high (low) priority moves a request ahead of (behind) its deadline.")
+    drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long queued work may take to finish.")
+
+    # -- operations -------------------------------------------------------------
+    enable_fault_injection: bool = Field(
+        False, description="Turn on POST /v1/admin/faults (stage delays for alert drills).")
+
+    def lane_value(self, lane: LaneName, name: str) -> float:
+        """A batching knob for one lane: its override if set, else the shared value."""
+        override = getattr(self, f"{lane}_{name}")
+        return getattr(self, name) if override is None else override
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
+    """Settings from defaults, an optional YAML file, the environment and ``overrides``.
+
+    ``overrides`` are CLI flags; ``None`` values mean "not given" and are dropped.
+    """
+    given = {name: value for name, value in overrides.items() if value is not None}
+    if config_file is None:
+        return Settings(**given)
+
+    class _WithFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings,
+                    YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+
+    return Settings.model_validate(_WithFile(**given).model_dump())

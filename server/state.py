@@ -1,0 +1,25 @@
+"""The object graph of one running server, built once by ``create_app``."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry
+
+from models.repository import ModelBundle
+from monitoring.serving_metrics import ServingMetrics
+from router.faults import FaultInjector
+from router.router import Router
+from server.settings import Settings
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    bundle: ModelBundle
+    router: Router
+    registry: CollectorRegistry
+    metrics: ServingMetrics
+    decode_pool: ThreadPoolExecutor
+    faults: FaultInjector | None = None  # only with enable_fault_injection

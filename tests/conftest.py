@@ -1,0 +1,96 @@
+"""Fixtures shared by every test: a tiny model and a live server on 127.0.0.1.
+
+The live server is real uvicorn on a socket bound to port 0 (a free port),
+run in a thread; the fixture waits until it is started and ready.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import uvicorn
+
+from models.repository import ModelBundle, build_preset
+from server.app import create_app
+from server.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle() -> ModelBundle:
+    """The tiny preset, seed 0, on CPU, shared read-only by the whole session."""
+    return build_preset("tiny", seed=0)
+
+
+@dataclass
+class LiveServer:
+    url: str
+    app: object
+    server: uvicorn.Server
+
+    def client(self, **kwargs: object) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=60.0, **kwargs)
+
+
+@contextmanager
+def run_live_server(settings: Settings, bundle: ModelBundle | None = None,
+                    ready_timeout_s: float = 300.0) -> Iterator[LiveServer]:
+    """Serve ``create_app(settings, bundle)`` on a free loopback port until the block ends."""
+    app = create_app(settings, bundle)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + ready_timeout_s
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("the server thread exited during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not start")
+            time.sleep(0.02)
+        with httpx.Client(base_url=url, timeout=5.0) as client:
+            while client.get("/health/ready").status_code != 200:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the server did not become ready")
+                time.sleep(0.05)
+        yield LiveServer(url=url, app=app, server=server)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()
+
+
+@pytest.fixture
+def live_server_factory(tiny_bundle: ModelBundle) -> Callable[..., object]:
+    """``with live_server_factory(max_batch_size=4) as server: ...`` (tiny model by default)."""
+
+    def factory(bundle: ModelBundle | None = None, **overrides: object):
+        settings = Settings(preset="tiny", device="cpu", **overrides)
+        return run_live_server(settings, tiny_bundle if bundle is None else bundle)
+
+    return factory
+
+
+@pytest.fixture
+def live_server_runner() -> Callable[..., object]:
+    """``with live_server_runner(settings) as server: ...`` for any settings (model loaded by the app)."""
+    return run_live_server
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_bundle: ModelBundle) -> Iterator[LiveServer]:
+    """One live tiny server shared by a test module (default settings)."""
+    with run_live_server(Settings(preset="tiny", device="cpu"), tiny_bundle) as server:
+        yield server

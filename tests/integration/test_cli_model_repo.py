@@ -1,0 +1,99 @@
+"""The CLI as a user runs it: init-model-repo, then serve --model-repo in a real process."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+
+MMSERVE = [sys.executable, "-m", "server.cli"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _png(seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 256, (24, 36, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _init_repo(directory: Path) -> None:
+    done = subprocess.run([*MMSERVE, "init-model-repo", str(directory), "--preset", "tiny", "--seed", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "mmserve serve --model-repo" in done.stdout
+
+
+def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny_server):
+    repo = tmp_path / "tiny-repo"
+    _init_repo(repo)
+    port = _free_port()
+    env = {**os.environ, "MMSERVE_LOG_LEVEL": "warning"}
+    process = subprocess.Popen([*MMSERVE, "serve", "--model-repo", str(repo), "--port", str(port), "--device", "cpu"],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the served repository never became ready"
+            time.sleep(0.2)
+        body = {"text": "a lighthouse at dusk", "image": {"b64": base64.b64encode(_png(9)).decode()}}
+        from_repo = httpx.post(f"{url}/v1/infer", json=body, timeout=30).json()
+        in_memory = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=30).json()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert from_repo["model"] == in_memory["model"]
+    for key in ("image_embedding", "text_embedding", "fused_embedding", "score"):
+        np.testing.assert_allclose(from_repo[key], in_memory[key], rtol=0, atol=1e-5)
+
+
+def test_serving_a_repository_with_a_wrong_shape_fails_naming_it(tmp_path: Path):
+    repo = tmp_path / "broken"
+    _init_repo(repo)
+    weights = load_file(str(repo / "weights.safetensors"))
+    weights["vision.backbone.cls_token"] = torch.zeros(1, 1, 65)
+    save_file(weights, str(repo / "weights.safetensors"))
+    done = subprocess.run([*MMSERVE, "serve", "--model-repo", str(repo), "--port", str(_free_port())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "vision.backbone.cls_token has shape (1, 1, 65)" in done.stdout + done.stderr
+
+
+def test_help_names_every_command():
+    done = subprocess.run([*MMSERVE, "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    for word in ("serve", "init-model-repo", "bench", "MMSERVE_"):
+        assert word in done.stdout
+    serve_help = subprocess.run([*MMSERVE, "serve", "--help"], capture_output=True, text=True, timeout=60).stdout
+    for flag in ("--preset", "--model-repo", "--host", "--port", "--device", "--config"):
+        assert flag in serve_help
+
+
+@pytest.mark.parametrize("bad", [["init-model-repo", "x", "--preset", "huge"], ["serve", "--device", "tpu"]])
+def test_bad_arguments_exit_with_usage(bad):
+    done = subprocess.run([*MMSERVE, *bad], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "invalid choice" in done.stderr

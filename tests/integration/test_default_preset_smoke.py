@@ -1,0 +1,32 @@
+"""The default preset (ViT-L/16 + 6-layer text encoder) loads and answers once.
+
+Slow on CPU by nature; it runs once, with a batch cap of 1 so warm-up runs
+each shape only once.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+from PIL import Image
+
+from server.settings import Settings
+
+
+def test_vit_l16_default_answers_a_fusion_request(live_server_runner):
+    settings = Settings(device="cpu", max_batch_size=1, max_queue_delay_ms=0)
+    assert settings.preset == "vit-l16"
+    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG")
+    body = {"text": "a photo of a harbour", "image": {"b64": base64.b64encode(buffer.getvalue()).decode()}}
+    with live_server_runner(settings) as server, server.client() as client:
+        answer = client.post("/v1/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    result = answer.json()
+    assert result["route"] == "fusion" and result["model"]["name"] == "vit-l16"
+    assert len(result["image_embedding"]) == 1024  # ViT-L width
+    assert len(result["text_embedding"]) == len(result["fused_embedding"]) == 384
+    assert np.isfinite(result["image_embedding"]).all() and -1 <= result["score"] <= 1

@@ -1,0 +1,67 @@
+"""A failing batch is split down to the failing item; the others still get answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from router.errors import ItemFailedError
+from router.lanes import LaneSettings
+from router.request import InferenceRequest, Route
+from router.runner import BatchRunner, text_length_buckets
+
+POISON = 250  # a token id that makes the wrapped model raise
+
+
+class PoisonableModel:
+    """Wraps the real model; raises when a batch contains the poison token."""
+
+    def __init__(self, model):
+        self._model = model
+        self.num_text_calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def encode_texts(self, token_ids, **kwargs):
+        self.num_text_calls += 1
+        if any(POISON in ids for ids in token_ids):
+            raise RuntimeError("poisoned row")
+        return self._model.encode_texts(token_ids, **kwargs)
+
+
+def _request(i: int, poisoned: bool = False) -> InferenceRequest:
+    ids = (2, 50 + i, POISON if poisoned else 60, 3)
+    return InferenceRequest(request_id=f"r{i}", token_ids=ids, image=None, deadline_ns=10**18)
+
+
+@pytest.fixture
+def runner(tiny_bundle):
+    lanes = {route: LaneSettings(max_batch_size=8) for route in Route}
+    runner = BatchRunner(tiny_bundle, lanes)
+    runner.model = PoisonableModel(tiny_bundle.model)
+    return runner
+
+
+def test_one_poisoned_item_fails_alone(runner, tiny_bundle):
+    requests = [_request(i, poisoned=(i == 5)) for i in range(8)]
+    outcomes = runner.run(Route.TEXT, requests)
+    assert [isinstance(o, ItemFailedError) for o in outcomes] == [i == 5 for i in range(8)]
+    healthy = [o for o in outcomes if not isinstance(o, Exception)]
+    alone = runner.run(Route.TEXT, [requests[0]])[0]
+    np.testing.assert_allclose(healthy[0].text_embedding, alone.text_embedding, atol=1e-5)
+    # 8 -> 4+4 -> 2+2 -> 1+1: the split is logarithmic, not one call per item.
+    assert runner.model.num_text_calls <= 1 + 2 + 2 + 2 + 1
+
+
+def test_padding_to_a_warmed_shape_does_not_change_answers(runner):
+    three = runner.run(Route.TEXT, [_request(i) for i in range(3)])  # padded to 4
+    for i, outcome in enumerate(three):
+        alone = runner.run(Route.TEXT, [_request(i)])[0]
+        np.testing.assert_allclose(outcome.text_embedding, alone.text_embedding, atol=1e-5)
+        assert outcome.batch_size == 3
+
+
+def test_length_buckets_cover_the_limit():
+    assert text_length_buckets(64) == (8, 16, 32, 64)
+    assert text_length_buckets(100) == (8, 16, 32, 64, 100)

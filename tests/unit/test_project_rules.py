@@ -1,0 +1,39 @@
+"""Project-wide rules checked on every run: import direction, README settings, CI wiring."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from server.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_imports_point_the_way_design_md_draws_them():
+    lint_imports = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
+    done = subprocess.run([lint_imports], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_every_setting_is_in_the_readme_table():
+    readme = (ROOT / "README.md").read_text()
+    table_rows = [line for line in readme.splitlines() if line.startswith("| `")]
+    documented = set(re.findall(r"`([a-z_]+)`", "\n".join(row.split("|")[1] for row in table_rows)))
+    assert set(Settings.model_fields) <= documented, set(Settings.model_fields) - documented
+    for name, field in Settings.model_fields.items():
+        if field.default not in (None,) and not isinstance(field.default, bool):
+            row = next(row for row in table_rows if f"`{name}`" in row.split("|")[1])
+            assert f"`{field.default}`" in row, f"README default of {name} is not {field.default!r}"
+
+
+def test_ci_runs_the_readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "pip install -e '.[test]'" in readme and "pip install -q -e '.[test]'" in ci
+    assert "python -m pytest" in readme and "python -m pytest" in ci
+    assert '"$status" -eq 5' in ci  # "no tests collected" fails CI
