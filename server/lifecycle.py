@@ -10,7 +10,8 @@ already accepted finishes. So the first SIGTERM (or SIGINT) starts a drain:
         queued and running requests finish (up to drain_timeout_s)
     t1  uvicorn's own shutdown: close the socket, lifespan shutdown, exit 0
 
-A second signal skips the wait (uvicorn's forced exit).
+A second signal skips the wait (uvicorn's own handling: it stops at once and
+re-raises the signal).
 """
 
 from __future__ import annotations
@@ -57,4 +58,6 @@ class DrainingServer(uvicorn.Server):
             await asyncio.sleep(0.02)
         if router.num_in_flight:
             logger.warning("drain timeout: %d requests still in flight", router.num_in_flight)
-        super().handle_exit(sig, frame)
+        # Plain should_exit, not uvicorn's handle_exit: that one re-raises the
+        # signal after shutdown, and a drained server should exit 0.
+        self.should_exit = True
