@@ -1,0 +1,380 @@
+"""``Monitor``: the one object the server holds for latency digests and drift.
+
+Life of a sample::
+
+    request thread                  folder (background thread, or tick() by hand)
+    --------------                  ---------------------------------------------
+    record(route, stage_ns, ...)    every fold_interval_s:
+      deque.append(tuple)  ---->      drain deque -> fold_records -> arrays (s)
+      (no lock, O(1))                 under the lock: batch_update current sub-windows,
+                                      rotate sub-windows when one is over,
+                                      every period_s: judge drift per route
+
+Readers (the Prometheus collector, the JSON views) take the same lock only to
+copy out a snapshot. The baseline is learned from the ``baseline_s`` after
+``mark_ready()`` and then frozen; ``relearn_baseline()`` learns it again
+(after an intended change: a new model, a new instance type).
+
+Routes and stages are names chosen by the serving code (``text``, ``vision``,
+``fusion``; ``decode`` ... ``total``), never by clients: each new name creates
+digests, so they must not come from request data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import deque
+from functools import partial
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from monitoring.attribution import Attribution, DigestPair, attribute
+from monitoring.clock import Clock, SystemClock
+from monitoring.collector import SUMMARY_QUANTILES, MonitorCollector
+from monitoring.config import MonitorConfig
+from monitoring.digest import quantiles_of
+from monitoring.drift import DriftState, RouteDriftTracker, StageVerdict, judge_stage, route_condition
+from monitoring.errors import MonitorStateError
+from monitoring.ingest import FoldResult, Record, fold_records
+from monitoring.series import ALL_TRAFFIC, SeriesDigests, SeriesKey
+from monitoring.status import BaselinePhase, ExportSnapshot, RouteDriftStatus, StageExport
+from monitoring.views import digests_document, drift_document
+
+logger = logging.getLogger(__name__)
+
+_PHASE_STATE = {
+    BaselinePhase.NOT_READY: DriftState.WAITING_FOR_READY,
+    BaselinePhase.LEARNING: DriftState.LEARNING_BASELINE,
+    BaselinePhase.FROZEN: DriftState.STABLE,
+}
+
+
+class Monitor:
+    """Per-(route, stage) T-Digests, drift detection with attribution, and their exports.
+
+    Args:
+        config: Windows, drift rule and digest sizes (defaults: ``MonitorConfig()``).
+        clock: Time source; a ``ManualClock`` makes tests and simulations exact.
+    """
+
+    def __init__(self, config: MonitorConfig | None = None, *, clock: Clock | None = None) -> None:
+        self._config = config if config is not None else MonitorConfig()
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._buffer: deque[Record] = deque()
+        self._capacity = self._config.max_buffered_records
+        self._num_dropped = 0
+        self._num_invalid = 0
+        self._lock = threading.Lock()
+        self._drain_lock = threading.Lock()
+        self._series: dict[SeriesKey, SeriesDigests] = {}
+        self._segments: dict[tuple[str, str], list[SeriesKey]] = {}
+        self._stages: dict[str, list[str]] = {}
+        self._trackers: dict[str, RouteDriftTracker] = {}
+        self._statuses: dict[str, RouteDriftStatus] = {}
+        self._phase = BaselinePhase.NOT_READY
+        self._num_learned_sub_windows = 0
+        self._baseline_started_unix_s: float | None = None
+        now_s = self._clock.monotonic_s()
+        self._sub_window_start_s = now_s
+        self._next_period_s = now_s + self._config.period_s
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+
+    @property
+    def config(self) -> MonitorConfig:
+        return self._config
+
+    @property
+    def num_dropped_records(self) -> int:
+        """Records refused because the buffer was full (the folder fell behind or was not started)."""
+        return self._num_dropped
+
+    # ------------------------------------------------------------------ hot path
+
+    def record(
+        self,
+        route: str,
+        stage_ns: Mapping[str, int],
+        *,
+        batch_size: int | None = None,
+        cache_hit: bool | None = None,
+    ) -> None:
+        """Record one request's stage times (nanoseconds, from ``time.perf_counter_ns``).
+
+        An O(1) append, no lock, never raises. ``stage_ns`` is kept, not
+        copied: do not mutate it afterwards. ``batch_size`` and ``cache_hit``
+        are optional; when given they let attribution split a shift by
+        batch-size bucket and cache hit/miss.
+        """
+        buffer = self._buffer
+        if len(buffer) < self._capacity:
+            buffer.append((route, stage_ns, batch_size, cache_hit))
+        else:
+            self._num_dropped += 1
+
+    # ------------------------------------------------------------------ folding
+
+    def tick(self) -> bool:
+        """Fold buffered records, slide the window, and judge drift if a period is due.
+
+        This is what the background thread runs every ``fold_interval_s``;
+        tests and simulations call it after advancing their clock. Returns
+        whether a drift period was evaluated.
+        """
+        folded = self._drain_and_fold()
+        with self._lock:
+            self._add_locked(folded)
+            now_s = self._clock.monotonic_s()
+            self._rotate_locked(now_s)
+            if now_s + 1e-9 < self._next_period_s:
+                return False
+            num_periods = math.floor((now_s - self._next_period_s) / self._config.period_s + 1e-9) + 1
+            self._next_period_s += num_periods * self._config.period_s
+            self._evaluate_locked()
+            return True
+
+    def start(self) -> None:
+        """Start the background folder thread (idempotent)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop_event.clear()
+        self._thread = threading.Thread(target=self._run, name="mmserve-monitor-folder", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the folder thread and fold what is still buffered."""
+        self._stop_event.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+        self.tick()
+
+    def _run(self) -> None:
+        while not self._stop_event.wait(self._config.fold_interval_s):
+            try:
+                self.tick()
+            except Exception:  # the folder must outlive one bad fold
+                logger.exception("latency monitor fold failed; continuing")
+
+    def _drain_and_fold(self) -> FoldResult:
+        # One drainer at a time (the folder thread, stop(), mark_ready() may
+        # overlap): record() only appends, so len() is a safe lower bound.
+        with self._drain_lock:
+            buffer = self._buffer
+            records = [buffer.popleft() for _ in range(len(buffer))]
+        return fold_records(records)
+
+    def _add_locked(self, folded: FoldResult) -> None:
+        self._num_invalid += folded.num_invalid_records
+        for key, values_s in folded.values_s.items():
+            series = self._series.get(key)
+            if series is None:
+                series = self._new_series_locked(key)
+            series.add(values_s)
+
+    def _new_series_locked(self, key: SeriesKey) -> SeriesDigests:
+        is_segment = key.dimension != ALL_TRAFFIC
+        series = SeriesDigests(
+            max_centroids=self._config.segment_max_centroids if is_segment else self._config.max_centroids,
+            num_sub_windows=self._config.num_sub_windows,
+            keep_lifetime=not is_segment,
+        )
+        self._series[key] = series
+        if is_segment:
+            self._segments.setdefault((key.route, key.stage), []).append(key)
+        else:
+            self._stages.setdefault(key.route, []).append(key.stage)
+            if key.route not in self._trackers:
+                tracker = RouteDriftTracker(self._config.consecutive, self._clock.unix_s())
+                tracker.set_state(_PHASE_STATE[self._phase], self._clock.unix_s())
+                self._trackers[key.route] = tracker
+        return series
+
+    def _rotate_locked(self, now_s: float, force: bool = False) -> None:
+        sub_window_s = self._config.sub_window_s
+        num_steps = math.floor((now_s - self._sub_window_start_s) / sub_window_s + 1e-9)
+        if force:
+            num_steps = max(num_steps, 1)
+        if num_steps <= 0:
+            return
+        # A forced rotation only re-aligns the sub-windows at ready/relearn time;
+        # what it closes was recorded before the baseline started.
+        is_learning = self._phase is BaselinePhase.LEARNING and not force
+        for series in self._series.values():
+            series.rotate(num_steps, into_baseline=is_learning)
+        self._sub_window_start_s = now_s if force else self._sub_window_start_s + num_steps * sub_window_s
+        if is_learning:
+            self._num_learned_sub_windows += num_steps
+            if self._num_learned_sub_windows >= self._config.num_baseline_sub_windows:
+                self._set_phase_locked(BaselinePhase.FROZEN)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def mark_ready(self) -> None:
+        """The server is ready: start learning the baseline from now (idempotent)."""
+        folded = self._drain_and_fold()
+        with self._lock:
+            self._add_locked(folded)
+            if self._phase is not BaselinePhase.NOT_READY:
+                return
+            self._start_learning_locked()
+
+    def relearn_baseline(self) -> None:
+        """Forget the baseline and learn it again from the next ``baseline_s`` of traffic.
+
+        Raises:
+            MonitorStateError: the server has not been marked ready yet.
+        """
+        folded = self._drain_and_fold()
+        with self._lock:
+            self._add_locked(folded)
+            if self._phase is BaselinePhase.NOT_READY:
+                raise MonitorStateError("the baseline is learned after mark_ready(); nothing to relearn yet")
+            for series in self._series.values():
+                series.reset_baseline()
+            self._start_learning_locked()
+
+    def _start_learning_locked(self) -> None:
+        # Close the sub-window in progress so the baseline starts exactly now.
+        self._rotate_locked(self._clock.monotonic_s(), force=True)
+        self._num_learned_sub_windows = 0
+        self._baseline_started_unix_s = self._clock.unix_s()
+        self._set_phase_locked(BaselinePhase.LEARNING)
+
+    def _set_phase_locked(self, phase: BaselinePhase) -> None:
+        self._phase = phase
+        now_unix_s = self._clock.unix_s()
+        for route, tracker in self._trackers.items():
+            tracker.set_state(_PHASE_STATE[phase], now_unix_s)
+            self._statuses[route] = self._status_of(route, tracker, None, None, {}, None)
+
+    # ------------------------------------------------------------------ drift
+
+    def _evaluate_locked(self) -> None:
+        if self._phase is not BaselinePhase.FROZEN:
+            return
+        now_unix_s = self._clock.unix_s()
+        for route, stages in self._stages.items():
+            pairs: dict[str, DigestPair] = {}
+            for stage in stages:
+                series = self._series[SeriesKey(route, stage)]
+                pairs[stage] = (series.window(), series.baseline)
+            verdicts = {stage: judge_stage(stage, w, b, self._config) for stage, (w, b) in pairs.items()}
+            condition = route_condition(verdicts)
+            attribution = attribute(verdicts, pairs, partial(self._segment_pairs_locked, route), self._config)
+            tracker = self._trackers[route]
+            tracker.observe(condition, now_unix_s)
+            self._statuses[route] = self._status_of(route, tracker, now_unix_s, condition, verdicts, attribution)
+
+    def _segment_pairs_locked(self, route: str, stage: str) -> dict[tuple[str, str], DigestPair]:
+        pairs = {}
+        for key in self._segments.get((route, stage), ()):
+            series = self._series[key]
+            pairs[(key.dimension, key.value)] = (series.window(), series.baseline)
+        return pairs
+
+    @staticmethod
+    def _status_of(
+        route: str,
+        tracker: RouteDriftTracker,
+        evaluated_unix_s: float | None,
+        condition: bool | None,
+        verdicts: Mapping[str, StageVerdict],
+        attribution: Attribution | None,
+    ) -> RouteDriftStatus:
+        return RouteDriftStatus(
+            route=route,
+            state=tracker.state,
+            since_unix_s=tracker.since_unix_s,
+            evaluated_unix_s=evaluated_unix_s,
+            condition=condition,
+            num_shifted_in_row=tracker.num_shifted_in_row,
+            num_calm_in_row=tracker.num_calm_in_row,
+            verdicts=dict(verdicts),
+            attribution=attribution,
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def drift_status(self) -> dict[str, RouteDriftStatus]:
+        """Typed drift status per route after the latest period."""
+        with self._lock:
+            return {
+                route: self._statuses.get(route) or self._status_of(route, tracker, None, None, {}, None)
+                for route, tracker in self._trackers.items()
+            }
+
+    @property
+    def baseline_phase(self) -> BaselinePhase:
+        return self._phase
+
+    def window_quantiles_s(self, route: str, stage: str, qs: tuple[float, ...] = SUMMARY_QUANTILES) -> list[float]:
+        """Quantiles (seconds) of one series' sliding window; NaN when unknown or empty."""
+        with self._lock:
+            series = self._series.get(SeriesKey(route, stage))
+            if series is None:
+                return [math.nan] * len(qs)
+            return quantiles_of(series.window(), qs)
+
+    def export_snapshot(self) -> ExportSnapshot:
+        """What one Prometheus scrape shows (see ``MonitorCollector``)."""
+        with self._lock:
+            stages = []
+            for route, names in self._stages.items():
+                for stage in names:
+                    series = self._series[SeriesKey(route, stage)]
+                    lifetime = series.lifetime()
+                    stages.append(
+                        StageExport(
+                            route=route,
+                            stage=stage,
+                            quantiles_s=tuple(quantiles_of(series.window(), SUMMARY_QUANTILES)),
+                            count=int(lifetime.n_values),
+                            sum_s=0.0 if lifetime.is_empty() else float(lifetime.sum()),
+                        )
+                    )
+            num_invalid = self._num_invalid
+        return ExportSnapshot(
+            quantiles=SUMMARY_QUANTILES,
+            stages=tuple(stages),
+            routes=tuple(self.drift_status().values()),
+            num_dropped_records=self._num_dropped,
+            num_invalid_records=num_invalid,
+        )
+
+    def drift_view(self) -> dict[str, Any]:
+        """JSON-ready drift state for ``GET /v1/monitoring/drift``."""
+        statuses = self.drift_status()
+        with self._lock:
+            phase = self._phase
+            learned_s = self._num_learned_sub_windows * self._config.sub_window_s
+            baseline_started = self._baseline_started_unix_s
+        return drift_document(
+            statuses=statuses,
+            config=self._config,
+            phase=phase,
+            baseline_started_unix_s=baseline_started,
+            learned_s=learned_s,
+            now_unix_s=self._clock.unix_s(),
+        )
+
+    def digests_view(self) -> dict[str, Any]:
+        """JSON-ready window and lifetime digests for ``GET /v1/monitoring/digests``."""
+        with self._lock:
+            series = [
+                (route, stage, self._series[SeriesKey(route, stage)].window(),
+                 self._series[SeriesKey(route, stage)].lifetime())
+                for route, names in self._stages.items()
+                for stage in names
+            ]
+        return digests_document(series, config=self._config, now_unix_s=self._clock.unix_s())
+
+    def register(self, registry: CollectorRegistry) -> MonitorCollector:
+        """Register this monitor's collector on ``registry`` (the app's own, never the global one)."""
+        collector = MonitorCollector(self.export_snapshot)
+        registry.register(collector)
+        return collector

@@ -1,0 +1,132 @@
+"""JSON-ready documents for ``GET /v1/monitoring/drift`` and ``GET /v1/monitoring/digests``.
+
+Plain dicts of str/int/float/bool/None/list only (no NaN: an undefined number
+is ``null``), so the server can return them as they are and another replica
+or the fleet CLI can read them back.
+
+Digests document::
+
+    {"format": "mmserve.digests/1", "generated_unix_s": float,
+     "window_s": float, "max_centroids": int,
+     "series": [{"route": str, "stage": str,
+                 "window": <digest>, "lifetime": <digest>}, ...]}
+
+with ``<digest>`` as in ``monitoring.digest``. Latencies are in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fastdigest import TDigest
+
+from monitoring.attribution import Attribution
+from monitoring.config import MonitorConfig
+from monitoring.digest import digest_to_json
+from monitoring.drift import StageVerdict
+from monitoring.status import BaselinePhase, RouteDriftStatus
+
+DIGESTS_FORMAT = "mmserve.digests/1"
+
+
+def _number(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) or math.isinf(value) else float(value)
+
+
+def digests_document(
+    series: Iterable[tuple[str, str, TDigest, TDigest]], *, config: MonitorConfig, now_unix_s: float
+) -> dict[str, Any]:
+    """The digests document from ``(route, stage, window, lifetime)`` tuples."""
+    return {
+        "format": DIGESTS_FORMAT,
+        "generated_unix_s": now_unix_s,
+        "window_s": config.window_s,
+        "max_centroids": config.max_centroids,
+        "series": [
+            {"route": route, "stage": stage, "window": digest_to_json(window), "lifetime": digest_to_json(lifetime)}
+            for route, stage, window, lifetime in series
+        ],
+    }
+
+
+def drift_document(
+    *,
+    statuses: Mapping[str, RouteDriftStatus],
+    config: MonitorConfig,
+    phase: BaselinePhase,
+    baseline_started_unix_s: float | None,
+    learned_s: float,
+    now_unix_s: float,
+) -> dict[str, Any]:
+    """The drift document: rule settings, baseline progress, and each route's state."""
+    return {
+        "generated_unix_s": now_unix_s,
+        "rule": {
+            "threshold": config.threshold,
+            "consecutive": config.consecutive,
+            "min_samples": config.min_samples,
+            "ks_alpha": config.ks_alpha,
+            "tail_ratio": config.tail_ratio,
+            "tail_quantiles": list(config.tail_quantiles),
+            "window_s": config.window_s,
+            "period_s": config.period_s,
+        },
+        "baseline": {
+            "phase": phase.value,
+            "started_unix_s": baseline_started_unix_s,
+            "learned_s": min(learned_s, config.baseline_s),
+            "baseline_s": config.baseline_s,
+        },
+        "routes": {route: _route_json(status, now_unix_s) for route, status in sorted(statuses.items())},
+    }
+
+
+def _route_json(status: RouteDriftStatus, now_unix_s: float) -> dict[str, Any]:
+    attribution = status.attribution
+    return {
+        "state": status.state.value,
+        "active": status.is_active,
+        "since_unix_s": status.since_unix_s,
+        "for_s": max(now_unix_s - status.since_unix_s, 0.0),
+        "attributed_stage": attribution.top_stage if attribution is not None else None,
+        "evaluated_unix_s": status.evaluated_unix_s,
+        "period_shifted": status.condition,
+        "shifted_periods_in_row": status.num_shifted_in_row,
+        "calm_periods_in_row": status.num_calm_in_row,
+        "ks": {stage: _number(v.ks) for stage, v in sorted(status.verdicts.items())},
+        "stages": {stage: _verdict_json(v) for stage, v in sorted(status.verdicts.items())},
+        "attribution": _attribution_json(attribution) if attribution is not None else None,
+    }
+
+
+def _verdict_json(verdict: StageVerdict) -> dict[str, Any]:
+    return {
+        "ks": _number(verdict.ks),
+        "noise_floor": _number(verdict.noise_floor),
+        "num_window": verdict.num_window,
+        "num_baseline": verdict.num_baseline,
+        "judged": verdict.is_judged,
+        "ks_shift": verdict.is_ks_shift,
+        "tail_ratios": {str(q): _number(r) for q, r in verdict.tail_ratios.items()},
+        "tail_shift": verdict.is_tail_shift,
+    }
+
+
+def _attribution_json(attribution: Attribution) -> dict[str, Any]:
+    return {
+        "top_stage": attribution.top_stage,
+        "quantile": attribution.quantile,
+        "total_shift_s": _number(attribution.total_shift_s),
+        "by_ks": [{"stage": s.stage, "ks": _number(s.score)} for s in attribution.by_ks],
+        "by_tail_share": [{"stage": s.stage, "share": _number(s.score)} for s in attribution.by_tail_share],
+        "segments": [
+            {"dimension": s.dimension, "value": s.value, "ks": _number(s.ks), "num_window": s.num_window,
+             "num_baseline": s.num_baseline, "shifted": s.is_shifted}
+            for s in attribution.segments
+        ],
+        "separating_segments": [
+            {"dimension": s.dimension, "value": s.value, "ks": _number(s.ks)} for s in attribution.separating_segments
+        ],
+    }

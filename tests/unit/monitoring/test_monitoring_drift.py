@@ -1,0 +1,199 @@
+"""Drift detection on a manual clock: no false alarm, detection, attribution, clearing, tail rule."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from monitoring import DriftState, MonitorConfig, MonitorStateError
+from monitoring.drift import RouteDriftTracker
+from monitoring_traffic import TrafficSimulator, lognormal_ns
+
+STALL_NS = 172_000_000
+
+
+def steady(rng: np.random.Generator, n: int, now_s: float, hits: np.ndarray | None) -> dict[str, np.ndarray]:
+    return {
+        "decode": lognormal_ns(rng, 0.0005, 0.1, n),
+        "queue": lognormal_ns(rng, 0.002, 0.5, n),
+        "vision": lognormal_ns(rng, 0.020, 0.3, n),
+        "respond": lognormal_ns(rng, 0.0002, 0.2, n),
+    }
+
+
+def vision_stall(fraction: float, only_misses: bool = False):
+    def sampler(rng: np.random.Generator, n: int, now_s: float, hits: np.ndarray | None) -> dict[str, np.ndarray]:
+        stages = steady(rng, n, now_s, hits)
+        stalled = rng.random(n) < fraction
+        if only_misses:
+            assert hits is not None
+            stalled &= ~hits
+        stages["vision"] = stages["vision"] + stalled * STALL_NS
+        return stages
+
+    return sampler
+
+
+def learn_baseline(sim: TrafficSimulator, config: MonitorConfig, rate: int, **kwargs: object) -> None:
+    sim.run(10, rate, steady, **kwargs)  # traffic before readiness
+    sim.monitor.mark_ready()
+    sim.run(int(config.baseline_s), rate, steady, **kwargs)
+    assert sim.monitor.baseline_phase.value == "frozen"
+
+
+def periods_until(sim: TrafficSimulator, start_index: int, state: DriftState) -> int | None:
+    """1-based number of judged periods after ``start_index`` until the route is in ``state``."""
+    for k, (_, statuses) in enumerate(sim.evaluations[start_index:], start=1):
+        if statuses[sim.route].state is state:
+            return k
+    return None
+
+
+def test_stationary_traffic_never_drifts(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=1)
+    learn_baseline(sim, small_config, rate=300)
+    start = len(sim.evaluations)
+    sim.run(300, 300, steady)
+    judged = [statuses["vision"] for _, statuses in sim.evaluations[start:]]
+    assert len(judged) == 30
+    assert all(s.verdicts["total"].is_judged for s in judged)
+    assert all(s.state is DriftState.STABLE for s in judged)
+    assert all(s.condition is False for s in judged)
+    # At ~10^4 samples a side, noise alone reaches D ~ 0.02; the KS noise floor is what keeps it quiet.
+    assert all(s.verdicts["total"].ks < s.verdicts["total"].noise_floor for s in judged)
+
+
+def test_vision_stall_is_detected_within_three_periods_and_attributed(
+    simulator_factory, small_config: MonitorConfig
+) -> None:
+    sim = simulator_factory(small_config, seed=2)
+    learn_baseline(sim, small_config, rate=300)
+    sim.run(30, 300, steady)
+    start = len(sim.evaluations)
+    sim.run(30, 300, vision_stall(0.2))
+
+    assert periods_until(sim, start, DriftState.DRIFTING) is not None
+    assert periods_until(sim, start, DriftState.DRIFTING) <= small_config.consecutive
+    status = sim.monitor.drift_status()["vision"]
+    assert status.is_active
+    assert status.attribution is not None
+    assert status.attribution.top_stage == "vision"
+    assert status.attribution.by_ks[0].stage == "vision"
+    assert status.attribution.by_tail_share[0].stage == "vision"
+    assert status.attribution.by_tail_share[0].score == pytest.approx(1.0, abs=0.1)
+    view = sim.monitor.drift_view()["routes"]["vision"]
+    assert view["state"] == "drifting" and view["attributed_stage"] == "vision"
+    assert view["since_unix_s"] == status.since_unix_s
+
+
+def test_drift_clears_after_the_shift_ends(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=3)
+    learn_baseline(sim, small_config, rate=300)
+    sim.run(40, 300, vision_stall(0.2))
+    assert sim.monitor.drift_status()["vision"].is_active
+    start = len(sim.evaluations)
+    sim.run(150, 300, steady)
+    # The window still holds shifted traffic for window_s; then `consecutive` calm periods clear it.
+    bound = int(small_config.window_s / small_config.period_s) + small_config.consecutive + 1
+    cleared_after = periods_until(sim, start, DriftState.STABLE)
+    assert cleared_after is not None and cleared_after <= bound
+    assert sim.states()[-1] == "stable"
+    assert sim.states()[start + cleared_after - 1:].count("drifting") == 0
+
+
+def test_tail_ratio_rule_catches_a_p9999_only_shift(simulator_factory, small_config: MonitorConfig) -> None:
+    config = dataclasses.replace(small_config, tail_min_exceedances=5)
+    sim = simulator_factory(config, seed=4)
+
+    def rare_queue_stall(rng, n, now_s, hits):
+        stages = steady(rng, n, now_s, hits)
+        stages["queue"] = stages["queue"] + (rng.random(n) < 0.0004) * 200_000_000
+        return stages
+
+    learn_baseline(sim, config, rate=2000)
+    start = len(sim.evaluations)
+    sim.run(30, 2000, rare_queue_stall)
+
+    assert periods_until(sim, start, DriftState.DRIFTING) is not None
+    assert periods_until(sim, start, DriftState.DRIFTING) <= config.consecutive
+    status = sim.monitor.drift_status()["vision"]
+    total = status.verdicts["total"]
+    assert total.is_tail_shift and not total.is_ks_shift
+    assert total.ks < config.threshold
+    assert total.tail_ratios[0.9999] >= config.tail_ratio
+    assert status.attribution is not None
+    assert status.attribution.quantile == 0.9999
+    assert status.attribution.top_stage == "queue"
+
+
+def test_shift_only_on_cache_misses_is_separated_by_segment(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=5)
+    batch_sizes = np.array([1, 8])
+    learn_baseline(sim, small_config, rate=400, batch_sizes=batch_sizes, cache_hit_ratio=0.5)
+    sim.run(40, 400, vision_stall(0.4, only_misses=True), batch_sizes=batch_sizes, cache_hit_ratio=0.5)
+
+    status = sim.monitor.drift_status()["vision"]
+    assert status.is_active
+    attribution = status.attribution
+    assert attribution is not None and attribution.top_stage == "vision"
+    by_segment = {(s.dimension, s.value): s for s in attribution.segments}
+    assert set(by_segment) == {("cache", "hit"), ("cache", "miss"), ("batch_size", "1"), ("batch_size", "5-8")}
+    assert by_segment[("cache", "miss")].is_shifted and not by_segment[("cache", "hit")].is_shifted
+    assert [(s.dimension, s.value) for s in attribution.separating_segments] == [("cache", "miss")]
+
+
+def test_too_few_samples_are_not_judged(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=6)
+    learn_baseline(sim, small_config, rate=20)  # 60 s * 20/s = 1200 < min_samples
+    sim.run(60, 20, vision_stall(1.0))
+    status = sim.monitor.drift_status()["vision"]
+    assert status.verdicts["total"].ks > 0.5  # a huge shift ...
+    assert not status.verdicts["total"].is_judged  # ... that is not judged on too little data
+    assert status.condition is None and status.state is DriftState.STABLE
+
+
+def test_baseline_learns_only_after_ready(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=7)
+    assert sim.monitor.drift_status() == {}
+    sim.run(30, 300, vision_stall(1.0))  # slow warm-up traffic before readiness
+    assert sim.monitor.drift_status()["vision"].state is DriftState.WAITING_FOR_READY
+    sim.monitor.mark_ready()
+    assert sim.monitor.drift_status()["vision"].state is DriftState.LEARNING_BASELINE
+    sim.run(int(small_config.baseline_s), 300, steady)
+    assert sim.monitor.drift_status()["vision"].state is DriftState.STABLE
+    start = len(sim.evaluations)
+    sim.run(60, 300, steady)
+    assert all(statuses["vision"].condition is False for _, statuses in sim.evaluations[start:])
+
+
+def test_relearn_baseline_accepts_the_new_normal(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=8)
+    with pytest.raises(MonitorStateError):
+        sim.monitor.relearn_baseline()
+    learn_baseline(sim, small_config, rate=300)
+    sim.run(40, 300, vision_stall(0.2))
+    assert sim.monitor.drift_status()["vision"].is_active
+    sim.monitor.relearn_baseline()
+    assert sim.monitor.drift_status()["vision"].state is DriftState.LEARNING_BASELINE
+    assert sim.monitor.drift_view()["baseline"]["phase"] == "learning"
+    sim.run(int(small_config.baseline_s), 300, vision_stall(0.2))
+    start = len(sim.evaluations)
+    sim.run(60, 300, vision_stall(0.2))
+    assert [statuses["vision"].state for _, statuses in sim.evaluations[start:]] == [DriftState.STABLE] * 6
+
+
+def test_tracker_needs_consecutive_periods_to_raise_and_to_clear() -> None:
+    tracker = RouteDriftTracker(consecutive=3, now_unix_s=0.0)
+    tracker.set_state(DriftState.STABLE, 0.0)
+    for t, condition in enumerate([True, True, None, True, True]):
+        assert not tracker.observe(condition, float(t))
+    assert tracker.state is DriftState.STABLE  # a period without data broke the streak
+    assert tracker.observe(True, 5.0)
+    assert tracker.state is DriftState.DRIFTING and tracker.since_unix_s == 5.0
+    for t, condition in enumerate([False, None, False, True, False, False], start=6):
+        assert not tracker.observe(condition, float(t))
+    assert tracker.state is DriftState.DRIFTING  # None did not count, True reset the calm streak
+    assert tracker.observe(False, 12.0)
+    assert tracker.state is DriftState.STABLE and tracker.since_unix_s == 12.0

@@ -1,0 +1,124 @@
+"""The ops files under docker/: Prometheus config and alert rules (via promtool) and the Grafana dashboard.
+
+Metric names used by alerts and dashboard queries are checked against what a
+registry holding ``ServingMetrics`` and a registered ``Monitor`` really
+exports, so renaming a series breaks this test rather than a dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+
+from monitoring import ManualClock, Monitor, ServingMetrics
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+PROMETHEUS_DIR = REPO_ROOT / "docker" / "prometheus"
+GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
+METRIC_NAME = re.compile(r"\bmmserve_[a-zA-Z0-9_]+")
+PROMTOOL_MISSING = (
+    "promtool is not on PATH; the alert rules cannot be checked without it. "
+    "Install it with `apt-get update && apt-get install -y prometheus` (CI does the same)."
+)
+
+
+def exported_sample_names() -> set[str]:
+    """Every sample name the app's registry can expose, derived from the registered families."""
+    registry = CollectorRegistry()
+    ServingMetrics(registry)
+    Monitor(clock=ManualClock()).register(registry)
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "summary": ("", "_sum", "_count", "_created"),
+    }
+    names: set[str] = set()
+    for family in registry.collect():
+        names.update(family.name + suffix for suffix in suffixes[family.type])
+        names.update(sample.name for sample in family.samples)
+    return names
+
+
+def run_promtool(*args: str) -> str:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail(PROMTOOL_MISSING)
+    result = subprocess.run(
+        [promtool, *args], cwd=PROMETHEUS_DIR, capture_output=True, text=True, timeout=60, check=False
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"promtool {' '.join(args)} failed:\n{output}"
+    return output
+
+
+def test_promtool_accepts_the_config() -> None:
+    output = run_promtool("check", "config", "prometheus.yml")
+    assert "SUCCESS" in output and "1 rule files found" in output
+
+
+def test_promtool_accepts_the_rules() -> None:
+    assert "SUCCESS: 5 rules found" in run_promtool("check", "rules", "alerts.yml")
+
+
+def test_promtool_rule_unit_tests_pass() -> None:
+    assert "SUCCESS" in run_promtool("test", "rules", "alerts_test.yml")
+
+
+def test_scrape_config_targets_mmserve() -> None:
+    config = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    (job,) = config["scrape_configs"]
+    assert job["job_name"] == "mmserve"
+    assert job["static_configs"] == [{"targets": ["mmserve:8000"]}]
+    assert config["rule_files"] == ["alerts.yml"]
+
+
+def test_alert_rules_use_only_exported_metrics() -> None:
+    rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    used = {name for expr in exprs for name in METRIC_NAME.findall(expr)}
+    assert {"mmserve_drift_active", "mmserve_requests_total", "mmserve_queue_depth", "mmserve_rejected_total"} <= used
+    assert used - exported_sample_names() == set()
+
+
+def dashboard_queries(dashboard: dict) -> list[str]:
+    queries = []
+    for panel in dashboard["panels"]:
+        queries.extend(target["expr"] for target in panel.get("targets", []))
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            queries.append(variable["query"]["query"])
+    return queries
+
+
+def test_dashboard_parses_and_queries_only_exported_metrics() -> None:
+    dashboard = json.loads((GRAFANA_DIR / "dashboards" / "mmserve.json").read_text())
+    queries = dashboard_queries(dashboard)
+    used = {name for query in queries for name in METRIC_NAME.findall(query)}
+    panels_without_metric = [
+        p["title"] for p in dashboard["panels"]
+        if p["type"] != "row" and not any(METRIC_NAME.search(t["expr"]) for t in p["targets"])
+    ]
+    assert panels_without_metric == []
+    for needed in ("mmserve_stage_latency_seconds", "mmserve_drift_ks_statistic", "mmserve_drift_active",
+                   "mmserve_batch_size_bucket", "mmserve_queue_depth", "mmserve_cache_events_total"):
+        assert needed in used
+    assert used - exported_sample_names() == set()
+
+
+def test_grafana_provisioning_points_at_the_dashboard_datasource() -> None:
+    datasources = yaml.safe_load((GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (datasource,) = datasources["datasources"]
+    assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+    dashboard = json.loads((GRAFANA_DIR / "dashboards" / "mmserve.json").read_text())
+    uids = {p["datasource"]["uid"] for p in dashboard["panels"] if "datasource" in p}
+    assert uids == {datasource["uid"]}
+    providers = yaml.safe_load((GRAFANA_DIR / "provisioning" / "dashboards" / "mmserve.yml").read_text())
+    assert providers["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
