@@ -1,0 +1,10 @@
+"""Wire protocols other than the native ``/v1/infer``: what users' existing clients speak.
+
+    kserve_v2_codec    Open Inference Protocol v2 bodies (JSON + binary tensor data) <-> tensors
+    kserve_v2_model    the served model as v2 sees it: metadata, input tensors -> rows -> outputs
+    openai_embeddings  OpenAI ``/v1/embeddings`` bodies -> rows -> answers
+    rows               one protocol request = many rows, each its own ``InferenceRequest``
+
+Every protocol turns its items into the same ``ParsedInput`` as ``/v1/infer``, so
+decoding, limits and error codes are shared; only the envelope differs.
+"""

@@ -1,0 +1,242 @@
+"""The served model as the Open Inference Protocol v2 sees it.
+
+    inputs   text             BYTES [N] or [N, 1]    UTF-8 texts
+             image            BYTES [N] or [N, 1]    encoded image files (in the JSON form: base64 strings)
+             image_uint8      UINT8 [N, H, W, 3]     raw RGB pixels, row-major
+    outputs  image_embedding  FP32  [N, d_v]         needs an image input
+             text_embedding   FP32  [N, d_t]         needs a text input
+             fused_embedding  FP32  [N, d_t]         needs both
+             score            FP32  [N]              needs both
+
+Row ``i`` of every input is one item: text and image rows with the same index
+are fused. Without an ``outputs`` list every output the inputs allow is sent.
+One version, ``"1"``: a server serves one model, and a new model is a new
+fingerprint rather than a new version.
+
+Request ``parameters`` honoured (names as tritonclient sends them):
+
+    priority  Triton's levels, 1 = highest: 1 -> high, 2 -> normal, >= 3 -> low,
+              0 (or absent) -> normal; "high" / "normal" / "low" also accepted
+    timeout   microseconds (Triton's unit), the deadline of every row
+    truncate  bool: cut a too-long text to the model's limit instead of refusing it
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from models.repository import ModelBundle
+from router.request import InferenceResult
+from server.decoding import decode_base64
+from server.errors import ApiError
+from server.inputs import ParsedInput, parsed_input
+from server.protocols.errors import RowFailedError
+from server.protocols.kserve_v2_codec import BYTES, RequestedOutput, Tensor, V2InferRequest
+from server.settings import Settings
+
+MODEL_VERSION = "1"
+PLATFORM = "mmserve"
+TEXT, IMAGE, IMAGE_UINT8 = "text", "image", "image_uint8"
+IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE = (
+    "image_embedding", "text_embedding", "fused_embedding", "score")
+_MAX_TIMEOUT_US = 3_600_000_000
+_PRIORITY_NAMES = ("high", "normal", "low")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor of the model's signature; -1 marks a dimension the client chooses."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def metadata(self) -> dict:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+INPUT_SPECS: tuple[TensorSpec, ...] = (
+    TensorSpec(TEXT, BYTES, (-1,)),
+    TensorSpec(IMAGE, BYTES, (-1,)),
+    TensorSpec(IMAGE_UINT8, "UINT8", (-1, -1, -1, 3)),
+)
+
+
+def output_specs(bundle: ModelBundle) -> tuple[TensorSpec, ...]:
+    image_dim = bundle.model.vision.embed_dim
+    text_dim = bundle.model.text.hidden_size
+    return (
+        TensorSpec(IMAGE_EMBEDDING, "FP32", (-1, image_dim)),
+        TensorSpec(TEXT_EMBEDDING, "FP32", (-1, text_dim)),
+        TensorSpec(FUSED_EMBEDDING, "FP32", (-1, text_dim)),
+        TensorSpec(SCORE, "FP32", (-1,)),
+    )
+
+
+def model_metadata(bundle: ModelBundle) -> dict:
+    """The body of ``GET /v2/models/{name}``."""
+    return {
+        "name": bundle.config.name,
+        "versions": [MODEL_VERSION],
+        "platform": PLATFORM,
+        "inputs": [spec.metadata() for spec in INPUT_SPECS],
+        "outputs": [spec.metadata() for spec in output_specs(bundle)],
+    }
+
+
+def _bad(code: str, message: str, field: str) -> ApiError:
+    return ApiError(400, code, message, field)
+
+
+# -- request parameters --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowOptions:
+    priority: str = "normal"
+    timeout_ms: int | None = None
+    truncate: bool = False
+
+
+def _priority(value: object) -> str:
+    if isinstance(value, str) and value in _PRIORITY_NAMES:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return {0: "normal", 1: "high", 2: "normal"}.get(value, "low")
+    raise _bad("invalid_parameter", f"parameters.priority must be an integer >= 0 (1 = highest) or one of "
+               f"{list(_PRIORITY_NAMES)}, got {value!r}", "priority")
+
+
+def _timeout_ms(timeout_us: object) -> int | None:
+    """Triton's ``timeout`` (µs) -> whole milliseconds, rounded up."""
+    if timeout_us is None:
+        return None
+    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or not 0 < timeout_us <= _MAX_TIMEOUT_US:
+        raise _bad("invalid_parameter", f"parameters.timeout is in microseconds, 1..{_MAX_TIMEOUT_US}; got "
+                   f"{timeout_us!r}", "timeout")
+    return max(1, math.ceil(timeout_us / 1000))
+
+
+def row_options(parameters: Mapping[str, object]) -> RowOptions:
+    """``priority``, ``timeout`` (µs) and ``truncate`` from the request's parameters."""
+    truncate = parameters.get("truncate", False)
+    if not isinstance(truncate, bool):
+        raise _bad("invalid_parameter", f"parameters.truncate must be a boolean, got {truncate!r}", "truncate")
+    return RowOptions(_priority(parameters.get("priority", 0)), _timeout_ms(parameters.get("timeout")), truncate)
+
+
+# -- inputs -> rows --------------------------------------------------------------------
+
+
+def _check_inputs(by_name: Mapping[str, Tensor]) -> int:
+    """Names, datatypes and shapes against ``INPUT_SPECS``; the number of rows."""
+    specs = {spec.name: spec for spec in INPUT_SPECS}
+    for name, tensor in by_name.items():
+        if name not in specs:
+            raise _bad("unknown_input", f"unknown input {name!r}; the model takes {list(specs)}", name)
+        if tensor.datatype != specs[name].datatype:
+            raise _bad("invalid_datatype", f"input {name} must be {specs[name].datatype}, got {tensor.datatype}",
+                       name)
+    if IMAGE in by_name and IMAGE_UINT8 in by_name:
+        raise _bad("invalid_request", "send image or image_uint8, not both", IMAGE_UINT8)
+    for name in (TEXT, IMAGE):
+        shape = by_name[name].shape if name in by_name else (0,)
+        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
+            raise _bad("invalid_tensor_shape", f"input {name} must have shape [N] or [N, 1], got {list(shape)}",
+                       name)
+    if IMAGE_UINT8 in by_name:
+        shape = by_name[IMAGE_UINT8].shape
+        if len(shape) != 4 or shape[3] != 3:
+            raise _bad("invalid_tensor_shape", f"input {IMAGE_UINT8} must have shape [N, H, W, 3], got "
+                       f"{list(shape)}", IMAGE_UINT8)
+    num_rows = {name: tensor.shape[0] for name, tensor in by_name.items()}
+    if len(set(num_rows.values())) != 1:
+        raise _bad("invalid_tensor_shape", f"inputs disagree on the number of rows: {num_rows}", "inputs")
+    (count,) = set(num_rows.values())
+    if count == 0:
+        raise _bad("empty_request", "the inputs hold zero rows", "inputs")
+    return count
+
+
+def _text(element: bytes, row_index: int) -> str:
+    try:
+        return element.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RowFailedError(row_index, _bad("invalid_text_encoding", f"text is not UTF-8: {e}", TEXT)) from e
+
+
+def _encoded_image(tensor: Tensor, row_index: int) -> bytes:
+    element: bytes = tensor.data.ravel()[row_index]
+    if tensor.is_binary:
+        return element
+    try:
+        return decode_base64(element.decode("latin-1"), IMAGE)
+    except ApiError as e:
+        raise RowFailedError(row_index, e) from e
+
+
+def rows_from_request(request: V2InferRequest, settings: Settings) -> list[ParsedInput]:
+    """One ``ParsedInput`` per row, checked like ``/v1/infer`` items; ``RowFailedError`` names a bad row."""
+    by_name = {tensor.name: tensor for tensor in request.inputs}
+    num_rows = _check_inputs(by_name)
+    options = row_options(request.parameters)
+    texts = by_name[TEXT].data.ravel() if TEXT in by_name else None  # (N,)
+    pixels = by_name[IMAGE_UINT8].data if IMAGE_UINT8 in by_name else None  # (N, H, W, 3)
+    rows = []
+    for row_index in range(num_rows):
+        text = _text(texts[row_index], row_index) if texts is not None else None
+        encoded = _encoded_image(by_name[IMAGE], row_index) if IMAGE in by_name else None
+        raw = (list(pixels.shape[1:]), pixels[row_index].tobytes()) if pixels is not None else None
+        try:
+            rows.append(parsed_input(text, encoded, raw, settings, priority=options.priority,
+                                     timeout_ms=options.timeout_ms, truncate=options.truncate))
+        except ApiError as e:
+            raise RowFailedError(row_index, e) from e
+    return rows
+
+
+# -- results -> outputs ----------------------------------------------------------------
+
+
+def applicable_outputs(has_text: bool, has_image: bool) -> tuple[str, ...]:
+    names = [IMAGE_EMBEDDING] if has_image else []
+    if has_text:
+        names.append(TEXT_EMBEDDING)
+    if has_text and has_image:
+        names += [FUSED_EMBEDDING, SCORE]
+    return tuple(names)
+
+
+def choose_outputs(request: V2InferRequest) -> tuple[RequestedOutput, ...]:
+    """The outputs to send, checked before any compute: all applicable ones when none are named."""
+    names = {tensor.name for tensor in request.inputs}
+    available = applicable_outputs(TEXT in names, IMAGE in names or IMAGE_UINT8 in names)
+    if request.outputs is None:
+        return tuple(RequestedOutput(name, request.is_binary_output_default) for name in available)
+    known = (IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE)
+    for output in request.outputs:
+        if output.name not in known:
+            raise _bad("unknown_output", f"unknown output {output.name!r}; the model gives {list(known)}",
+                       output.name)
+        if output.name not in available:
+            raise _bad("output_not_available", f"output {output.name} needs "
+                       f"{'a text and an image' if output.name in (FUSED_EMBEDDING, SCORE) else 'its modality'}"
+                       f" input; these inputs give {list(available)}", output.name)
+    return request.outputs
+
+
+def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[InferenceResult]) -> tuple[Tensor, ...]:
+    """Stack the rows' results into one FP32 tensor per chosen output."""
+    tensors = []
+    for output in chosen:
+        if output.name == SCORE:
+            data = np.array([result.score for result in results], dtype=np.float32)  # (N,)
+        else:
+            # The embedding outputs are named after ``InferenceResult``'s fields.
+            data = np.stack([getattr(result, output.name) for result in results]).astype(np.float32)  # (N, D)
+        tensors.append(Tensor(output.name, "FP32", data.shape, data, is_binary=output.is_binary))
+    return tuple(tensors)

@@ -1,0 +1,164 @@
+"""OpenAI-compatible embeddings: ``POST /v1/embeddings`` bodies -> rows -> answers.
+
+    {"model": "tiny", "input": ["a red bicycle", "data:image/png;base64,iVBORw0KG..."],
+     "encoding_format": "float" | "base64"}
+
+Each string of ``input`` is one item: a ``data:image/...;base64,`` URI is an
+image and gets its image embedding; any other string is a text and gets its
+text embedding. ``model`` must be the served model's name (``GET /v1/models``
+lists it) or be left out. Remote images (``http(s)://`` URLs) are always
+refused: the server fetches nothing on a client's behalf. ``base64`` is each
+vector's little-endian float32 bytes, as OpenAI sends them (the ``openai``
+client asks for it unless told otherwise). ``usage`` counts text tokens
+(special tokens included); image items count none. ``dimensions`` is
+accepted only when it equals every item's native size: these embeddings are
+not trained to be truncated.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from models.repository import ModelBundle
+from server.decoding import decode_base64
+from server.errors import ApiError
+from server.inputs import ParsedInput, parsed_input
+from server.protocols.errors import RowFailedError
+from server.protocols.rows import RowOutcome
+from server.settings import Settings
+
+_DATA_URI = re.compile(r"data:(?P<media_type>[^;,]*)(?P<parameters>(?:;[^;,]*)*),(?P<payload>.*)", re.DOTALL)
+_DATA_URI_START = re.compile(r"data:[\w.+-]+/[\w.+-]+[;,]", re.IGNORECASE)
+_REMOTE_URL = re.compile(r"https?://\S+", re.IGNORECASE)
+OWNER = "mmserve"
+
+
+class EmbeddingsRequest(BaseModel):
+    """Body of ``POST /v1/embeddings`` (OpenAI's fields; ``user`` is accepted and ignored)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+    input: str | list[str] = Field(description="A string or a list: texts, and images as data:image/... URIs.")
+    model: str | None = Field(None, description="The served model's name; may be left out.")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1, description="Must equal each item's embedding size if given.")
+    user: str | None = None
+
+
+def _validation_error(error: ValidationError) -> ApiError:
+    first = error.errors()[0]
+    location = ".".join(str(part) for part in first["loc"]) or "body"
+    return ApiError(422, "invalid_request", f"{location}: {first['msg']}", location.split(".")[0])
+
+
+def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
+    """JSON -> ``EmbeddingsRequest``; token-id inputs get their own clear refusal."""
+    try:
+        document = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, "invalid_json", f"body is not valid JSON: {e}", "body") from e
+    raw_input = document.get("input") if isinstance(document, dict) else None
+    if isinstance(raw_input, list) and any(isinstance(item, (int, list)) for item in raw_input):
+        raise ApiError(422, "token_input_not_supported",
+                       "input holds token ids; this server tokenizes with its own model, send strings", "input")
+    try:
+        request = EmbeddingsRequest.model_validate(document)
+    except ValidationError as e:
+        raise _validation_error(e) from e
+    if isinstance(request.input, list) and not request.input:
+        raise ApiError(422, "empty_request", "input is an empty list", "input")
+    return request
+
+
+def check_model(requested: str | None, served: str) -> None:
+    if requested is not None and requested != served:
+        raise ApiError(404, "model_not_found",
+                       f"the model {requested!r} does not exist here; this server serves {served!r}", "model")
+
+
+def _image_from_data_uri(value: str) -> bytes:
+    match = _DATA_URI.fullmatch(value)
+    if match is None:
+        raise ApiError(400, "invalid_data_uri", "a data URI must look like data:image/png;base64,<data>", "input")
+    media_type = match["media_type"].strip().lower()
+    if not media_type.startswith("image/"):
+        raise ApiError(415, "unsupported_media_type",
+                       f"data URI media type {media_type or '(none)'!r} is not image/*", "input")
+    if "base64" not in (part.strip().lower() for part in match["parameters"].split(";")):
+        raise ApiError(400, "invalid_data_uri", "an image data URI must be base64 (data:image/...;base64,...)",
+                       "input")
+    return decode_base64(match["payload"], "input")
+
+
+def item_from_string(value: str, settings: Settings) -> ParsedInput:
+    """A data URI is an image, an http(s) URL is refused, anything else is text.
+
+    Only a string that starts like a data URI (``data:type/subtype,`` or ``;``)
+    is read as one, so a text such as "data: see table 2" stays a text.
+    """
+    if _DATA_URI_START.match(value):
+        return parsed_input(None, _image_from_data_uri(value), None, settings)
+    if _REMOTE_URL.fullmatch(value.strip()):
+        raise ApiError(400, "remote_image_refused",
+                       "this server does not fetch URLs; send the image inline as data:image/...;base64,<data>",
+                       "input")
+    return parsed_input(value, None, None, settings)
+
+
+def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[ParsedInput]:
+    """One ``ParsedInput`` per item, checked like ``/v1/infer``; ``RowFailedError`` names a bad item."""
+    values = [request.input] if isinstance(request.input, str) else request.input
+    items = []
+    for row_index, value in enumerate(values):
+        try:
+            items.append(item_from_string(value, settings))
+        except ApiError as e:
+            raise RowFailedError(row_index, e) from e
+    return items
+
+
+def check_dimensions(request: EmbeddingsRequest, items: Sequence[ParsedInput], bundle: ModelBundle) -> None:
+    if request.dimensions is None:
+        return
+    sizes = {bundle.model.text.hidden_size if item.route == "text" else bundle.model.vision.embed_dim
+             for item in items}
+    if sizes != {request.dimensions}:
+        raise ApiError(422, "unsupported_dimensions",
+                       f"dimensions={request.dimensions} is not available; these items embed to "
+                       f"{sorted(sizes)} dimensions (leave dimensions out)", "dimensions")
+
+
+def _vector(outcome: RowOutcome) -> np.ndarray:
+    result = outcome.result
+    vector = result.text_embedding if result.image_embedding is None else result.image_embedding
+    return np.asarray(vector, dtype="<f4")  # (D,)
+
+
+def embeddings_response(request: EmbeddingsRequest, model_name: str, outcomes: Sequence[RowOutcome]) -> dict:
+    """OpenAI's ``CreateEmbeddingResponse``: one entry per item, in input order."""
+    data = []
+    for index, outcome in enumerate(outcomes):
+        vector = _vector(outcome)
+        embedding: list[float] | str = (
+            base64.b64encode(vector.tobytes()).decode() if request.encoding_format == "base64" else vector.tolist()
+        )
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    num_tokens = sum(len(o.prepared.text.token_ids) for o in outcomes if o.prepared.text is not None)
+    return {"object": "list", "data": data, "model": model_name,
+            "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
+
+
+def model_card(model_name: str, created_unix_s: int) -> dict:
+    return {"id": model_name, "object": "model", "created": created_unix_s, "owned_by": OWNER}
+
+
+def error_body(error: ApiError, param: str | None) -> dict:
+    """OpenAI's error shape; ``code`` is the same named code ``/v1/infer`` uses."""
+    kind = "invalid_request_error" if error.status < 500 else "server_error"
+    return {"error": {"message": error.message, "type": kind, "param": param, "code": error.code}}

@@ -1,0 +1,174 @@
+"""Open Inference Protocol v2 (KServe / Triton REST): health, metadata and inference.
+
+Errors use the protocol's shape, ``{"error": "<code>: <message>"}``, with the
+status ``/v1/infer`` gives the same cause (400/413/415/422 for the client's
+fault, 404 for an unknown model or version, 503 + ``Retry-After`` when
+shedding load, 504 past a deadline); the named code leads the message.
+Inference requests count in ``mmserve_requests_total{route="v2"}``: one
+request may hold rows of several lanes, and its latency is that of a whole
+batch, so it gets its own label instead of skewing a lane's histogram.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.errors import ApiError
+from server.protocols.kserve_v2_codec import (
+    HEADER_LENGTH,
+    V2InferResponse,
+    decode_infer_request,
+    encode_infer_response,
+)
+from server.protocols.kserve_v2_model import (
+    MODEL_VERSION,
+    choose_outputs,
+    model_metadata,
+    output_tensors,
+    rows_from_request,
+)
+from server.protocols.rows import Failure, failure_from, infer_rows
+from server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+router = APIRouter(tags=["Open Inference Protocol v2"])
+
+METRICS_ROUTE = "v2"
+EXTENSIONS = ("binary_tensor_data",)
+SERVER_NAME = "mmserve"
+
+_INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "A JSON inference request, optionally followed by binary tensor data "
+                       f"(then {HEADER_LENGTH} gives the JSON part's size).",
+        "content": {"application/json": {"schema": {"type": "object"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+def _error_response(failure: Failure) -> JSONResponse:
+    error = failure.error
+    where = f"row {failure.row_index}: " if failure.row_index is not None else ""
+    headers = {}
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
+    return JSONResponse({"error": f"{error.code}: {where}{error.message}"}, status_code=error.status,
+                        headers=headers)
+
+
+def _check_model(state: ServerState, model_name: str, model_version: str | None) -> None:
+    served = state.bundle.config.name
+    if model_name != served:
+        raise ApiError(404, "model_not_found", f"unknown model {model_name!r}; this server serves {served!r}",
+                       "model_name")
+    if model_version not in (None, "", MODEL_VERSION):
+        raise ApiError(404, "model_version_not_found", f"model {served!r} has no version {model_version!r}; "
+                       f"its only version is {MODEL_VERSION!r}", "model_version")
+
+
+@router.get("/v2/health/live", summary="200 while the compute thread runs.")
+async def live(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    is_live = state.router.is_alive
+    return JSONResponse({"live": is_live}, status_code=200 if is_live else 503)
+
+
+@router.get("/v2/health/ready", summary="200 once warmed up, until draining starts.")
+async def ready(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    is_ready = state.router.is_ready
+    return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+
+
+@router.get("/v2", summary="Server metadata: name, version, protocol extensions.")
+async def server_metadata(request: Request) -> JSONResponse:
+    return JSONResponse({"name": SERVER_NAME, "version": request.app.version, "extensions": list(EXTENSIONS)})
+
+
+async def _model_metadata(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    try:
+        _check_model(state, model_name, model_version)
+    except ApiError as e:
+        return _error_response(Failure(e, None))
+    return JSONResponse(model_metadata(state.bundle))
+
+
+@router.get("/v2/models/{model_name}", summary="Model metadata: inputs and outputs with datatypes and shapes.")
+async def model(request: Request, model_name: str) -> JSONResponse:
+    return await _model_metadata(request, model_name, None)
+
+
+@router.get("/v2/models/{model_name}/versions/{model_version}", summary="Model metadata of one version.")
+async def model_version(request: Request, model_name: str, model_version: str) -> JSONResponse:
+    return await _model_metadata(request, model_name, model_version)
+
+
+async def _model_ready(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    try:
+        _check_model(state, model_name, model_version)
+    except ApiError as e:
+        return _error_response(Failure(e, None))
+    is_ready = state.router.is_ready
+    return JSONResponse({"name": model_name, "ready": is_ready}, status_code=200 if is_ready else 503)
+
+
+@router.get("/v2/models/{model_name}/ready", summary="200 when the model serves.")
+async def model_ready(request: Request, model_name: str) -> JSONResponse:
+    return await _model_ready(request, model_name, None)
+
+
+@router.get("/v2/models/{model_name}/versions/{model_version}/ready", summary="200 when this version serves.")
+async def model_version_ready(request: Request, model_name: str, model_version: str) -> JSONResponse:
+    return await _model_ready(request, model_name, model_version)
+
+
+async def _infer(request: Request, model_name: str, model_version: str | None) -> Response:
+    started_ns = time.perf_counter_ns()
+    state: ServerState = request.app.state.mmserve
+    request_id = uuid.uuid4().hex
+    try:
+        _check_model(state, model_name, model_version)
+        v2_request = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
+        rows = rows_from_request(v2_request, state.settings)
+        chosen = choose_outputs(v2_request)
+        outcomes = await infer_rows(state, rows, request_id, started_ns)
+        encoded = encode_infer_response(V2InferResponse(
+            model_name=state.bundle.config.name,
+            model_version=MODEL_VERSION,
+            outputs=output_tensors(chosen, [outcome.result for outcome in outcomes]),
+            request_id=v2_request.request_id,
+        ))
+        if encoded.header_length is None:
+            response = Response(encoded.body, media_type="application/json")
+        else:
+            response = Response(encoded.body, media_type="application/octet-stream",
+                                headers={HEADER_LENGTH: str(encoded.header_length)})
+    except Exception as e:  # noqa: BLE001 - every failure becomes a protocol error answer
+        response = _error_response(failure_from(e, request_id))
+    duration_s = (time.perf_counter_ns() - started_ns) / 1e9
+    state.metrics.requests_total.labels(route=METRICS_ROUTE, code=str(response.status_code)).inc()
+    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe(duration_s)
+    response.headers["X-Request-ID"] = request_id
+    return response
+
+
+@router.post("/v2/models/{model_name}/infer", summary="Run rows of text and/or images through the model.",
+             openapi_extra=_INFER_BODY)
+async def infer(request: Request, model_name: str) -> Response:
+    return await _infer(request, model_name, None)
+
+
+@router.post("/v2/models/{model_name}/versions/{model_version}/infer", summary="Inference on one version.",
+             openapi_extra=_INFER_BODY)
+async def infer_version(request: Request, model_name: str, model_version: str) -> Response:
+    return await _infer(request, model_name, model_version)
