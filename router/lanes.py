@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from router.request import InferenceRequest, Route
+from router.segments import SegmentPlan
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Pending:
     loop: asyncio.AbstractEventLoop
     urgency_ns: int = 0
     length_bucket: int = 0
+    plan: SegmentPlan | None = None  # cache claims to publish once computed
 
     @property
     def is_cancelled(self) -> bool:

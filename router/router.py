@@ -15,6 +15,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from cache import Modality, SegmentCache
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.errors import ComputeUnavailableError, QueueFullError, ShuttingDownError
@@ -23,6 +24,7 @@ from router.policy import urgency_ns
 from router.request import InferenceRequest, InferenceResult, Route
 from router.runner import BatchRunner, Outcome
 from router.scheduler import Scheduler
+from router.segments import ImageContent, SegmentCatalog, SegmentPlan
 from router.service_time import ServiceTimeEstimator
 from router.worker import ComputeWorker
 
@@ -38,9 +40,12 @@ class Router:
         *,
         priority_step_ns: int = 1_000_000_000,
         stage_hook: Callable[[str], None] | None = None,
+        cache: SegmentCache | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
         self.bundle = bundle
+        self.cache = cache if cache is not None else SegmentCache(0, 0)
+        self.segments = SegmentCatalog(self.cache, bundle.fingerprint, bundle.config.preprocess.identity())
         self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}
         self.estimator = ServiceTimeEstimator()
         self.scheduler = Scheduler(list(self.lanes.values()), self.estimator, clock_ns)
@@ -56,6 +61,11 @@ class Router:
                 metrics.queue_depth.labels(lane=route.value).set_function(
                     lambda lane=lane: self.scheduler.depth(lane)
                 )
+            for modality in Modality:
+                metrics.cache_bytes.labels(modality=modality.value).set_function(
+                    lambda modality=modality: self.cache.stats().of(modality).size_bytes)
+                metrics.cache_entries.labels(modality=modality.value).set_function(
+                    lambda modality=modality: self.cache.stats().of(modality).num_entries)
 
     # -- life cycle -----------------------------------------------------------
 
@@ -110,25 +120,52 @@ class Router:
             length_bucket=bucket,
         )
 
-    async def submit(self, request: InferenceRequest) -> InferenceResult:
-        """Queue ``request`` and await its result; raises the router's typed errors."""
-        if self._is_draining:
-            raise ShuttingDownError("the server is shutting down")
-        if not self.worker.is_alive():
-            raise ComputeUnavailableError("the compute thread is not running")
-        lane = self.lanes[request.lane]
-        pending = self._pending(request, lane, asyncio.get_running_loop())
-        refusal = self.scheduler.admit(lane, pending)
-        if refusal is not None:
-            if self.metrics is not None:
-                self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
-            raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
-        self._num_in_flight += 1
+    def plan_segments(self, image: ImageContent | None, token_ids: Sequence[int] | None,
+                      use_cache: bool = True) -> SegmentPlan:
+        """What the cache already knows of a request, before its image is decoded.
+
+        Thread-safe. The caller must pass the plan to ``submit``, or call
+        ``plan.abandon()`` if the request ends before that.
+        """
+        return self.segments.plan(image, token_ids, use_cache)
+
+    async def submit(self, request: InferenceRequest, plan: SegmentPlan | None = None) -> InferenceResult:
+        """Queue ``request`` and await its result; raises the router's typed errors.
+
+        With a ``plan``, segments it found are used instead of computing them
+        and segments this request computes are published to the cache.
+        """
         try:
-            return await pending.future
-        finally:
-            self._num_in_flight -= 1
+            if self._is_draining:
+                raise ShuttingDownError("the server is shutting down")
+            if not self.worker.is_alive():
+                raise ComputeUnavailableError("the compute thread is not running")
+            lane = self.lanes[request.lane]
+            pending = self._pending(request, lane, asyncio.get_running_loop())
+            pending.plan = plan
+            refusal = self.scheduler.admit(lane, pending)
+            if refusal is not None:
+                if self.metrics is not None:
+                    self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
+                raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
+            self._num_in_flight += 1
+            try:
+                return await pending.future
+            finally:
+                self._num_in_flight -= 1
+        except BaseException:
+            if plan is not None:
+                plan.abandon()  # a no-op for claims already published or failed
+            raise
 
     def _on_batch(self, lane: Lane, batch: Sequence[Pending], outcomes: Sequence[Outcome]) -> None:
+        """Runs on the compute thread right after a batch: cache publication and metrics."""
+        for pending, outcome in zip(batch, outcomes, strict=True):
+            if pending.plan is None:
+                continue
+            if isinstance(outcome, Exception):
+                pending.plan.fail(outcome)
+            else:
+                pending.plan.publish(outcome.image_segment, outcome.text_segment)
         if self.metrics is not None:
             self.metrics.batch_size.labels(lane=lane.route.value).observe(len(batch))

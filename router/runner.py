@@ -55,6 +55,9 @@ class BatchRunner:
         # Called with a stage name after that stage ran (fault drills delay here).
         self._stage_hook = stage_hook
         self._is_cuda = self.model.device.type == "cuda"
+        # Real (unpadded) rows through each encoder since start-up, warm-up excluded.
+        self.num_images_encoded = 0
+        self.num_texts_encoded = 0
 
     # -- timing -------------------------------------------------------------
 
@@ -81,6 +84,7 @@ class BatchRunner:
             images = images.pin_memory()
         segments = self.model.encode_images(images)[: len(requests)]
         self._stage_done("vision", started, stage_ns)
+        self.num_images_encoded += len(requests)
         return segments
 
     def _encode_texts(self, requests: Sequence[InferenceRequest], padded: int,
@@ -91,6 +95,7 @@ class BatchRunner:
         pad_to = self._bucket(max(len(ids) for ids in token_ids))
         segments = self.model.encode_texts(token_ids, pad_to=pad_to, pad_token_id=self.pad_token_id)
         self._stage_done("text", started, stage_ns)
+        self.num_texts_encoded += len(requests)
         return segments[: len(requests)]
 
     def length_bucket(self, num_tokens: int) -> int:
@@ -207,3 +212,4 @@ class BatchRunner:
                 started = time.perf_counter_ns()
                 self.run_batch(lane, [request] * size)
                 observe(lane, size, time.perf_counter_ns() - started)
+        self.num_images_encoded = self.num_texts_encoded = 0

@@ -11,6 +11,7 @@ message naming the problem); warm-up then runs on the compute thread while
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
+from cache import SegmentCache
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
@@ -28,7 +30,7 @@ from router.router import Router
 from server.body_limit import BodySizeLimit
 from server.errors import ApiError
 from server.model_loading import load_model
-from server.routes import admin, health, infer
+from server.routes import admin, health, infer, openai, v2
 from server.schemas import InferRequest
 from server.settings import Settings
 from server.state import ServerState
@@ -68,9 +70,15 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = bundle if bundle is not None else await asyncio.to_thread(load_model, settings)
         faults = FaultInjector() if settings.enable_fault_injection else None
+        cache = SegmentCache(
+            settings.cache_image_bytes, settings.cache_text_bytes,
+            on_event=lambda modality, event, count: metrics.cache_events_total.labels(
+                modality=modality, event=event).inc(count),
+        )
         router = Router(model, lane_settings(settings), metrics,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
-                        stage_hook=faults.after_stage if faults is not None else None)
+                        stage_hook=faults.after_stage if faults is not None else None,
+                        cache=cache)
         decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="mmserve-decode")
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool, faults)
         router.start()
@@ -86,10 +94,18 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
         description="Online multimodal (image + text) inference server.",
         lifespan=lifespan,
     )
+    app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
     app.add_exception_handler(ApiError, lambda request, error: error.response())
 
     def count_early_rejection(path: str) -> None:
-        route = "invalid" if path == "/v1/infer" else path
+        if path == "/v1/infer":
+            route = "invalid"
+        elif path.startswith("/v2/"):
+            route = v2.METRICS_ROUTE
+        elif path == "/v1/embeddings":
+            route = openai.METRICS_ROUTE
+        else:
+            route = path
         metrics.requests_total.labels(route=route, code="413").inc()
 
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
@@ -97,5 +113,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
     app.include_router(infer.router)
     app.include_router(health.router)
     app.include_router(admin.router)
+    app.include_router(v2.router)
+    app.include_router(openai.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -3,7 +3,9 @@
 Two steps with a thread hop between them:
 
     parse (event loop)     JSON or multipart -> ``ParsedInput``: field checks only
-    prepare (thread pool)  decode + resize the image, tokenize the text
+    prepare (thread pool)  tokenize the text, ask the router what the cache
+                           knows (a plan), decode + resize the image only if
+                           its segment is not already known
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.repository import ModelBundle
 from models.tokenizer import TokenizedText
 from router.faults import FaultInjector
+from router.router import Router
+from router.segments import ImageContent, SegmentPlan
 from server.decoding import decode_base64, decode_image, decode_pixels
 from server.errors import ApiError
 from server.schemas import EncodedImage, InferRequest, RawImage
 from server.settings import Settings
 
-MULTIPART_FIELDS = frozenset({"image", "text", "priority", "timeout_ms", "truncate"})
+MULTIPART_FIELDS = frozenset({"image", "text", "priority", "timeout_ms", "truncate", "use_cache"})
+_MULTIPART_OPTIONS = ("priority", "timeout_ms", "truncate", "use_cache")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,7 @@ class ParsedInput:
     priority: str
     timeout_ms: int | None
     truncate: bool
+    use_cache: bool = True
 
     @property
     def route(self) -> str:
@@ -50,8 +56,9 @@ class ParsedInput:
 
 @dataclass(frozen=True)
 class PreparedInput:
-    image: np.ndarray | None  # (S, S, 3) uint8
+    image: np.ndarray | None  # (S, S, 3) uint8; None when the cache knows the image
     text: TokenizedText | None
+    plan: SegmentPlan
 
 
 def _first_error_field(error: ValidationError) -> tuple[str, str]:
@@ -72,19 +79,21 @@ def _check_text(text: str | None, settings: Settings) -> str | None:
     return text
 
 
-def _finish(text: str | None, encoded: bytes | None, raw: tuple[list[int], bytes] | None,
-            priority: str, timeout_ms: int | None, truncate: bool, settings: Settings) -> ParsedInput:
-    parsed = ParsedInput(_check_text(text, settings), encoded, raw, priority, timeout_ms, truncate)
-    if parsed.text is None and encoded is None and raw is None:
+def parsed_input(text: str | None, encoded_image: bytes | None, raw_pixels: tuple[list[int], bytes] | None,
+                 settings: Settings, *, priority: str = "normal", timeout_ms: int | None = None,
+                 truncate: bool = False, use_cache: bool = True) -> ParsedInput:
+    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty)."""
+    parsed = ParsedInput(_check_text(text, settings), encoded_image, raw_pixels, priority, timeout_ms,
+                         truncate, use_cache)
+    if parsed.text is None and encoded_image is None and raw_pixels is None:
         raise ApiError(422, "empty_request", "send a text, an image or both", "body")
     return parsed
 
 
-def parsed_input(text: str | None, encoded_image: bytes | None, raw_pixels: tuple[list[int], bytes] | None,
-                 settings: Settings, *, priority: str = "normal", timeout_ms: int | None = None,
-                 truncate: bool = False) -> ParsedInput:
-    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty)."""
-    return _finish(text, encoded_image, raw_pixels, priority, timeout_ms, truncate, settings)
+def _from_options(text: str | None, encoded: bytes | None, raw: tuple[list[int], bytes] | None,
+                  options: InferRequest, settings: Settings) -> ParsedInput:
+    return parsed_input(text, encoded, raw, settings, priority=options.priority, timeout_ms=options.timeout_ms,
+                        truncate=options.truncate, use_cache=options.use_cache)
 
 
 def parse_json(body: bytes, settings: Settings) -> ParsedInput:
@@ -102,8 +111,7 @@ def parse_json(body: bytes, settings: Settings) -> ParsedInput:
         encoded = decode_base64(request.image.b64, "image.b64")
     elif isinstance(request.image, RawImage):
         raw = (request.image.uint8.shape, decode_base64(request.image.uint8.b64, "image.uint8.b64"))
-    return _finish(request.text, encoded, raw, request.priority, request.timeout_ms,
-                   request.truncate, settings)
+    return _from_options(request.text, encoded, raw, request, settings)
 
 
 async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
@@ -132,33 +140,44 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         if text is not None and not isinstance(text, str):
             raise ApiError(422, "invalid_request", "text must be a plain form field", "text")
         try:
-            options = InferRequest.model_validate({
-                key: form[key] for key in ("priority", "timeout_ms", "truncate") if key in form
-            })
+            options = InferRequest.model_validate({key: form[key] for key in _MULTIPART_OPTIONS if key in form})
         except ValidationError as e:
             field, message = _first_error_field(e)
             raise ApiError(422, "invalid_request", message, field) from e
-        return _finish(text, encoded, None, options.priority, options.timeout_ms, options.truncate, settings)
+        return _from_options(text, encoded, None, options, settings)
     finally:
         await form.close()
 
 
-def prepare(parsed: ParsedInput, bundle: ModelBundle, settings: Settings,
+def prepare(parsed: ParsedInput, bundle: ModelBundle, router: Router, settings: Settings,
             faults: FaultInjector | None = None) -> PreparedInput:
-    """Decode, resize and tokenize; runs in the decode thread pool."""
+    """Tokenize, plan with the cache, decode what is still needed; runs in the decode pool."""
     if faults is not None:
         faults.after_stage("decode")
-    preprocess = bundle.config.preprocess
-    image = None
-    if parsed.encoded_image is not None:
-        image = resize_to_model_input(decode_image(parsed.encoded_image, settings.max_image_pixels), preprocess)
-    elif parsed.raw_pixels is not None:
-        shape, data = parsed.raw_pixels
-        image = pixels_to_model_input(decode_pixels(shape, data, settings.max_image_pixels), preprocess)
     tokens = None
     if parsed.text is not None:
         try:
             tokens = bundle.tokenizer.encode(parsed.text, truncate=parsed.truncate)
         except TextTooLongError as e:
             raise ApiError(422, "text_too_long", str(e), "text") from e
-    return PreparedInput(image=image, text=tokens)
+    pixels = content = None
+    if parsed.raw_pixels is not None:
+        shape, data = parsed.raw_pixels
+        pixels = decode_pixels(shape, data, settings.max_image_pixels)  # validates shape and length
+        content = ImageContent(pixels=data, shape=tuple(shape))
+    elif parsed.encoded_image is not None:
+        content = ImageContent(encoded=parsed.encoded_image)
+    plan = router.plan_segments(content, tokens.token_ids if tokens is not None else None, parsed.use_cache)
+    image = None
+    try:
+        if plan.needs_image_pixels:
+            preprocess = bundle.config.preprocess
+            if pixels is not None:
+                image = pixels_to_model_input(pixels, preprocess)
+            else:
+                decoded = decode_image(parsed.encoded_image, settings.max_image_pixels)
+                image = resize_to_model_input(decoded, preprocess)
+    except BaseException:
+        plan.abandon()
+        raise
+    return PreparedInput(image=image, text=tokens, plan=plan)

@@ -36,6 +36,7 @@ class InferRequest(BaseModel):
     priority: Literal["high", "normal", "low"] = "normal"
     timeout_ms: int | None = Field(None, ge=1, le=3_600_000, description="Deadline from arrival.")
     truncate: bool = Field(False, description="Cut a too-long text to the model's limit instead of 422.")
+    use_cache: bool = Field(True, description="false: neither read nor write the segment cache.")
 
 
 class ModelInfo(BaseModel):

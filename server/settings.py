@@ -65,6 +65,12 @@ class Settings(BaseSettings):
         1000.0, ge=0, description="How far high (low) priority moves a request ahead of (behind) its deadline.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long queued work may take to finish.")
 
+    # -- segment cache -------------------------------------------------------------
+    cache_image_bytes: int = Field(
+        1024**3, ge=0, description="Bytes of image segments (embedding, K, V) kept; 0 turns the image cache off.")
+    cache_text_bytes: int = Field(
+        64 * 1024**2, ge=0, description="Bytes of text segments (embedding, Q) kept; 0 turns the text cache off.")
+
     # -- operations -------------------------------------------------------------
     enable_fault_injection: bool = Field(
         False, description="Turn on POST /v1/admin/faults (stage delays for alert drills).")

@@ -1,4 +1,4 @@
-"""Operator routes: fault drills (only when the server was started with them enabled)."""
+"""Operator routes: emptying the segment cache, and fault drills (only when enabled)."""
 
 from __future__ import annotations
 
@@ -45,3 +45,10 @@ async def clear_faults(request: Request) -> JSONResponse:
     injector = _injector(request)
     injector.clear()
     return JSONResponse({"active": []})
+
+
+@router.delete("/v1/cache", summary="Empty the segment cache (entries being computed are kept when done).")
+async def clear_cache(request: Request) -> JSONResponse:
+    state: ServerState = request.app.state.mmserve
+    num_entries = state.router.cache.clear()
+    return JSONResponse({"cleared_entries": num_entries})

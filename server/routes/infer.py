@@ -14,10 +14,11 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from router.request import InferenceRequest, InferenceResult, Priority
+from router.request import InferenceResult
 from server.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
-from server.inputs import ParsedInput, PreparedInput, parse_json, parse_multipart, prepare
+from server.execution import prepare_in_pool, run_prepared
+from server.inputs import ParsedInput, PreparedInput, parse_json, parse_multipart
 from server.schemas import InferResponse
 from server.state import ServerState
 
@@ -108,7 +109,6 @@ def _response_body(request_id: str, state: ServerState, result: InferenceResult,
             "truncated": prepared.text.is_truncated,
             "num_tokens_before_truncation": prepared.text.num_tokens_before_truncation,
         }
-    body["cache"] = {}
     return body
 
 
@@ -148,21 +148,13 @@ async def infer(request: Request) -> Response:
         parsed = await _parse(request, state)
         route_label = parsed.route
         decode_started_ns = time.perf_counter_ns()
-        prepared = await asyncio.get_running_loop().run_in_executor(
-            state.decode_pool, prepare, parsed, state.bundle, state.settings, state.faults
-        )
+        prepared = await prepare_in_pool(state, parsed)
         stage_ns["decode"] = time.perf_counter_ns() - decode_started_ns
-        inference_request = InferenceRequest(
-            request_id=request_id,
-            token_ids=prepared.text.token_ids if prepared.text is not None else None,
-            image=prepared.image,
-            deadline_ns=None if parsed.timeout_ms is None else started_ns + parsed.timeout_ms * 1_000_000,
-            priority=Priority(parsed.priority),
-        )
-        result = await until_disconnected(request, state.router.submit(inference_request))
+        result = await until_disconnected(request, run_prepared(state, request_id, parsed, prepared, started_ns))
         stage_ns.update(result.stage_ns)
         respond_started_ns = time.perf_counter_ns()
         body = _response_body(request_id, state, result, prepared)
+        body["cache"] = prepared.plan.statuses()
         stage_ns["respond"] = time.perf_counter_ns() - respond_started_ns
         stage_ns["total"] = time.perf_counter_ns() - started_ns
         body["timings_ms"] = {stage: _ms(ns) for stage, ns in stage_ns.items()}

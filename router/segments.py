@@ -1,0 +1,177 @@
+"""Which segments of a request are already known: the router's side of the cache.
+
+A request is made of at most two segments, each cached on its own:
+
+    image segment  (pooled, K, V)   key: fingerprint + preprocessing + uploaded bytes
+    text segment   (pooled, Q)      key: fingerprint + token ids
+
+``SegmentCatalog.plan`` derives both keys and asks the cache once, before the
+image is decoded, so a hit skips decoding as well as the encoder. Each slot of
+the resulting ``SegmentPlan`` is one of:
+
+    hit        the value is known now
+    coalesced  another request is computing it; await its future
+    miss       this request computes it and publishes it (the claim)
+    bypass     use_cache: false, or that modality's budget is 0
+
+A plan must end in exactly one of ``publish`` (after compute), ``fail`` (the
+computation raised) or ``abandon`` (the request never reached the model), so
+waiters never hang. Keys carry the model fingerprint: a new model never sees
+an old entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from enum import Enum
+from typing import Generic, TypeVar
+
+from cache import (
+    ClaimAbandonedError,
+    ClaimAlreadyResolvedError,
+    LookupKind,
+    Modality,
+    SegmentCache,
+    SegmentKey,
+    encoded_image_key,
+    pixels_key,
+    token_ids_key,
+)
+from cache.claim import Claim
+from models.multimodal import ImageSegment, TextSegment
+
+Segment = TypeVar("Segment", ImageSegment, TextSegment)
+
+TEXT_PREPROCESS_ID = "token-ids"
+
+
+class SlotStatus(str, Enum):
+    HIT = "hit"
+    MISS = "miss"
+    COALESCED = "coalesced"
+    BYPASS = "bypass"
+
+
+@dataclass
+class SegmentSlot(Generic[Segment]):
+    """One segment of one request and how it will be obtained."""
+
+    key: SegmentKey
+    status: SlotStatus
+    value: Segment | None = None
+    claim: Claim | None = None  # miss or bypass: this request computes and publishes
+    future: Future | None = None  # coalesced: the owner's result
+
+    @property
+    def needs_compute(self) -> bool:
+        return self.value is None and self.status in (SlotStatus.MISS, SlotStatus.BYPASS)
+
+
+@dataclass(frozen=True)
+class ImageContent:
+    """An image as it arrived: encoded file bytes, or raw pixels with their shape."""
+
+    encoded: bytes | None = None
+    pixels: bytes | None = None
+    shape: tuple[int, ...] | None = None
+
+
+class SegmentPlan:
+    """The two slots of a request and the duty to resolve their claims."""
+
+    def __init__(self, image: SegmentSlot | None, text: SegmentSlot | None,
+                 lookup: Callable[[SegmentKey, bool], SegmentSlot], use_cache: bool) -> None:
+        self.image = image
+        self.text = text
+        self._lookup = lookup
+        self._use_cache = use_cache
+
+    @property
+    def needs_image_pixels(self) -> bool:
+        return self.image is not None and self.image.needs_compute
+
+    def statuses(self) -> dict[str, str]:
+        """What the response's ``cache`` field says, per segment."""
+        return {name: slot.status.value for name, slot in (("image", self.image), ("text", self.text))
+                if slot is not None}
+
+    async def await_coalesced(self) -> None:
+        """Wait for segments other requests are computing; retake a claim that was abandoned."""
+        for name in ("image", "text"):
+            slot = getattr(self, name)
+            while slot is not None and slot.status == SlotStatus.COALESCED and slot.value is None:
+                try:
+                    slot.value = await asyncio.wrap_future(slot.future)
+                except ClaimAbandonedError:
+                    # The owner never computed it: look again (we may own it now).
+                    slot = self._lookup(slot.key, self._use_cache)
+                    setattr(self, name, slot)
+
+    @property
+    def image_value(self) -> ImageSegment | None:
+        return None if self.image is None else self.image.value
+
+    @property
+    def text_value(self) -> TextSegment | None:
+        return None if self.text is None else self.text.value
+
+    def publish(self, image: ImageSegment | None, text: TextSegment | None) -> None:
+        """Hand computed segments to the cache and to every waiter."""
+        for slot, value in ((self.image, image), (self.text, text)):
+            if slot is not None and slot.claim is not None and value is not None:
+                try:
+                    slot.claim.complete(value, value.size_bytes)
+                except ClaimAlreadyResolvedError:
+                    pass  # abandoned meanwhile (the client left); waiters already retried
+
+    def fail(self, error: BaseException) -> None:
+        for slot in (self.image, self.text):
+            if slot is not None and slot.claim is not None:
+                try:
+                    slot.claim.fail(error)
+                except ClaimAlreadyResolvedError:
+                    pass
+
+    def abandon(self) -> None:
+        for slot in (self.image, self.text):
+            if slot is not None and slot.claim is not None:
+                slot.claim.abandon()
+
+
+class SegmentCatalog:
+    """Derives segment keys for one model and looks them up in the cache."""
+
+    def __init__(self, cache: SegmentCache, model_fingerprint: str, image_preprocess_id: str) -> None:
+        self.cache = cache
+        self.model_fingerprint = model_fingerprint
+        self.image_preprocess_id = image_preprocess_id
+
+    def image_key(self, content: ImageContent) -> SegmentKey:
+        if content.encoded is not None:
+            return encoded_image_key(self.model_fingerprint, self.image_preprocess_id, content.encoded)
+        return pixels_key(self.model_fingerprint, self.image_preprocess_id, content.pixels, content.shape)
+
+    def text_key(self, token_ids: Sequence[int]) -> SegmentKey:
+        return token_ids_key(self.model_fingerprint, TEXT_PREPROCESS_ID, token_ids)
+
+    def lookup(self, key: SegmentKey, use_cache: bool) -> SegmentSlot:
+        found = self.cache.lookup(key) if use_cache else self.cache.bypass(key)
+        if not use_cache or not self.cache.is_enabled(key.modality):
+            return SegmentSlot(key, SlotStatus.BYPASS, claim=found.claim)
+        if found.kind == LookupKind.HIT:
+            return SegmentSlot(key, SlotStatus.HIT, value=found.value)
+        if found.kind == LookupKind.PENDING:
+            return SegmentSlot(key, SlotStatus.COALESCED, future=found.future)
+        return SegmentSlot(key, SlotStatus.MISS, claim=found.claim)
+
+    def plan(self, image: ImageContent | None, token_ids: Sequence[int] | None, use_cache: bool) -> SegmentPlan:
+        """Look both segments up (thread-safe; the server calls it from its decode pool)."""
+        image_slot = None if image is None else self.lookup(self.image_key(image), use_cache)
+        text_slot = None if token_ids is None else self.lookup(self.text_key(token_ids), use_cache)
+        return SegmentPlan(image_slot, text_slot, self.lookup, use_cache)
+
+
+__all__ = ["ImageContent", "Modality", "SegmentCatalog", "SegmentPlan", "SegmentSlot", "SlotStatus"]

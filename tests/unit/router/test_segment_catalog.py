@@ -1,0 +1,38 @@
+"""Segment keys belong to a model: a new fingerprint never sees an old entry."""
+
+from __future__ import annotations
+
+import torch
+
+from cache import SegmentCache
+from models.multimodal import ImageSegment
+from router.segments import ImageContent, SegmentCatalog, SlotStatus
+
+
+def _segment() -> ImageSegment:
+    return ImageSegment(pooled=torch.zeros(4), k=torch.zeros(3, 2), v=torch.zeros(3, 4))
+
+
+def test_a_different_model_fingerprint_misses():
+    cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20)
+    old_model = SegmentCatalog(cache, "fingerprint-of-model-a", "size=32")
+    new_model = SegmentCatalog(cache, "fingerprint-of-model-b", "size=32")
+    image = ImageContent(encoded=b"the same uploaded bytes")
+
+    plan = old_model.plan(image, None, use_cache=True)
+    assert plan.image.status == SlotStatus.MISS
+    plan.publish(_segment(), None)
+    assert old_model.plan(image, None, use_cache=True).image.status == SlotStatus.HIT
+    assert new_model.plan(image, None, use_cache=True).image.status == SlotStatus.MISS
+
+
+def test_preprocessing_is_part_of_the_key_and_abandon_frees_the_claim():
+    cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20)
+    image = ImageContent(pixels=bytes(12), shape=(2, 2, 3))
+    first = SegmentCatalog(cache, "fp", "size=32").plan(image, (2, 5, 3), use_cache=True)
+    other_preprocessing = SegmentCatalog(cache, "fp", "size=64").plan(image, None, use_cache=True)
+    assert other_preprocessing.image.status == SlotStatus.MISS
+    other_preprocessing.abandon()
+    first.abandon()
+    assert cache.num_in_flight == 0
+    assert SegmentCatalog(cache, "fp", "size=32").plan(image, None, use_cache=True).image.status == SlotStatus.MISS
