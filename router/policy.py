@@ -20,7 +20,11 @@ A lane's batch closes when any of these holds:
     * waiting longer would make its most urgent item miss its deadline,
       given the measured service time of a batch of this (padded) size.
 
-Among closed lanes the one whose head is most urgent runs. Requests whose
+Among closed lanes the one whose head is most urgent runs, except that a
+lane never runs twice in a row while another lane has a closed batch: with
+equal timeouts, EDF alone is FIFO across lanes, and a text request would
+wait behind every queued vision batch. With the rule it waits for at most
+one batch of another lane (the isolation the lanes exist for). Requests whose
 deadline has passed are taken out (to be answered 504) and cancelled ones are
 dropped, so neither ever holds a batch slot. Text batches group requests of
 the same length bucket (then shorter ones), so a batch pads to its bucket,
@@ -84,7 +88,9 @@ def _take_out_dead(lane: Lane, now_ns: int, expired: list[Pending]) -> None:
     lane.queue[:] = alive
 
 
-def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs) -> Decision:
+def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
+           last_route: Route | None = None) -> Decision:
+    """The next batch; ``last_route`` is the lane that ran the previous one."""
     expired: list[Pending] = []
     ready: list[tuple[tuple[int, int], Lane, list[Pending]]] = []
     earliest_close_ns: int | None = None
@@ -105,7 +111,8 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs) -> Decis
         elif earliest_close_ns is None or close_ns < earliest_close_ns:
             earliest_close_ns = close_ns
     if ready:
-        _, lane, batch = min(ready, key=lambda entry: entry[0])
+        others = [entry for entry in ready if entry[1].route != last_route]
+        _, lane, batch = min(others or ready, key=lambda entry: entry[0])
         chosen = set(map(id, batch))
         lane.queue[:] = [p for p in lane.queue if id(p) not in chosen]
         return Decision(lane=lane, batch=batch, expired=expired)

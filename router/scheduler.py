@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from router.lanes import Lane, Pending
 from router.policy import decide, work_ahead_ns
+from router.request import Route
 from router.service_time import ServiceTimeEstimator
 
 _NO_LIMIT = 2**62
@@ -44,6 +45,7 @@ class Scheduler:
         self._condition = threading.Condition()
         self._is_closed = False
         self._running_until_ns = 0  # expected end of the batch on the device
+        self._last_route: Route | None = None  # the lane of the batch handed out last
 
     def _drain_s(self) -> float:
         remaining_ns = max(0, self._running_until_ns - self._clock_ns())
@@ -92,8 +94,10 @@ class Scheduler:
         """
         with self._condition:
             while True:
-                decision = decide(self.lanes, self._clock_ns(), self.estimator.estimate_ns)
+                decision = decide(self.lanes, self._clock_ns(), self.estimator.estimate_ns, self._last_route)
                 if decision.lane is not None or decision.expired:
+                    if decision.lane is not None:
+                        self._last_route = decision.lane.route
                     return ScheduledBatch(decision.lane, decision.batch, decision.expired)
                 if self._is_closed:
                     # Draining: what is queued runs now, without waiting for fuller batches.

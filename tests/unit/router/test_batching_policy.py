@@ -181,3 +181,16 @@ def test_the_padded_size_is_the_next_warmed_shape():
     assert settings.warm_batch_sizes == (1, 2, 4, 8, 12)
     assert [settings.padded_size(n) for n in (1, 3, 5, 9, 12)] == [1, 4, 8, 12, 12]
     assert LaneSettings(max_batch_size=8, preferred_batch_sizes=(4,)).warm_batch_sizes == (4, 8)
+
+
+def test_a_lane_never_runs_twice_in_a_row_while_another_is_ready():
+    """Isolation: with equal timeouts EDF is FIFO; a text request must not wait out every vision batch."""
+    text, vision = lane(Route.TEXT, max_batch_size=1), lane(Route.VISION, max_batch_size=1)
+    vision.queue.extend(pending(i, deadline_ms=1_000 + i, text=False, name=f"v{i}") for i in range(3))
+    text.queue.append(pending(5, deadline_ms=1_005, name="text"))
+    order, last = [], None
+    for _ in range(4):
+        decision = decide([text, vision], 10 * MS, no_estimate, last_route=last)
+        order.append(names(decision.batch)[0])
+        last = decision.lane.route
+    assert order == ["v0", "text", "v1", "v2"]

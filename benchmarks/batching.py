@@ -1,0 +1,132 @@
+"""Batching benchmark: served vs raw throughput, batching gain, and text isolation.
+
+Three comparisons, each measured side by side in one run (the machine's
+speed drifts, so ratios, not absolute times, are the result):
+
+1. served / raw: saturation throughput of ``mmserve serve`` (closed loop of
+   fusion requests, cache off) divided by a direct batched forward loop of
+   the same model with the same batch cap and dtype in this process
+   (measured before and after the served run; the mean is used).
+2. batching gain: served saturation throughput with ``max_batch_size`` 8 vs 1.
+3. isolation: text-lane p99 under an open-loop text load while a closed
+   loop saturates the vision lane, divided by the text p99 alone at the same
+   rate. Latency is measured from the intended send time (open loop).
+
+    python benchmarks/batching.py --presets tiny vit-b16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import platform
+import time
+from dataclasses import dataclass
+
+import torch
+
+from benchmarks.loadgen.bench import run_bench
+from benchmarks.loadgen.config import BenchConfig, RunMode
+from benchmarks.loadgen.image_pool import ImageSize
+from benchmarks.loadgen.workload import TextLengthRange, parse_mix
+from benchmarks.server_process import mmserve_process
+from models.repository import build_preset
+
+BATCH_CAP = 8
+NO_CACHE = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0"}
+TEXT_CHARS = TextLengthRange(16, 48)  # fits every preset's token limit
+
+
+@dataclass(frozen=True)
+class PresetPlan:
+    preset: str
+    seconds: float
+    concurrency: int
+    text_rate_rps: float
+
+
+def raw_throughput(preset: str, seconds: float) -> float:
+    """Fusion items per second of a direct batched loop (vision + text + fusion), batch = cap."""
+    bundle = build_preset(preset, seed=0)
+    size = bundle.config.preprocess.input_size
+    images = torch.randint(0, 256, (BATCH_CAP, size, size, 3), dtype=torch.uint8)
+    token_ids = [bundle.tokenizer.encode("a photo of a small red boat " + str(i), truncate=True).token_ids
+                 for i in range(BATCH_CAP)]
+    model = bundle.model
+    model.fuse(model.encode_images(images), model.encode_texts(token_ids, pad_to=32))  # warm
+    num_items, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        model.fuse(model.encode_images(images), model.encode_texts(token_ids, pad_to=32))
+        num_items += BATCH_CAP
+    return num_items / (time.perf_counter() - started)
+
+
+def _config(url: str, mode: RunMode, seconds: float, mix: str, image_px: int, *,
+            concurrency: int | None = None, rate: float | None = None, seed: int = 0) -> BenchConfig:
+    return BenchConfig(url=url, mode=mode, duration_s=seconds, rate_rps=rate, concurrency=concurrency,
+                       mix=parse_mix(mix), num_images=64, image_size=ImageSize(image_px, image_px),
+                       text_length=TEXT_CHARS, seed=seed, timeout_s=120.0, show_progress=False)
+
+
+async def served_throughput(url: str, plan: PresetPlan, image_px: int) -> float:
+    outcome = await run_bench(_config(url, RunMode.CLOSED, plan.seconds, "fusion:1", image_px,
+                                      concurrency=plan.concurrency))
+    return outcome.report["throughput_rps"]
+
+
+async def text_p99(url: str, plan: PresetPlan, image_px: int, with_vision_load: bool) -> float:
+    text_run = run_bench(_config(url, RunMode.OPEN, plan.seconds, "text:1", image_px,
+                                 rate=plan.text_rate_rps, seed=1))
+    if not with_vision_load:
+        return (await text_run).report["p99_ms"]
+    vision_run = run_bench(_config(url, RunMode.CLOSED, plan.seconds, "vision:1", image_px,
+                                   concurrency=plan.concurrency, seed=2))
+    text_outcome, _ = await asyncio.gather(text_run, vision_run)
+    return text_outcome.report["p99_ms"]
+
+
+def measure(plan: PresetPlan) -> dict[str, float]:
+    image_px = build_preset(plan.preset).config.preprocess.input_size
+    row: dict[str, float] = {}
+    raw_before = raw_throughput(plan.preset, plan.seconds)
+    with mmserve_process(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": str(BATCH_CAP)}) as url:
+        row["served_rps"] = asyncio.run(served_throughput(url, plan, image_px))
+        row["text_p99_alone_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=False))
+        row["text_p99_loaded_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=True))
+    raw_after = raw_throughput(plan.preset, plan.seconds)
+    row["raw_rps"] = (raw_before + raw_after) / 2
+    with mmserve_process(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": "1"}) as url:
+        row["served_batch1_rps"] = asyncio.run(served_throughput(url, plan, image_px))
+    return row
+
+
+PLANS = {
+    "tiny": PresetPlan("tiny", seconds=15.0, concurrency=32, text_rate_rps=20.0),
+    "vit-b16": PresetPlan("vit-b16", seconds=30.0, concurrency=16, text_rate_rps=2.0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"], choices=sorted(PLANS))
+    parser.add_argument("--seconds", type=float, help="override each measurement's duration")
+    args = parser.parse_args()
+    print(f"batching benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{platform.machine()} x{torch.get_num_threads()} torch threads, torch {torch.__version__}, float32, "
+          f"batch cap {BATCH_CAP}, cache off")
+    header = ("preset", "raw_rps", "served_rps", "served/raw", "batch1_rps", "gain 8/1",
+              "text_p99_alone", "text_p99_loaded", "isolation")
+    print(" ".join(f"{h:>15}" for h in header))
+    for name in args.presets:
+        plan = PLANS[name] if args.seconds is None else dataclasses.replace(PLANS[name], seconds=args.seconds)
+        row = measure(plan)
+        values = (name, f"{row['raw_rps']:.1f}", f"{row['served_rps']:.1f}",
+                  f"{row['served_rps'] / row['raw_rps']:.3f}", f"{row['served_batch1_rps']:.1f}",
+                  f"{row['served_rps'] / row['served_batch1_rps']:.2f}", f"{row['text_p99_alone_ms']:.1f} ms",
+                  f"{row['text_p99_loaded_ms']:.1f} ms", f"{row['text_p99_loaded_ms'] / row['text_p99_alone_ms']:.2f}")
+        print(" ".join(f"{v:>15}" for v in values), flush=True)
+
+
+if __name__ == "__main__":
+    main()
