@@ -73,14 +73,19 @@ class TextTokenizer:
         self.pad_token_id: int = int(tokenizer.pad_token_id or 0)
 
     def encode(self, text: str, *, truncate: bool) -> TokenizedText:
-        """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate``."""
+        """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate``.
+
+        Several decode threads call this at once. A fast tokenizer's truncation
+        is a setting on the shared Rust tokenizer, so asking it to truncate
+        from one thread changes what another thread gets. Every call therefore
+        tokenizes the same way (no truncation) and truncation cuts the ids
+        here: the first ``max_tokens - 1`` ids and the closing special token.
+        """
         token_ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
         num_tokens = len(token_ids)
         if num_tokens <= self.max_tokens:
             return TokenizedText(tuple(token_ids), False, num_tokens)
         if not truncate:
             raise TextTooLongError(num_tokens, self.max_tokens)
-        truncated = self.tokenizer(
-            text, add_special_tokens=True, truncation=True, max_length=self.max_tokens
-        )["input_ids"]
-        return TokenizedText(tuple(truncated), True, num_tokens)
+        truncated = (*token_ids[: self.max_tokens - 1], token_ids[-1])
+        return TokenizedText(truncated, True, num_tokens)
