@@ -56,7 +56,8 @@ class TextEncoder(nn.Module):
     def from_pretrained(cls, directory: Path) -> "TextEncoder":
         """Load a local Hugging Face directory (``save_pretrained`` output), no network."""
         try:
-            model = AutoModel.from_pretrained(str(directory), local_files_only=True)
+            # safetensors only: a pytorch_model.bin would be unpickled by torch.load.
+            model = AutoModel.from_pretrained(str(directory), local_files_only=True, use_safetensors=True)
         except (OSError, ValueError) as e:
             raise ModelRepositoryError(f"cannot load the text model from {directory}: {e}") from e
         return cls(model)

@@ -131,3 +131,16 @@ def test_hf_dir_may_not_escape_the_repository(tmp_path: Path, tiny_bundle):
     (repo / "model.yaml").write_text(yaml.safe_dump(config))
     with pytest.raises(ModelRepositoryError, match="outside the repository"):
         load_repository(repo)
+
+
+def test_a_pickled_hugging_face_checkpoint_is_refused(tmp_path: Path):
+    """Weights are never unpickled: a directory holding only pytorch_model.bin does not load."""
+    from models.text import TextEncoder
+
+    directory = tmp_path / "pickled"
+    _save_hf_text_model(directory)
+    model = BertModel.from_pretrained(str(directory))
+    (directory / "model.safetensors").unlink()
+    torch.save(model.state_dict(), directory / "pytorch_model.bin")
+    with pytest.raises(ModelRepositoryError, match="cannot load the text model"):
+        TextEncoder.from_pretrained(directory)
