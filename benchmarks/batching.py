@@ -30,7 +30,7 @@ from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
-from benchmarks.server_process import mmserve_process
+from benchmarks.serving_processes import mmserve_command, running
 from models.repository import build_preset
 
 BATCH_CAP = 8
@@ -90,13 +90,15 @@ def measure(plan: PresetPlan) -> dict[str, float]:
     image_px = build_preset(plan.preset).config.preprocess.input_size
     row: dict[str, float] = {}
     raw_before = raw_throughput(plan.preset, plan.seconds)
-    with mmserve_process(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": str(BATCH_CAP)}) as url:
+    with running(mmserve_command(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": str(BATCH_CAP)})) as server:
+        url = server.url
         row["served_rps"] = asyncio.run(served_throughput(url, plan, image_px))
         row["text_p99_alone_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=False))
         row["text_p99_loaded_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=True))
     raw_after = raw_throughput(plan.preset, plan.seconds)
     row["raw_rps"] = (raw_before + raw_after) / 2
-    with mmserve_process(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": "1"}) as url:
+    with running(mmserve_command(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": "1"})) as server:
+        url = server.url
         row["served_batch1_rps"] = asyncio.run(served_throughput(url, plan, image_px))
     return row
 

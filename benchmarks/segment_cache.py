@@ -27,7 +27,7 @@ from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
-from benchmarks.server_process import mmserve_process
+from benchmarks.serving_processes import mmserve_command, running
 
 CACHE_OFF = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0"}
 CACHE_ON: dict[str, str] = {}
@@ -67,17 +67,21 @@ def main() -> None:
                            **workload))
 
     # Alternate off / on so drift in the machine's speed hits both sides alike.
-    with mmserve_process(args.preset, {**settings, **CACHE_OFF}) as url:
+    with running(mmserve_command(args.preset, {**settings, **CACHE_OFF})) as server:
+        url = server.url
         rate = saturation(url, zipf, seed=1)
         zipf_off_rps = rate
         unique_off_rps = saturation(url, unique, seed=2)
         zipf_off_p99 = run(_config(url, RunMode.OPEN, args.seconds, rate=rate, seed=3, **zipf))["p99_ms"]
-    with mmserve_process(args.preset, {**settings, **CACHE_ON}) as url:
+    with running(mmserve_command(args.preset, {**settings, **CACHE_ON})) as server:
+        url = server.url
         zipf_on_rps = saturation(url, zipf, seed=1)
         unique_on = saturation_report(url, unique, seed=2)
         unique_on_rps = unique_on["throughput_rps"]
         unique_image_events = unique_on.get("server", {}).get("cache", {}).get("by_modality", {}).get("image", {})
-    with mmserve_process(args.preset, {**settings, **CACHE_ON}) as url:  # a cold cache for the open loop
+    # A fresh process: the open loop starts from a cold cache.
+    with running(mmserve_command(args.preset, {**settings, **CACHE_ON})) as server:
+        url = server.url
         open_report = run(_config(url, RunMode.OPEN, args.seconds, rate=rate, seed=3, **zipf))
         zipf_on_p99 = open_report["p99_ms"]
         hit_ratio = open_report.get("server", {}).get("cache", {})

@@ -1,0 +1,257 @@
+"""mmserve's model served by LitServe: the peer the comparison benchmark drives.
+
+Same model, same inputs, same answers, a different server. The preset is
+built with ``build_preset(name, seed)`` (the same seeded weights, hence the
+same fingerprint), requests are validated with mmserve's own ``InferRequest``
+schema and text limits, images are decoded with ``server.decoding`` and
+resized with ``models.preprocessing``, texts are tokenized with the bundle's
+tokenizer, and the answer carries the keys of ``POST /v1/infer``'s answer
+(``route``, ``model``, ``image_embedding``, ``text_embedding``,
+``fused_embedding``, ``score``, ``text``), plus ``batch_size``, the size of
+the LitServe batch the item ran in. So one load generator drives both servers
+and one test can compare their outputs.
+
+It is written the way LitServe's documentation asks: ``decode_request`` turns
+one request into model input (in LitServe's inference worker), ``predict``
+runs one batch, ``encode_response`` renders one output. A batch mixes routes:
+every image in it goes through the vision encoder together, every text through
+the text encoder (padded to the batch's longest), and the items with both are
+fused. A refusal (bad base64, corrupt image, text too long) is raised as the
+``HTTPException`` mmserve would answer, with mmserve's status code.
+
+Batching follows mmserve's settings: ``max_batch_size`` and ``batch_timeout``
+default to ``MMSERVE_MAX_BATCH_SIZE`` and ``MMSERVE_MAX_QUEUE_DELAY_MS``
+(read when the process starts, not at import), so one environment configures
+both servers.
+
+    python -m benchmarks.peer_litserve_app --preset tiny --port 8101
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import litserve as ls
+import numpy as np
+import torch
+from fastapi import HTTPException
+from pydantic import ValidationError
+
+from models.errors import TextTooLongError
+from models.multimodal import ImageSegment, TextSegment
+from models.preprocessing import pixels_to_model_input, resize_to_model_input
+from models.presets import PRESET_NAMES
+from models.repository import ModelBundle, build_preset
+from models.tokenizer import TokenizedText
+from server.decoding import decode_base64, decode_image, decode_pixels
+from server.errors import ApiError
+from server.inputs import parsed_input
+from server.schemas import EncodedImage, InferRequest, RawImage
+from server.settings import Settings, load_settings
+
+INFER_PATH = "/v1/infer"
+
+
+@dataclass(frozen=True)
+class PeerItem:
+    """One decoded request: what the model needs and nothing else."""
+
+    tokens: TokenizedText | None
+    image: np.ndarray | None  # (S, S, 3) uint8
+
+    @property
+    def route(self) -> str:
+        if self.image is not None and self.tokens is not None:
+            return "fusion"
+        return "vision" if self.image is not None else "text"
+
+
+@dataclass(frozen=True)
+class PeerOutput:
+    """One item's outputs on the host, ready to render."""
+
+    item: PeerItem
+    image_embedding: np.ndarray | None  # (d_v,) float32
+    text_embedding: np.ndarray | None  # (d_t,) float32
+    fused_embedding: np.ndarray | None  # (d_t,) float32
+    score: float | None
+    batch_size: int
+
+
+def _to_host(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy()
+
+
+def _refusal(error: ApiError) -> HTTPException:
+    """mmserve's refusal as LitServe's way of answering one: same status, same error body."""
+    return HTTPException(status_code=error.status, detail=error.body()["error"])
+
+
+class MultimodalLitAPI(ls.LitAPI):
+    """The multimodal model behind LitServe's batching loop (one inference worker)."""
+
+    def __init__(self, preset: str, seed: int, settings: Settings, *, max_batch_size: int,
+                 batch_timeout_s: float, api_path: str = INFER_PATH) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s, api_path=api_path)
+        self._preset = preset
+        self._seed = seed
+        self._settings = settings
+        self._bundle: ModelBundle | None = None
+
+    @property
+    def bundle(self) -> ModelBundle:
+        if self._bundle is None:
+            raise RuntimeError("setup() has not run yet")
+        return self._bundle
+
+    def setup(self, device: str) -> None:
+        self._bundle = build_preset(self._preset, seed=self._seed, device=device)
+
+    # -- one request in ---------------------------------------------------------
+
+    def decode_request(self, request: dict) -> PeerItem:
+        try:
+            return self._decode(request)
+        except ApiError as e:
+            raise _refusal(e) from e
+
+    def _decode(self, request: dict) -> PeerItem:
+        try:
+            body = InferRequest.model_validate(request)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "body"
+            raise ApiError(422, "invalid_request", f"{field}: {first['msg']}", field) from e
+        encoded = raw = None
+        if isinstance(body.image, EncodedImage):
+            encoded = decode_base64(body.image.b64, "image.b64")
+        elif isinstance(body.image, RawImage):
+            raw = (body.image.uint8.shape, decode_base64(body.image.uint8.b64, "image.uint8.b64"))
+        parsed = parsed_input(body.text, encoded, raw, self._settings, truncate=body.truncate)
+        bundle = self.bundle
+        tokens = None
+        if parsed.text is not None:
+            try:
+                tokens = bundle.tokenizer.encode(parsed.text, truncate=parsed.truncate)
+            except TextTooLongError as e:
+                raise ApiError(422, "text_too_long", str(e), "text") from e
+        image = None
+        preprocess = bundle.config.preprocess
+        max_pixels = self._settings.max_image_pixels
+        if raw is not None:
+            image = pixels_to_model_input(decode_pixels(raw[0], raw[1], max_pixels), preprocess)
+        elif encoded is not None:
+            image = resize_to_model_input(decode_image(encoded, max_pixels), preprocess)
+        return PeerItem(tokens=tokens, image=image)
+
+    # -- one batch through the model ------------------------------------------------
+
+    def batch(self, inputs: list[PeerItem]) -> list[PeerItem]:
+        return list(inputs)
+
+    def predict(self, x: list[PeerItem] | PeerItem) -> list[PeerOutput] | PeerOutput:
+        # With max_batch_size 1 LitServe calls predict with one item and skips batch/unbatch.
+        if isinstance(x, PeerItem):
+            return self.predict_batch([x])[0]
+        return self.predict_batch(x)
+
+    def predict_batch(self, items: Sequence[PeerItem]) -> list[PeerOutput]:
+        """Vision for every image, text for every text, fusion where an item has both."""
+        model = self.bundle.model
+        images: dict[int, ImageSegment] = {}
+        texts: dict[int, TextSegment] = {}
+        vision_rows = [i for i, item in enumerate(items) if item.image is not None]
+        text_rows = [i for i, item in enumerate(items) if item.tokens is not None]
+        if vision_rows:
+            pixels = torch.from_numpy(np.stack([items[i].image for i in vision_rows]))  # (Bv, S, S, 3) uint8
+            images = dict(zip(vision_rows, model.encode_images(pixels)))
+        if text_rows:
+            token_ids = [items[i].tokens.token_ids for i in text_rows]
+            segments = model.encode_texts(token_ids, pad_token_id=self.bundle.tokenizer.pad_token_id)
+            texts = dict(zip(text_rows, segments))
+        fusion_rows = [i for i in vision_rows if i in texts]
+        fused = {}
+        if fusion_rows:
+            outputs = model.fuse([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
+            fused = dict(zip(fusion_rows, outputs))
+        return [
+            PeerOutput(
+                item=item,
+                image_embedding=_to_host(images[i].pooled) if i in images else None,
+                text_embedding=_to_host(texts[i].pooled) if i in texts else None,
+                fused_embedding=_to_host(fused[i].fused) if i in fused else None,
+                score=float(fused[i].score) if i in fused else None,
+                batch_size=len(items),
+            )
+            for i, item in enumerate(items)
+        ]
+
+    def unbatch(self, output: list[PeerOutput]) -> list[PeerOutput]:
+        return list(output)
+
+    # -- one answer out -----------------------------------------------------------
+
+    def encode_response(self, output: PeerOutput) -> dict:
+        bundle = self.bundle
+        body: dict = {
+            "route": output.item.route,
+            "model": {"name": bundle.config.name, "fingerprint": bundle.fingerprint},
+        }
+        for key, value in (
+            ("image_embedding", output.image_embedding),
+            ("text_embedding", output.text_embedding),
+            ("fused_embedding", output.fused_embedding),
+        ):
+            if value is not None:
+                body[key] = value.tolist()
+        if output.score is not None:
+            body["score"] = output.score
+        tokens = output.item.tokens
+        if tokens is not None:
+            body["text"] = {
+                "num_tokens": len(tokens.token_ids),
+                "truncated": tokens.is_truncated,
+                "num_tokens_before_truncation": tokens.num_tokens_before_truncation,
+            }
+        body["batch_size"] = output.batch_size
+        return body
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.peer_litserve_app",
+        description="Serve an mmserve preset with LitServe on POST /v1/infer (the benchmark's peer).",
+    )
+    parser.add_argument("--preset", choices=PRESET_NAMES, default="tiny")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the preset's random weights (default 0)")
+    parser.add_argument("--host", default="127.0.0.1", choices=("127.0.0.1", "0.0.0.0"))
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--max-batch-size", type=int, metavar="N",
+                        help="default: MMSERVE_MAX_BATCH_SIZE, as mmserve reads it")
+    parser.add_argument("--max-queue-delay-ms", type=float, metavar="MS",
+                        help="LitServe's batch_timeout; default: MMSERVE_MAX_QUEUE_DELAY_MS")
+    parser.add_argument("--fast-queue", action="store_true",
+                        help="LitServe's ZeroMQ transport, documented for more than 100 requests/s")
+    parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    settings = load_settings()  # MMSERVE_* from the environment, as ``mmserve serve`` reads them
+    max_batch_size = args.max_batch_size if args.max_batch_size is not None else settings.max_batch_size
+    delay_ms = args.max_queue_delay_ms if args.max_queue_delay_ms is not None else settings.max_queue_delay_ms
+    api = MultimodalLitAPI(args.preset, args.seed, settings, max_batch_size=max_batch_size,
+                           batch_timeout_s=delay_ms / 1000.0)
+    server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=1,
+                          timeout=settings.default_timeout_ms / 1000.0, fast_queue=args.fast_queue)
+    server.run(host=args.host, port=args.port, log_level=args.log_level, generate_client_file=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The LitServe peer serves the same model: same fingerprint, same outputs, same refusals as mmserve.
+
+A comparison between two servers means something only if they compute the
+same thing; these tests hold ``benchmarks.peer_litserve_app`` to mmserve's
+answers for the same request, through a real LitServe process and through
+the API's batch path directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from benchmarks.peer_litserve_app import MultimodalLitAPI, PeerOutput
+from benchmarks.serving_processes import ServerProcess, litserve_command, running
+from server.settings import Settings
+
+EMBEDDING_KEYS = ("image_embedding", "text_embedding", "fused_embedding")
+
+
+def _jpeg_b64(seed: int, width: int = 96, height: int = 64) -> str:
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)  # (H, W, 3)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+@pytest.fixture(scope="module")
+def litserve_server() -> Iterator[ServerProcess]:
+    with running(litserve_command("tiny", max_batch_size=8, max_queue_delay_ms=5.0, is_fast_queue=True),
+                 ready_timeout_s=120.0) as server:
+        yield server
+
+
+def test_litserve_app_answers_the_embeddings_mmserve_answers(tiny_server, litserve_server: ServerProcess):
+    body = {"text": "a red boat on a quiet lake", "image": {"b64": _jpeg_b64(1)}}
+    mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
+    litserve = httpx.post(f"{litserve_server.url}/v1/infer", json=body, timeout=60.0, trust_env=False)
+    assert mmserve.status_code == 200, mmserve.text
+    assert litserve.status_code == 200, litserve.text
+    expected, got = mmserve.json(), litserve.json()
+    assert got["route"] == expected["route"] == "fusion"
+    assert got["model"] == expected["model"]  # same preset, same seed: same fingerprint
+    assert got["text"] == expected["text"]
+    for key in EMBEDDING_KEYS:
+        assert len(got[key]) == len(expected[key])
+        np.testing.assert_allclose(got[key], expected[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    np.testing.assert_allclose(got["score"], expected["score"], rtol=1e-4, atol=1e-5)
+
+
+def test_a_truncated_image_is_refused_with_mmserves_status_and_code(tiny_server, litserve_server: ServerProcess):
+    data = base64.b64decode(_jpeg_b64(2))
+    body = {"text": "cut short", "image": {"b64": base64.b64encode(data[: len(data) // 2]).decode("ascii")}}
+    mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
+    litserve = httpx.post(f"{litserve_server.url}/v1/infer", json=body, timeout=60.0, trust_env=False)
+    assert mmserve.status_code == 400
+    assert litserve.status_code == mmserve.status_code
+    assert litserve.json()["detail"]["code"] == mmserve.json()["error"]["code"] == "corrupt_image"
+
+
+def _host(output: PeerOutput) -> dict[str, np.ndarray | float | None]:
+    return {"image_embedding": output.image_embedding, "text_embedding": output.text_embedding,
+            "fused_embedding": output.fused_embedding, "score": output.score}
+
+
+def test_a_batch_mixing_routes_gives_each_item_what_it_gets_alone():
+    api = MultimodalLitAPI("tiny", 0, Settings(preset="tiny", device="cpu"), max_batch_size=8, batch_timeout_s=0.005)
+    api.setup("cpu")
+    requests = [
+        {"text": "only words here"},
+        {"image": {"b64": _jpeg_b64(3)}},
+        {"text": "a longer text that pads the others in its batch", "image": {"b64": _jpeg_b64(4)}},
+    ]
+    items = [api.decode_request(request) for request in requests]
+    batched = api.unbatch(api.predict(api.batch(items)))
+    assert [output.item.route for output in batched] == ["text", "vision", "fusion"]
+    assert [output.batch_size for output in batched] == [3, 3, 3]
+    for item, in_batch in zip(items, batched):
+        alone = _host(api.predict(item))
+        for key, value in _host(in_batch).items():
+            assert (value is None) == (alone[key] is None), key
+            if value is not None:
+                np.testing.assert_allclose(value, alone[key], rtol=1e-4, atol=1e-5, err_msg=key)
