@@ -35,6 +35,15 @@ class ImageSegment:
     def size_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.pooled, self.k, self.v))
 
+    def compact(self) -> "ImageSegment":
+        """A copy owning just its own bytes.
+
+        The encoder's outputs are rows of batch tensors; a row kept as a view
+        would keep the whole batch's storage alive, and ``size_bytes`` would
+        undercount what is held.
+        """
+        return ImageSegment(pooled=self.pooled.clone(), k=self.k.clone(), v=self.v.clone())
+
 
 @dataclass(frozen=True)
 class TextSegment:
@@ -50,6 +59,10 @@ class TextSegment:
     @property
     def size_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.pooled, self.q))
+
+    def compact(self) -> "TextSegment":
+        """A copy owning just its own bytes (see ``ImageSegment.compact``)."""
+        return TextSegment(pooled=self.pooled.clone(), q=self.q.clone())
 
 
 @dataclass(frozen=True)

@@ -119,9 +119,11 @@ class SegmentPlan:
         return None if self.text is None else self.text.value
 
     def publish(self, image: ImageSegment | None, text: TextSegment | None) -> None:
-        """Hand computed segments to the cache and to every waiter."""
+        """Hand computed segments to the cache (as compact copies) and to every waiter."""
         for slot, value in ((self.image, image), (self.text, text)):
             if slot is not None and slot.claim is not None and value is not None:
+                if slot.status == SlotStatus.MISS:
+                    value = value.compact()
                 try:
                     slot.claim.complete(value, value.size_bytes)
                 except ClaimAlreadyResolvedError:

@@ -36,3 +36,17 @@ def test_preprocessing_is_part_of_the_key_and_abandon_frees_the_claim():
     first.abandon()
     assert cache.num_in_flight == 0
     assert SegmentCatalog(cache, "fp", "size=32").plan(image, None, use_cache=True).image.status == SlotStatus.MISS
+
+
+def test_a_published_segment_owns_only_its_bytes():
+    """A row of a batch tensor is copied out, so the cache never pins the whole batch."""
+    cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20)
+    batch_k, batch_v = torch.zeros(8, 3, 2), torch.zeros(8, 3, 4)  # (B, Lv, r), (B, Lv, d)
+    row = ImageSegment(pooled=torch.zeros(8, 4)[5], k=batch_k[5], v=batch_v[5])
+    plan = SegmentCatalog(cache, "fp", "size=32").plan(ImageContent(encoded=b"x"), None, use_cache=True)
+    plan.publish(row, None)
+    stored = SegmentCatalog(cache, "fp", "size=32").plan(ImageContent(encoded=b"x"), None, use_cache=True).image.value
+    assert stored.k.untyped_storage().nbytes() == 3 * 2 * 4
+    assert stored.v.untyped_storage().nbytes() == 3 * 4 * 4
+    assert cache.stats().of(cache.stats().image.modality).size_bytes == row.size_bytes
+    torch.testing.assert_close(stored.k, row.k)
