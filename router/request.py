@@ -37,7 +37,8 @@ class InferenceRequest:
     request_id: str
     token_ids: tuple[int, ...] | None
     image: np.ndarray | None  # (S, S, 3) uint8
-    deadline_ns: int | None = None  # None: the lane's default timeout from arrival
+    deadline_ns: int | None = None  # None: the lane's default timeout from ``arrival_ns``
+    arrival_ns: int | None = None  # when the server received it; None: when the router did
     priority: Priority = Priority.NORMAL
     image_segment: ImageSegment | None = None
     text_segment: TextSegment | None = None

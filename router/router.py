@@ -6,19 +6,27 @@ the deadline, answers at once with a retry estimate), and awaits the compute
 thread's answer. Cancelling the awaiting task (the client went away) cancels
 the queued item, which then never reaches the model. ``start``/``drain``
 bracket the compute thread's life.
+
+``check_compute`` is the watchdog's probe: a compute thread that died, or
+whose batch has run longer than ``hang_timeout_ns``, is a ``ComputeFault``.
+The first fault found is kept for good (liveness stays false: the process
+needs a restart), and every request still waiting is answered at once with
+``ComputeUnavailableError`` rather than left hanging.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import enum
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from cache import Modality, SegmentCache
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
-from router.errors import ComputeUnavailableError, QueueFullError, ShuttingDownError
+from router.errors import ComputeUnavailableError, DeadlineExceededError, QueueFullError, ShuttingDownError
 from router.lanes import Lane, LaneSettings, Pending
 from router.policy import urgency_ns
 from router.request import InferenceRequest, InferenceResult, Route
@@ -27,6 +35,19 @@ from router.scheduler import Scheduler
 from router.segments import ImageContent, SegmentCatalog, SegmentPlan
 from router.service_time import ServiceTimeEstimator
 from router.worker import ComputeWorker
+
+
+class ComputeFaultKind(str, enum.Enum):
+    DIED = "died"
+    HUNG = "hung"
+
+
+@dataclass(frozen=True)
+class ComputeFault:
+    """Why the compute thread can no longer serve; ``message`` is for logs and 503 bodies."""
+
+    kind: ComputeFaultKind
+    message: str
 
 
 class Router:
@@ -42,7 +63,9 @@ class Router:
         stage_hook: Callable[[str], None] | None = None,
         cache: SegmentCache | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
+        hang_timeout_ns: int = 0,
     ) -> None:
+        """``hang_timeout_ns``: a batch running longer is a hang (0: never)."""
         self.bundle = bundle
         self.cache = cache if cache is not None else SegmentCache(0, 0)
         self.segments = SegmentCatalog(self.cache, bundle.fingerprint, bundle.config.preprocess.identity())
@@ -56,6 +79,9 @@ class Router:
         self._clock_ns = clock_ns
         self._is_draining = False
         self._num_in_flight = 0
+        self.hang_timeout_ns = hang_timeout_ns
+        self.fault: ComputeFault | None = None
+        self._waiting: set[Pending] = set()  # admitted, not yet answered (event loop only)
         if metrics is not None:
             for route, lane in self.lanes.items():
                 metrics.queue_depth.labels(lane=route.value).set_function(
@@ -75,12 +101,39 @@ class Router:
 
     @property
     def is_ready(self) -> bool:
-        return self.worker.ready.is_set() and self.worker.is_alive() and not self._is_draining
+        return self.worker.ready.is_set() and self.is_alive and not self._is_draining
 
     @property
     def is_alive(self) -> bool:
-        """The compute thread runs (warming up or serving)."""
-        return self.worker.is_alive()
+        """The compute thread runs (warming up or serving), neither dead nor hung. Event loop only."""
+        return self.check_compute() is None and self.worker.is_alive()
+
+    def _find_fault(self) -> ComputeFault | None:
+        failure = self.worker.failure
+        if failure is not None:
+            return ComputeFault(ComputeFaultKind.DIED,
+                                f"the compute thread died: {type(failure).__name__}: {failure}")
+        running_ns = self.worker.running_for_ns()
+        if self.hang_timeout_ns > 0 and running_ns > self.hang_timeout_ns:
+            return ComputeFault(ComputeFaultKind.HUNG,
+                                f"the compute thread is hung: a batch has run for {running_ns / 1e9:.1f} s "
+                                f"(the limit is {self.hang_timeout_ns / 1e9:.1f} s)")
+        return None
+
+    def check_compute(self) -> ComputeFault | None:
+        """The compute thread's fault, if any; the first one found is kept. Event loop only.
+
+        On the first fault every waiting request fails with
+        ``ComputeUnavailableError`` (its client gets a 503 now, not a hang).
+        """
+        if self.fault is None:
+            self.fault = self._find_fault()
+            if self.fault is not None:
+                error = ComputeUnavailableError(self.fault.message)
+                for pending in list(self._waiting):
+                    if not pending.future.done():
+                        pending.future.set_exception(error)
+        return self.fault
 
     @property
     def is_draining(self) -> bool:
@@ -101,7 +154,8 @@ class Router:
         while self._num_in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         self.scheduler.close()
-        await asyncio.to_thread(self.worker.join, max(0.1, deadline - time.monotonic()))
+        if self.fault is None:  # a hung thread would hold the shutdown until the deadline
+            await asyncio.to_thread(self.worker.join, max(0.1, deadline - time.monotonic()))
         return self._num_in_flight == 0
 
     # -- requests -------------------------------------------------------------
@@ -109,7 +163,8 @@ class Router:
     def _pending(self, request: InferenceRequest, lane: Lane, loop: asyncio.AbstractEventLoop) -> Pending:
         now_ns = self._clock_ns()
         if request.deadline_ns is None:
-            request = dataclasses.replace(request, deadline_ns=now_ns + lane.settings.default_timeout_ns)
+            arrival_ns = now_ns if request.arrival_ns is None else request.arrival_ns
+            request = dataclasses.replace(request, deadline_ns=arrival_ns + lane.settings.default_timeout_ns)
         bucket = self.runner.length_bucket(len(request.token_ids)) if request.needs_text else 0
         return Pending(
             request=request,
@@ -138,21 +193,28 @@ class Router:
         try:
             if self._is_draining:
                 raise ShuttingDownError("the server is shutting down")
+            fault = self.check_compute()
+            if fault is not None:
+                raise ComputeUnavailableError(fault.message)
             if not self.worker.is_alive():
                 raise ComputeUnavailableError("the compute thread is not running")
             lane = self.lanes[request.lane]
             pending = self._pending(request, lane, asyncio.get_running_loop())
             pending.plan = plan
+            if pending.request.deadline_ns <= pending.enqueued_ns:
+                raise DeadlineExceededError("the deadline passed before the request reached the queue")
             refusal = self.scheduler.admit(lane, pending)
             if refusal is not None:
                 if self.metrics is not None:
                     self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
                 raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
             self._num_in_flight += 1
+            self._waiting.add(pending)
             try:
                 return await pending.future
             finally:
                 self._num_in_flight -= 1
+                self._waiting.discard(pending)
         except BaseException:
             if plan is not None:
                 plan.abandon()  # a no-op for claims already published or failed

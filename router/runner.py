@@ -71,7 +71,10 @@ class BatchRunner:
     # -- one padded batch -------------------------------------------------------
 
     def _bucket(self, longest: int) -> int:
-        return next(b for b in self.text_buckets if b >= longest)
+        bucket = next((b for b in self.text_buckets if b >= longest), None)
+        if bucket is None:
+            raise ValueError(f"a text of {longest} tokens is longer than the model's {self.text_buckets[-1]}")
+        return bucket
 
     def _encode_images(self, requests: Sequence[InferenceRequest], padded: int,
                        stage_ns: dict[str, int]) -> list[ImageSegment]:
@@ -193,9 +196,11 @@ class BatchRunner:
         return len(done)
 
     def measure_service_times(self, observe: Callable[[Route, int, int], None]) -> None:
-        """Time one batch per lane and warmed size (after ``warm_up``) to seed the estimates.
+        """Time batches of the smallest, a middle and the largest warmed size per lane.
 
-        Text is measured at a middle length bucket; online updates refine it.
+        Runs after ``warm_up``; the estimator interpolates the sizes between,
+        and online updates refine every size. Text is measured at a middle
+        length bucket.
         """
         input_size = self.bundle.config.preprocess.input_size
         image = np.zeros((input_size, input_size, 3), dtype=np.uint8)
@@ -208,7 +213,8 @@ class BatchRunner:
                 image=None if lane == Route.TEXT else image,
                 deadline_ns=2**62,
             )
-            for size in settings.warm_batch_sizes:
+            sizes = settings.warm_batch_sizes
+            for size in sorted({sizes[0], sizes[len(sizes) // 2], sizes[-1]}):
                 started = time.perf_counter_ns()
                 self.run_batch(lane, [request] * size)
                 observe(lane, size, time.perf_counter_ns() - started)

@@ -5,6 +5,11 @@ the next closed batch from the scheduler, answer requests that expired in the
 queue with 504 (they never reach the model), skip those whose client went
 away, run the rest, and hand each outcome back to the event loop awaiting it
 with ``loop.call_soon_threadsafe``.
+
+The thread stamps the start of every batch and clears the stamp when the
+batch is done (``running_for_ns``): a stamp that grows old is a hang, which
+the router tells from a slow batch by its hang timeout. A thread that dies
+keeps its exception in ``failure``.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ComputeWorker:
         self.stopped = threading.Event()
         self.failure: BaseException | None = None
         self.num_computed_items = 0  # requests that reached the model (tests count on it)
+        self._batch_started_ns: int | None = None  # set while a batch runs: the hang heartbeat
         self._on_batch = on_batch
         self._clock_ns = clock_ns
         self._thread = threading.Thread(target=self._main, name="mmserve-compute", daemon=True)
@@ -70,6 +76,11 @@ class ComputeWorker:
 
     def join(self, timeout_s: float | None = None) -> None:
         self._thread.join(timeout_s)
+
+    def running_for_ns(self) -> int:
+        """How long the batch on the model has been running; 0 when the thread waits for work."""
+        started_ns = self._batch_started_ns
+        return 0 if started_ns is None else max(0, self._clock_ns() - started_ns)
 
     def _main(self) -> None:
         try:
@@ -101,6 +112,7 @@ class ComputeWorker:
         self.scheduler.mark_running(estimator.estimate_ns(lane.route, padded))
         started_ns = self._clock_ns()
         self.num_computed_items += len(runnable)
+        self._batch_started_ns = started_ns
         outcomes = self.runner.run(lane.route, [p.request for p in runnable])
         elapsed_ns = self._clock_ns() - started_ns
         self.scheduler.mark_running(0)
@@ -112,3 +124,4 @@ class ComputeWorker:
             settle(pending, outcome)
         if self._on_batch is not None:
             self._on_batch(lane, runnable, outcomes)
+        self._batch_started_ns = None

@@ -1,7 +1,7 @@
 """``create_app``: builds the object graph once and wires the routes.
 
     settings -> model bundle -> router (lanes, batcher, compute thread)
-             -> registry + metrics -> decode pool -> FastAPI routes
+             -> registry + metrics + latency monitor -> decode pool -> FastAPI routes
 
 The model loads during start-up (a bad repository stops the server with a
 message naming the problem); warm-up then runs on the compute thread while
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -28,24 +27,38 @@ from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from server.body_limit import BodySizeLimit
+from server.decode_pool import BoundedDecodePool
 from server.errors import ApiError
+from server.middleware import add_request_guards
 from server.model_loading import load_model
-from server.routes import admin, health, infer, openai, v2
+from server.monitoring_setup import build_monitor, mark_ready_when_ready
+from server.ops_port import serve_ops_port
+from server.routes import admin, health, infer, monitoring, openai, v2
 from server.schemas import InferRequest
 from server.settings import Settings
 from server.state import ServerState
+from server.watchdog import watch_compute
 
 
-def lane_settings(settings: Settings) -> dict[Route, LaneSettings]:
-    return {
-        route: LaneSettings(
-            max_batch_size=int(settings.lane_value(route.value, "max_batch_size")),
+def lane_settings(settings: Settings, device_type: str) -> dict[Route, LaneSettings]:
+    """Per-lane batching knobs; which batch shapes are warmed depends on the device.
+
+    On CUDA a batch is padded up to a power of two, so a few warmed shapes
+    (CUDA graphs, compiled kernels) cover every size. On the CPU nothing is
+    compiled and padding would be pure waste, so every size up to the cap is
+    warmed and batches run unpadded.
+    """
+    lanes = {}
+    for route in Route:
+        max_batch_size = int(settings.lane_value(route.value, "max_batch_size"))
+        lanes[route] = LaneSettings(
+            max_batch_size=max_batch_size,
             max_queue_delay_ns=int(settings.lane_value(route.value, "max_queue_delay_ms") * 1_000_000),
             max_queue_size=int(settings.lane_value(route.value, "max_queue_size")),
             default_timeout_ns=int(settings.lane_value(route.value, "default_timeout_ms") * 1_000_000),
+            preferred_batch_sizes=tuple(range(1, max_batch_size + 1)) if device_type == "cpu" else (),
         )
-        for route in Route
-    }
+    return lanes
 
 
 def _openapi(app: FastAPI) -> dict:
@@ -65,6 +78,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
     """The mmserve app; ``bundle`` lets tests share one loaded model between apps."""
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
+    monitor = build_monitor(settings, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,18 +89,25 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
             on_event=lambda modality, event, count: metrics.cache_events_total.labels(
                 modality=modality, event=event).inc(count),
         )
-        router = Router(model, lane_settings(settings), metrics,
+        router = Router(model, lane_settings(settings, model.model.device.type), metrics,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
-                        cache=cache)
-        decode_pool = ThreadPoolExecutor(settings.decode_threads, thread_name_prefix="mmserve-decode")
-        app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool, faults)
+                        cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9))
+        decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
+        app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
+                                        monitor=monitor, faults=faults)
         router.start()
+        monitor.start()
+        # The baseline is learned from traffic after warm-up: mark ready once the router is.
+        baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
         try:
-            yield
+            async with watch_compute(router, settings.compute_hang_s), serve_ops_port(app, settings):
+                yield
         finally:
+            baseline_start.cancel()
             await router.drain(settings.drain_timeout_s)
             decode_pool.shutdown(wait=False, cancel_futures=True)
+            await asyncio.to_thread(monitor.stop)
 
     app = FastAPI(
         title="mmserve",
@@ -97,7 +118,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
     app.add_exception_handler(ApiError, lambda request, error: error.response())
 
-    def count_early_rejection(path: str) -> None:
+    def count_early_rejection(path: str, code: str = "413") -> None:
         if path == "/v1/infer":
             route = "invalid"
         elif path.startswith("/v2/"):
@@ -105,15 +126,17 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
         elif path == "/v1/embeddings":
             route = openai.METRICS_ROUTE
         else:
-            route = path
-        metrics.requests_total.labels(route=route, code="413").inc()
+            route = "other"  # not the raw path: anyone could mint label values
+        metrics.requests_total.labels(route=route, code=code).inc()
 
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
                        on_reject=count_early_rejection)
+    add_request_guards(app, settings, count_early_rejection)
     app.include_router(infer.router)
     app.include_router(health.router)
     app.include_router(admin.router)
     app.include_router(v2.router)
     app.include_router(openai.router)
+    app.include_router(monitoring.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -4,6 +4,7 @@
                   [--device auto|cpu|cuda] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve bench URL ...           (the load generator; see `mmserve bench --help`)
+    mmserve quantiles URL [URL ...] [--source window|lifetime]   (fleet-wide latency quantiles)
 """
 
 from __future__ import annotations
@@ -58,6 +59,21 @@ def _init_parser(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--seed", type=int, default=0)
 
 
+def _quantiles_parser(subparsers: argparse._SubParsersAction) -> None:
+    quantiles = subparsers.add_parser(
+        "quantiles", help="fleet-wide latency quantiles, merged from every replica's digests",
+        description="Fetch GET /v1/monitoring/digests from each replica, merge the T-Digests of each "
+                    "route and stage, and print the fleet's quantiles (P50 to P99.99) in milliseconds. "
+                    "Exits 2 when a replica cannot be read.",
+    )
+    quantiles.add_argument("urls", nargs="+", metavar="URL", help="a replica's base URL, e.g. http://10.0.0.7:8000")
+    quantiles.add_argument("--source", choices=("window", "lifetime"), default="window",
+                           help="the sliding window (default; MMSERVE_DRIFT_WINDOW_S) or everything since start")
+    quantiles.add_argument("--timeout-s", type=float, default=10.0, help="per-replica HTTP timeout (default 10)")
+    quantiles.add_argument("--api-key-file", type=Path, metavar="FILE",
+                           help="send the first key in FILE as a bearer token (servers with API keys)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mmserve",
@@ -68,16 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve_parser(subparsers)
     _init_parser(subparsers)
+    _quantiles_parser(subparsers)
     subparsers.add_parser("bench", help="drive a server with open-loop load (mmserve bench --help)",
                           add_help=False)
     return parser
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from server.app import create_app
-    from server.lifecycle import DrainingServer
+    from server.lifecycle import DrainingServer, uvicorn_config
     from server.settings import load_settings
 
     settings = load_settings(
@@ -88,10 +103,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level)
-    server = DrainingServer(config, app, settings.drain_timeout_s)
+    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()
-    return 0 if server.started else 1
+    return server.exit_code if server.started else 1
 
 
 def _init_model_repo(args: argparse.Namespace) -> int:
@@ -111,13 +125,19 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "quantiles":
+        from server.quantiles_command import run_quantiles
+
+        return run_quantiles(args.urls, source=args.source, timeout_s=args.timeout_s,
+                             api_key_file=args.api_key_file)
     from models.errors import ModelError
+    from server.auth import ApiKeyConfigError
 
     try:
         if args.command == "serve":
             return _serve(args)
         return _init_model_repo(args)
-    except ModelError as e:
+    except (ModelError, ApiKeyConfigError) as e:
         print(f"mmserve: {e}", file=sys.stderr)
         return 2
 

@@ -37,8 +37,9 @@ async def run_prepared(state: ServerState, request_id: str, parsed: ParsedInput,
         request_id=request_id,
         token_ids=prepared.text.token_ids if prepared.text is not None else None,
         image=prepared.image,
-        # No timeout_ms: the router applies the lane's default from arrival.
+        # No timeout_ms: the router applies the lane's default, counted from arrival too.
         deadline_ns=None if parsed.timeout_ms is None else started_ns + parsed.timeout_ms * 1_000_000,
+        arrival_ns=started_ns,
         priority=Priority(parsed.priority),
         image_segment=plan.image_value,
         text_segment=plan.text_value,

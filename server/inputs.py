@@ -76,6 +76,11 @@ def _check_text(text: str | None, settings: Settings) -> str | None:
         raise ApiError(422, "text_too_long",
                        f"text has {len(text)} characters; the limit is {settings.max_text_chars} "
                        "(MMSERVE_MAX_TEXT_CHARS)", "text")
+    try:
+        text.encode("utf-8")  # JSON may escape a lone surrogate ("\ud800"): not text the tokenizer can take
+    except UnicodeEncodeError as e:
+        raise ApiError(400, "invalid_text_encoding",
+                       f"text holds a lone surrogate at character {e.start}; send valid Unicode", "text") from e
     return text
 
 

@@ -12,6 +12,11 @@ already accepted finishes. So the first SIGTERM (or SIGINT) starts a drain:
 
 A second signal skips the wait (uvicorn's own handling: it stops at once and
 re-raises the signal).
+
+A compute thread that dies or hangs (the watchdog keeps the fault on the
+router) ends the process too, with ``EXIT_COMPUTE_FAULT``: it cannot serve
+again, and an orchestrator restarts a process that exits non-zero even when
+nobody probes its liveness.
 """
 
 from __future__ import annotations
@@ -24,7 +29,18 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from server.settings import Settings
+
 logger = logging.getLogger(__name__)
+
+EXIT_COMPUTE_FAULT = 3
+
+
+def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
+    """uvicorn's settings from ours; no access log of its own (``server.access_log`` writes one)."""
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                          timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]
+                          access_log=False)
 
 
 class DrainingServer(uvicorn.Server):
@@ -34,6 +50,18 @@ class DrainingServer(uvicorn.Server):
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._is_draining = False
+        self.exit_code = 0
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's 0.1 s tick; also ends a server whose compute thread died or hung."""
+        if await super().on_tick(counter):
+            return True
+        state = getattr(self._app.state, "mmserve", None)
+        if state is not None and state.router.fault is not None:
+            logger.critical("exiting with status %d: %s", EXIT_COMPUTE_FAULT, state.router.fault.message)
+            self.exit_code = EXIT_COMPUTE_FAULT
+            return True
+        return False
 
     async def startup(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's signature
         self._loop = asyncio.get_running_loop()

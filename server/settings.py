@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -43,6 +43,8 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(36_000_000, ge=1, description="Largest image (width x height), from its header.")
     max_text_chars: int = Field(100_000, ge=1, description="Longest text accepted before tokenizing.")
     decode_threads: int = Field(4, ge=1, description="Threads decoding images and tokenizing text.")
+    max_decode_queue: int = Field(
+        1024, ge=1, description="Items (requests or protocol rows) waiting for a decode thread before 503.")
 
     # -- batching (every lane; per-lane overrides below) ---------------------------
     max_batch_size: int = Field(8, ge=1, description="Largest batch a lane runs.")
@@ -74,6 +76,32 @@ class Settings(BaseSettings):
     # -- operations -------------------------------------------------------------
     enable_fault_injection: bool = Field(
         False, description="Turn on POST /v1/admin/faults (stage delays for alert drills).")
+    compute_hang_s: float = Field(
+        60.0, ge=0, description="A batch running longer is a hung compute thread: liveness 503, serve exits "
+                                "non-zero (0 = never).")
+
+    # -- slow clients and security ------------------------------------------------------
+    body_timeout_s: float = Field(30.0, gt=0, description="A request body not complete by then gets 408.")
+    keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
+    api_keys: SecretStr | None = Field(
+        None, description="Comma-separated API keys; when set, requests need Authorization: Bearer <key>.")
+    api_key_file: Path | None = Field(None, description="A file of API keys, one per line (# starts a comment).")
+    open_health_and_metrics: bool = Field(
+        True, description="With keys set, /health/*, /v2/health/* and /metrics still answer without one.")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Also serve /metrics and /health/* on this port, without a key.")
+    cors_origins: str | None = Field(
+        None, description="Comma-separated origins CORS allows ('*': any); CORS is off when unset.")
+
+    # -- latency monitoring (T-Digest windows, KS drift) -----------------------------
+    drift_window_s: float = Field(120.0, gt=0, description="Sliding window compared with the baseline.")
+    drift_baseline_s: float = Field(
+        600.0, gt=0, description="Traffic after readiness learned as the baseline, then frozen.")
+    drift_period_s: float = Field(30.0, gt=0, description="How often drift is judged.")
+    drift_threshold: float = Field(0.02, gt=0, lt=1, description="KS statistic D above which a period is shifted.")
+    drift_consecutive: int = Field(3, ge=1, description="Shifted (calm) periods in a row that raise (clear) drift.")
+    drift_min_samples: int = Field(5000, ge=1, description="Samples needed in window and baseline to judge.")
+    drift_tail_ratio: float = Field(1.5, gt=1, description="P99.9/P99.99 window/baseline ratio that is a shift.")
 
     def lane_value(self, lane: LaneName, name: str) -> float:
         """A batching knob for one lane: its override if set, else the shared value."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from models.repository import ModelBundle
+from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
 from router.router import Router
@@ -22,4 +23,5 @@ class ServerState:
     registry: CollectorRegistry
     metrics: ServingMetrics
     decode_pool: ThreadPoolExecutor
+    monitor: Monitor  # stage-latency digests and drift (server.monitoring_setup)
     faults: FaultInjector | None = None  # only with enable_fault_injection

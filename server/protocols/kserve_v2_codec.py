@@ -172,7 +172,11 @@ def _from_json(data: object, datatype: str, shape: tuple[int, ...], tensor_name:
         if not kinds <= {str}:
             raise _bad("invalid_tensor_data", f"input {tensor_name}: BYTES elements in JSON must be strings",
                        tensor_name)
-        return _object_array([value.encode() for value in flat], shape)
+        try:
+            return _object_array([value.encode() for value in flat], shape)
+        except UnicodeEncodeError as e:  # a lone surrogate escaped in the JSON ("\ud800")
+            raise _bad("invalid_text_encoding", f"input {tensor_name}: an element holds a lone surrogate; "
+                       "send valid Unicode", tensor_name) from e
     dtype = NUMERIC_DTYPES[datatype]
     allowed = {"b": {bool}, "u": {int}, "i": {int}, "f": {int, float}}[dtype.kind]
     if not kinds <= allowed:

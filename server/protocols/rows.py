@@ -24,6 +24,7 @@ from server.error_mapping import api_error_from
 from server.errors import ApiError
 from server.execution import prepare_in_pool, run_prepared
 from server.inputs import ParsedInput, PreparedInput
+from server.monitoring_setup import cache_hit_of
 from server.protocols.errors import RowFailedError
 from server.settings import LaneName
 from server.state import ServerState
@@ -95,6 +96,12 @@ async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id
         run_prepared(state, f"{request_id}-{row_index}", row, item, started_ns)
         for row_index, (row, item) in enumerate(zip(rows, prepared))
     ])
+    for item, result in zip(prepared, results):
+        # A row's queue and compute stages are its own and go to its lane's digests;
+        # its decode and end-to-end times are the whole request's, so a row adds no
+        # decode or total sample (those stay what /v1/infer requests measured).
+        state.monitor.record(result.route.value, result.stage_ns, batch_size=result.batch_size,
+                             cache_hit=cache_hit_of(item.plan.statuses()))
     return [RowOutcome(item, result) for item, result in zip(prepared, results)]
 
 

@@ -19,6 +19,7 @@ from server.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
 from server.execution import prepare_in_pool, run_prepared
 from server.inputs import ParsedInput, PreparedInput, parse_json, parse_multipart
+from server.monitoring_setup import cache_hit_of
 from server.schemas import InferResponse
 from server.state import ServerState
 
@@ -159,6 +160,11 @@ async def infer(request: Request) -> Response:
         stage_ns["total"] = time.perf_counter_ns() - started_ns
         body["timings_ms"] = {stage: _ms(ns) for stage, ns in stage_ns.items()}
         response = Response(json.dumps(body), media_type="application/json")
+        # Answered requests only: an error's stages are partial, and fast refusals
+        # (503 when shedding) would pull the latency digests down just as things get
+        # slow. Errors are counted in mmserve_requests_total{code}.
+        state.monitor.record(result.route.value, stage_ns, batch_size=result.batch_size,
+                             cache_hit=cache_hit_of(body["cache"]))
     except ClientDisconnectedError:
         # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
         response = ApiError(499, "client_disconnected", "the client closed the connection").response()

@@ -169,3 +169,16 @@ def test_a_batch_level_failure_is_split_and_healthy_items_succeed(live_server_fa
         runner.model = FailingModel(runner.model, fail_batches_over=2)
         responses = _run_batch_of_eight(server, [f"split me {i}" for i in range(8)])
     assert [r.status_code for r in responses] == [200] * 8
+
+
+def test_the_default_deadline_counts_from_arrival_not_from_the_queue(live_server_factory):
+    """Time spent decoding counts against a request's default timeout too."""
+    with live_server_factory(enable_fault_injection=True, text_default_timeout_ms=200) as server, \
+            server.client() as client:
+        before = computed_items(server)
+        client.post("/v1/admin/faults", json={"stage": "decode", "delay_ms": 300, "duration_s": 30})
+        late = client.post("/v1/infer", json={"text": "slow to decode"})
+        assert late.status_code == 504 and late.json()["error"]["code"] == "deadline_exceeded"
+        client.delete("/v1/admin/faults")
+        assert client.post("/v1/infer", json={"text": "fast again"}).status_code == 200
+        assert computed_items(server) == before + 1

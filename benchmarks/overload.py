@@ -1,0 +1,188 @@
+"""Overload: three times saturation for 30 s, open loop, against ``mmserve serve`` in its own process.
+
+    python benchmarks/overload.py [--preset tiny] [--factor 3] [--overload-s 30] [--deadline-ms 1000]
+
+Phases, each an open-loop Poisson run (latency from the intended send time):
+
+    capacity    closed loop, 32 outstanding: the answers/s the server sustains (saturation)
+    baseline    0.5 x saturation: latency when all is well; RSS read after it (the warmed-up level)
+    overload    factor x saturation for --overload-s; RSS sampled every second
+    recovery    0.5 x saturation again: latency must come back to the baseline's
+
+Every request of the three open-loop phases carries ``timeout_ms = --deadline-ms``
+(replayed from a generated trace, since synthetic load sets no deadline), so
+the server counts it from the request's arrival; the caches are off so every
+request costs compute. While overloaded, a side
+probe checks that refusals are 503 with ``Retry-After``. Verdicts:
+
+    admitted   p99 latency of answered (200) requests <= the deadline
+    refused    every non-200 answer is 503 (shed at admission) or 504 (deadline passed in the queue)
+    memory     RSS during the overload within 10 % of its warmed-up level
+    recovery   recovery p99 <= 1.5 x baseline p99 + 20 ms
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from benchmarks.loadgen.config import BenchConfig, RunMode
+from benchmarks.loadgen.image_pool import ImageSize
+from benchmarks.loadgen.runner import Sample
+from benchmarks.loadgen.workload import poisson_offsets_s
+from benchmarks.soak import (
+    ResourceSampler,
+    capacity_rps,
+    lag_p99_ms,
+    latency_ms,
+    rss_bytes,
+    run_load,
+    served,
+)
+
+# Large images make decoding the costly part, which keeps saturation at a rate one
+# Python load generator can offer three times over on the same small machine.
+IMAGE_PX = 1024
+MIX = "vision:0.5,fusion:0.5"
+NUM_IMAGES = 100
+DECODE_THREADS = 2
+MAX_DECODE_QUEUE = 16
+RSS_TOLERANCE = 0.10
+RECOVERY_SLACK = 1.5
+RECOVERY_SLACK_MS = 20.0
+
+
+class RefusalProbe:
+    """Sends one request every ``interval_s`` on its own thread; records (status, has Retry-After)."""
+
+    def __init__(self, url: str, interval_s: float = 0.25) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.answers: list[tuple[int, bool]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="refusal-probe", daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=30) as client:
+            while not self._stop.wait(self.interval_s):
+                response = client.post("/v1/infer", json={"text": f"probe at {time.monotonic():.3f}"})
+                self.answers.append((response.status_code, "retry-after" in response.headers))
+
+    def __enter__(self) -> RefusalProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _deadline_trace(directory: Path, rate_rps: float, duration_s: float, deadline_ms: int, seed: int) -> Path:
+    """Poisson arrivals of ``MIX`` requests, each with ``timeout_ms``, as a JSON Lines trace."""
+    modalities, weights = zip(*(item.split(":") for item in MIX.split(",")))
+    rng = random.Random(seed)
+    path = directory / f"phase-{seed}.jsonl"
+    with path.open("w") as trace:
+        for offset_s in poisson_offsets_s(rate_rps, duration_s, seed):
+            modality = rng.choices(modalities, [float(w) for w in weights])[0]
+            record: dict = {"offset_ms": offset_s * 1000, "modality": modality, "timeout_ms": deadline_ms,
+                            "image_id": rng.randrange(NUM_IMAGES)}
+            if modality != "vision":
+                record["text_chars"] = rng.randint(8, 60)
+            trace.write(json.dumps(record) + "\n")
+    return path
+
+
+def _replay(url: str, trace: Path, duration_s: float) -> list[Sample]:
+    return run_load(BenchConfig(url=url, mode=RunMode.TRACE, duration_s=duration_s, trace_path=trace,
+                                num_images=NUM_IMAGES, image_size=ImageSize(IMAGE_PX, IMAGE_PX),
+                                is_truncating=True, show_progress=False))
+
+
+def _phase_row(name: str, offered_rps: float, samples: list[Sample], duration_s: float) -> tuple[str, ...]:
+    outcomes = Counter(sample.outcome for sample in samples)
+    num_ok = outcomes.pop("ok", 0)
+    others = ", ".join(f"{outcome}:{count}" for outcome, count in sorted(outcomes.items())) or "-"
+    return (name, f"{offered_rps:.0f}", f"{len(samples)}", f"{num_ok}", f"{num_ok / duration_s:.1f}", others,
+            f"{latency_ms(samples, 50, from_sent=True):.0f}", f"{latency_ms(samples, 99, from_sent=True):.0f}",
+            f"{latency_ms(samples, 99):.0f}", f"{lag_p99_ms(samples):.0f}")
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, phase_s: float) -> tuple[str, bool]:
+    settings = {"default_timeout_ms": str(deadline_ms), "cache_image_bytes": "0", "cache_text_bytes": "0",
+                "decode_threads": str(DECODE_THREADS), "max_decode_queue": str(MAX_DECODE_QUEUE)}
+    with served(preset, settings) as server:
+        saturation_rps = capacity_rps(server.url, image_px=IMAGE_PX, mix=MIX)
+        calm_rps = 0.5 * saturation_rps
+        with tempfile.TemporaryDirectory() as directory:
+            traces = [_deadline_trace(Path(directory), rate, duration, deadline_ms, seed)
+                      for rate, duration, seed in ((calm_rps, phase_s, 3), (factor * saturation_rps, overload_s, 4),
+                                                   (calm_rps, phase_s, 5))]
+            baseline = _replay(server.url, traces[0], phase_s)
+            warm_rss = rss_bytes(server.pid)
+            with ResourceSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url) as probe:
+                burst = _replay(server.url, traces[1], overload_s)
+            recovery = _replay(server.url, traces[2], phase_s)
+
+    rows = [("phase", "offered/s", "sent", "200", "200/s", "other answers", "p50 ms", "p99 ms",
+             "p99 ms from schedule", "client lag p99 ms"),
+            _phase_row("baseline", calm_rps, baseline, phase_s),
+            _phase_row(f"overload {factor:g}x", factor * saturation_rps, burst, overload_s),
+            _phase_row("recovery", calm_rps, recovery, phase_s)]
+    refused = [sample for sample in burst if not sample.is_ok]
+    probe_refusals = [has_retry_after for status, has_retry_after in probe.answers if status == 503]
+    max_rss = max(sampler.rss_bytes)
+    checks = {
+        "admitted p99 within the deadline": latency_ms(burst, 99, from_sent=True) <= deadline_ms,
+        "refusals are 503/504 only": all(sample.outcome in ("503", "504") for sample in refused),
+        "503s carry Retry-After (probe)": bool(probe_refusals) and all(probe_refusals),
+        f"RSS within {RSS_TOLERANCE:.0%} of warmed-up": max_rss <= warm_rss * (1 + RSS_TOLERANCE),
+        "latency back to baseline": latency_ms(recovery, 99, from_sent=True)
+        <= RECOVERY_SLACK * latency_ms(baseline, 99, from_sent=True) + RECOVERY_SLACK_MS,
+    }
+    lines = [
+        f"overload: preset {preset}, saturation {saturation_rps:.1f} answers/s (closed loop, 32 outstanding), "
+        f"deadline {deadline_ms} ms, caches off, {IMAGE_PX} px JPEGs ({MIX}), {DECODE_THREADS} decode threads, "
+        f"max_decode_queue {MAX_DECODE_QUEUE}; latency of 200s from the actual send time "
+        "(what the server's deadline counts), and from the intended one (includes the generator's lag)",
+        _table(rows),
+        f"RSS: warmed-up {warm_rss / 1024**2:.1f} MiB, during overload max {max_rss / 1024**2:.1f} MiB "
+        f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(sampler.rss_bytes) / 1024**2:.1f} MiB",
+        f"refusal probe during overload: {len(probe.answers)} requests, {len(probe_refusals)} got 503, "
+        f"{sum(probe_refusals)} of them with Retry-After",
+        *(f"[{'PASS' if ok else 'FAIL'}] {name}" for name, ok in checks.items()),
+    ]
+    return "\n".join(lines), all(checks.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--factor", type=float, default=3.0, help="offered load as a multiple of saturation")
+    parser.add_argument("--overload-s", type=float, default=30.0)
+    parser.add_argument("--deadline-ms", type=int, default=1000)
+    parser.add_argument("--phase-s", type=float, default=10.0, help="length of the baseline and recovery phases")
+    args = parser.parse_args(argv)
+    report, is_pass = overload(args.preset, args.factor, args.overload_s, args.deadline_ms, args.phase_s)
+    print(report)
+    return 0 if is_pass else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

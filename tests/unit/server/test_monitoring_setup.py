@@ -1,0 +1,89 @@
+"""Settings -> MonitorConfig, readiness -> baseline, cache statuses -> cache_hit, and the 409 before readiness."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from monitoring import BaselinePhase, InvalidMonitorConfigError, ManualClock, Monitor, MonitorConfig
+from server.errors import ApiError
+from server.monitoring_setup import cache_hit_of, mark_ready_when_ready, monitor_config
+from server.routes import monitoring as monitoring_routes
+from server.settings import Settings
+
+
+def test_drift_settings_come_from_the_environment_into_the_monitor_config(monkeypatch: pytest.MonkeyPatch):
+    for name, value in {"WINDOW_S": "6", "BASELINE_S": "12", "PERIOD_S": "1.5", "THRESHOLD": "0.1",
+                        "CONSECUTIVE": "5", "MIN_SAMPLES": "200", "TAIL_RATIO": "3"}.items():
+        monkeypatch.setenv(f"MMSERVE_DRIFT_{name}", value)
+    config = monitor_config(Settings())
+    assert (config.window_s, config.baseline_s, config.period_s) == (6.0, 12.0, 1.5)
+    assert (config.threshold, config.consecutive, config.min_samples, config.tail_ratio) == (0.1, 5, 200, 3.0)
+    assert config.fold_interval_s == pytest.approx(6.0 / config.num_sub_windows), "a short window folds faster"
+
+
+def test_the_defaults_are_the_monitor_packages_defaults():
+    config, package = monitor_config(Settings()), MonitorConfig()
+    for name in ("window_s", "baseline_s", "period_s", "threshold", "consecutive", "min_samples", "tail_ratio",
+                 "num_sub_windows", "fold_interval_s"):
+        assert getattr(config, name) == getattr(package, name), name
+
+
+def test_contradicting_or_out_of_range_drift_settings_are_refused():
+    with pytest.raises(InvalidMonitorConfigError, match="baseline_s"):
+        monitor_config(Settings(drift_window_s=120.0, drift_baseline_s=1.0))
+    for bad in ({"drift_threshold": 1.0}, {"drift_consecutive": 0}, {"drift_tail_ratio": 1.0},
+                {"drift_window_s": 0}):
+        with pytest.raises(ValidationError):
+            Settings(**bad)
+
+
+@pytest.mark.parametrize(
+    ("statuses", "expected"),
+    [
+        ({"image": "hit", "text": "hit"}, True),
+        ({"image": "hit", "text": "miss"}, False),
+        ({"image": "coalesced"}, False),
+        ({"image": "bypass", "text": "hit"}, True),
+        ({"image": "bypass", "text": "bypass"}, None),
+        ({}, None),
+    ],
+)
+def test_cache_hit_means_every_asked_segment_was_a_hit(statuses, expected):
+    assert cache_hit_of(statuses) is expected
+
+
+def test_the_baseline_starts_once_the_router_is_ready():
+    monitor = Monitor(MonitorConfig(), clock=ManualClock())
+    polls = []
+
+    def is_ready() -> bool:
+        polls.append(monitor.baseline_phase)
+        return len(polls) >= 3
+
+    asyncio.run(mark_ready_when_ready(monitor, is_ready, poll_interval_s=0))
+    assert polls == [BaselinePhase.NOT_READY] * 3
+    assert monitor.baseline_phase is BaselinePhase.LEARNING
+
+
+def test_relearning_before_readiness_is_a_409_and_after_it_restarts_learning():
+    monitor = Monitor(MonitorConfig(), clock=ManualClock())
+    app = FastAPI()
+    app.add_exception_handler(ApiError, lambda request, error: error.response())
+    app.include_router(monitoring_routes.router)
+    app.state.mmserve = SimpleNamespace(monitor=monitor)
+    with TestClient(app) as client:
+        refused = client.post("/v1/monitoring/baseline")
+        monitor.mark_ready()
+        accepted = client.post("/v1/monitoring/baseline")
+        drift = client.get("/v1/monitoring/drift")
+        digests = client.get("/v1/monitoring/digests")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "not_ready"
+    assert accepted.status_code == 200 and accepted.json()["baseline"]["phase"] == "learning"
+    assert drift.json()["routes"] == {} and drift.json()["baseline"]["phase"] == "learning"
+    assert digests.json()["format"] == "mmserve.digests/1" and digests.json()["series"] == []
