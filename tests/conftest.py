@@ -6,7 +6,10 @@ run in a thread; the fixture waits until it is started and ready.
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -94,3 +97,49 @@ def tiny_server(tiny_bundle: ModelBundle) -> Iterator[LiveServer]:
     """One live tiny server shared by a test module (default settings)."""
     with run_live_server(Settings(preset="tiny", device="cpu"), tiny_bundle) as server:
         yield server
+
+
+@dataclass
+class ServeProcess:
+    process: subprocess.Popen
+    url: str
+
+
+@contextmanager
+def run_serve_process(args: list[str], env: dict[str, str] | None = None,
+                      ready_timeout_s: float = 120.0) -> Iterator[ServeProcess]:
+    """``mmserve serve ARGS`` as its own process on a free port, once ready; killed at the end if alive.
+
+    Output (stdout and stderr together) stays readable from ``process.stdout``.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", *args, "--port", str(port)],
+        env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server never became ready"
+            time.sleep(0.1)
+        yield ServeProcess(process, url)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def serve_process() -> Callable[..., object]:
+    """``with serve_process(["--preset", "tiny"], env) as served: ...`` (see ``run_serve_process``)."""
+    return run_serve_process

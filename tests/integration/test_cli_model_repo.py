@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -41,31 +39,13 @@ def _init_repo(directory: Path) -> None:
     assert "mmserve serve --model-repo" in done.stdout
 
 
-def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny_server):
+def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny_server, serve_process):
     repo = tmp_path / "tiny-repo"
     _init_repo(repo)
-    port = _free_port()
-    env = {**os.environ, "MMSERVE_LOG_LEVEL": "warning"}
-    process = subprocess.Popen([*MMSERVE, "serve", "--model-repo", str(repo), "--port", str(port), "--device", "cpu"],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the served repository never became ready"
-            time.sleep(0.2)
+    with serve_process(["--model-repo", str(repo), "--device", "cpu"]) as served:
         body = {"text": "a lighthouse at dusk", "image": {"b64": base64.b64encode(_png(9)).decode()}}
-        from_repo = httpx.post(f"{url}/v1/infer", json=body, timeout=30).json()
+        from_repo = httpx.post(f"{served.url}/v1/infer", json=body, timeout=30).json()
         in_memory = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=30).json()
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
     assert from_repo["model"] == in_memory["model"]
     for key in ("image_embedding", "text_embedding", "fused_embedding", "score"):
         np.testing.assert_allclose(from_repo[key], in_memory[key], rtol=0, atol=1e-5)

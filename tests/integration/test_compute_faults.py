@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,11 +10,6 @@ import pytest
 
 from server.lifecycle import EXIT_COMPUTE_FAULT
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _probe_statuses(client: httpx.Client) -> dict[str, int]:
@@ -71,38 +62,18 @@ def test_a_batch_past_the_hang_limit_fails_liveness_and_answers_its_requests(liv
         assert client.post("/v1/infer", json={"text": "another"}).status_code == 503
 
 
-def test_serve_exits_non_zero_by_itself_when_the_model_hangs():
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MMSERVE_COMPUTE_HANG_S": "0.5", "MMSERVE_LOG_LEVEL": "warning"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--preset", "tiny", "--port", str(port), "--device", "cpu",
-         "--enable-fault-injection"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server never became ready"
-            time.sleep(0.1)
-        httpx.post(f"{url}/v1/admin/faults", json={"stage": "text", "delay_ms": 30_000, "duration_s": 60})
+def test_serve_exits_non_zero_by_itself_when_the_model_hangs(serve_process):
+    args = ["--preset", "tiny", "--device", "cpu", "--enable-fault-injection"]
+    with serve_process(args, {"MMSERVE_COMPUTE_HANG_S": "0.5"}) as served:
+        httpx.post(f"{served.url}/v1/admin/faults", json={"stage": "text", "delay_ms": 30_000, "duration_s": 60})
         hung_at = time.monotonic()
         try:
-            answer = httpx.post(f"{url}/v1/infer", json={"text": "hang here"}, timeout=30).status_code
+            answer = httpx.post(f"{served.url}/v1/infer", json={"text": "hang here"}, timeout=30).status_code
         except httpx.TransportError:
             answer = "connection closed"
-        exit_code = process.wait(timeout=30)
+        exit_code = served.process.wait(timeout=30)
         exited_after_s = time.monotonic() - hung_at
-        output = process.stdout.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        output = served.process.stdout.read()
     assert answer in (503, "connection closed")
     assert exit_code == EXIT_COMPUTE_FAULT, output
     assert exited_after_s < 15.0, f"exited {exited_after_s:.1f} s after the hang began"

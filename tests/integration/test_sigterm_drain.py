@@ -3,42 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
-
-def test_sigterm_during_load_loses_no_accepted_request():
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "MMSERVE_MAX_BATCH_SIZE": "2", "MMSERVE_DRAIN_TIMEOUT_S": "30",
-           "MMSERVE_LOG_LEVEL": "warning"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--preset", "tiny", "--port", str(port),
-         "--device", "cpu", "--enable-fault-injection"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+def test_sigterm_during_load_loses_no_accepted_request(serve_process):
+    env = {"MMSERVE_MAX_BATCH_SIZE": "2", "MMSERVE_DRAIN_TIMEOUT_S": "30"}
+    with serve_process(["--preset", "tiny", "--device", "cpu", "--enable-fault-injection"], env) as served:
+        url, process = served.url, served.process
         # Every batch of two now takes >= 150 ms: 12 requests keep the server busy ~1 s.
         httpx.post(f"{url}/v1/admin/faults", json={"stage": "text", "delay_ms": 150, "duration_s": 60})
 
@@ -62,7 +36,3 @@ def test_sigterm_during_load_loses_no_accepted_request():
         assert ready_status == 503
         assert late in (503, "refused")
         assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
