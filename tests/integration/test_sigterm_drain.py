@@ -8,7 +8,6 @@ import signal
 import httpx
 
 
-
 def test_sigterm_during_load_loses_no_accepted_request(serve_process):
     env = {"MMSERVE_MAX_BATCH_SIZE": "2", "MMSERVE_DRAIN_TIMEOUT_S": "30"}
     with serve_process(["--preset", "tiny", "--device", "cpu", "--enable-fault-injection"], env) as served:
