@@ -205,8 +205,9 @@ def _table(rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def soak(preset: str, minutes: float, rate_rps: float, interval_s: float) -> str:
-    settings = {"cache_image_bytes": str(8 * 1024**2), "cache_text_bytes": str(2 * 1024**2)}
+def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cache_on: bool = True) -> str:
+    cache_bytes = (8 * 1024**2, 2 * 1024**2) if is_cache_on else (0, 0)
+    settings = {"cache_image_bytes": str(cache_bytes[0]), "cache_text_bytes": str(cache_bytes[1])}
     with served(preset, settings) as server:
         rate = rate_rps if rate_rps > 0 else 0.5 * capacity_rps(server.url)
         with ResourceSampler(server.pid, interval_s) as sampler:
@@ -222,7 +223,8 @@ def soak(preset: str, minutes: float, rate_rps: float, interval_s: float) -> str
     statuses: dict[str, int] = {}
     for sample in samples:
         statuses[sample.outcome] = statuses.get(sample.outcome, 0) + 1
-    summary = (f"soak: preset {preset}, {minutes:g} min, open loop {rate:.1f} req/s ({MIX}); "
+    summary = (f"soak: preset {preset}, {minutes:g} min, cache {'8 + 2 MiB' if is_cache_on else 'off'}, "
+               f"open loop {rate:.1f} req/s ({MIX}); "
                f"{len(samples)} requests: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}; "
                f"latency p50 {latency_ms(samples, 50):.1f} ms, p99 {latency_ms(samples, 99):.1f} ms; "
                f"{len(sampler.times_s)} samples every {interval_s:g} s")
@@ -235,8 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=0.0, help="requests/s; 0: half of the measured capacity")
     parser.add_argument("--preset", default="tiny")
     parser.add_argument("--interval-s", type=float, default=SAMPLE_INTERVAL_S)
+    parser.add_argument("--cache-off", action="store_true",
+                        help="turn the segment cache off, to tell a leak from caches filling")
     args = parser.parse_args(argv)
-    print(soak(args.preset, args.minutes, args.rate, args.interval_s))
+    print(soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off))
     return 0
 
 
