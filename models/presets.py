@@ -30,21 +30,11 @@ def _vit_preprocess(input_size: int) -> PreprocessConfig:
     )
 
 
-def _vit_l16() -> ModelConfig:
+def _vit_with_text_encoder(name: str, architecture: str) -> ModelConfig:
+    """A timm ViT at 224 px + the 6-layer, 384-wide BERT-style text encoder, rank-16 fusion."""
     return ModelConfig(
-        name="vit-l16",
-        vision=VisionConfig(architecture="vit_large_patch16_224"),
-        text=TextConfig(hidden_size=384, num_layers=6, num_heads=6, intermediate_size=1536,
-                        max_position_embeddings=512),
-        fusion=FusionConfig(rank=16),
-        preprocess=_vit_preprocess(224),
-    )
-
-
-def _vit_b16() -> ModelConfig:
-    return ModelConfig(
-        name="vit-b16",
-        vision=VisionConfig(architecture="vit_base_patch16_224"),
+        name=name,
+        vision=VisionConfig(architecture=architecture),
         text=TextConfig(hidden_size=384, num_layers=6, num_heads=6, intermediate_size=1536,
                         max_position_embeddings=512),
         fusion=FusionConfig(rank=16),
@@ -68,7 +58,11 @@ def _tiny() -> ModelConfig:
     )
 
 
-_PRESETS = {"vit-l16": _vit_l16, "vit-b16": _vit_b16, "tiny": _tiny}
+_PRESETS = {
+    "vit-l16": lambda: _vit_with_text_encoder("vit-l16", "vit_large_patch16_224"),
+    "vit-b16": lambda: _vit_with_text_encoder("vit-b16", "vit_base_patch16_224"),
+    "tiny": _tiny,
+}
 PRESET_NAMES: tuple[str, ...] = tuple(_PRESETS)
 
 
