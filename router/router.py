@@ -5,7 +5,12 @@ and an urgency, admits or refuses it (a full lane, or a wait that would miss
 the deadline, answers at once with a retry estimate), and awaits the compute
 thread's answer. Cancelling the awaiting task (the client went away) cancels
 the queued item, which then never reaches the model. ``start``/``drain``
-bracket the compute thread's life.
+bracket the compute threads' life.
+
+Each executor (``router.executors``: by default one for the text lane, one
+for vision and fusion) has its own scheduler, batch runner and compute
+thread over the one shared model; the segment cache and the metrics are
+shared.
 
 ``check_compute`` is the watchdog's probe: a compute thread that died, or
 whose batch has run longer than ``hang_timeout_ns``, is a ``ComputeFault``.
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +34,7 @@ from cache import Modality, SegmentCache
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.errors import ComputeUnavailableError, DeadlineExceededError, QueueFullError, ShuttingDownError
+from router.executors import ExecutorPlan, shared_executor, validate
 from router.lanes import Lane, LaneSettings, Pending
 from router.policy import urgency_ns
 from router.request import InferenceRequest, InferenceResult, Route
@@ -50,8 +58,18 @@ class ComputeFault:
     message: str
 
 
+@dataclass
+class Executor:
+    """One compute thread with its lanes' scheduler and its batch runner."""
+
+    plan: ExecutorPlan
+    scheduler: Scheduler
+    runner: BatchRunner
+    worker: ComputeWorker
+
+
 class Router:
-    """Lanes + scheduler + compute thread for one model on one device."""
+    """Lanes, schedulers and compute threads for one model on one device."""
 
     def __init__(
         self,
@@ -59,6 +77,7 @@ class Router:
         lane_settings: Mapping[Route, LaneSettings],
         metrics: ServingMetrics | None = None,
         *,
+        executors: Sequence[ExecutorPlan] = shared_executor(),
         priority_step_ns: int = 1_000_000_000,
         stage_hook: Callable[[str], None] | None = None,
         cache: SegmentCache | None = None,
@@ -66,14 +85,14 @@ class Router:
         hang_timeout_ns: int = 0,
     ) -> None:
         """``hang_timeout_ns``: a batch running longer is a hang (0: never)."""
+        validate(tuple(executors))
         self.bundle = bundle
         self.cache = cache if cache is not None else SegmentCache(0, 0)
         self.segments = SegmentCatalog(self.cache, bundle.fingerprint, bundle.config.preprocess.identity())
         self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}
-        self.estimator = ServiceTimeEstimator()
-        self.scheduler = Scheduler(list(self.lanes.values()), self.estimator, clock_ns)
-        self.runner = BatchRunner(bundle, dict(lane_settings), stage_hook=stage_hook)
-        self.worker = ComputeWorker(self.scheduler, self.runner, on_batch=self._on_batch, clock_ns=clock_ns)
+        warm_up_lock = threading.Lock()  # one executor warms up and measures at a time
+        self.executors = [self._executor(plan, stage_hook, clock_ns, warm_up_lock) for plan in executors]
+        self._executor_of = {route: executor for executor in self.executors for route in executor.plan.routes}
         self.metrics = metrics
         self.priority_step_ns = priority_step_ns
         self._clock_ns = clock_ns
@@ -84,8 +103,9 @@ class Router:
         self._waiting: set[Pending] = set()  # admitted, not yet answered (event loop only)
         if metrics is not None:
             for route, lane in self.lanes.items():
+                scheduler = self._executor_of[route].scheduler
                 metrics.queue_depth.labels(lane=route.value).set_function(
-                    lambda lane=lane: self.scheduler.depth(lane)
+                    lambda lane=lane, scheduler=scheduler: scheduler.depth(lane)
                 )
             for modality in Modality:
                 metrics.cache_bytes.labels(modality=modality.value).set_function(
@@ -93,38 +113,74 @@ class Router:
                 metrics.cache_entries.labels(modality=modality.value).set_function(
                     lambda modality=modality: self.cache.stats().of(modality).num_entries)
 
+    def _executor(self, plan: ExecutorPlan, stage_hook: Callable[[str], None] | None,
+                  clock_ns: Callable[[], int], warm_up_lock: threading.Lock) -> Executor:
+        scheduler = Scheduler([self.lanes[route] for route in plan.routes], ServiceTimeEstimator(), clock_ns)
+        runner = BatchRunner(self.bundle, {route: self.lanes[route].settings for route in plan.routes},
+                             stage_hook=stage_hook)
+        worker = ComputeWorker(plan, scheduler, runner, warm_up_lock=warm_up_lock,
+                               on_batch=functools.partial(self._on_batch, runner), clock_ns=clock_ns)
+        return Executor(plan, scheduler, runner, worker)
+
+    def executor_for(self, route: Route) -> Executor:
+        """The executor that runs ``route``'s batches."""
+        return self._executor_of[route]
+
+    # -- counters (tests and benchmarks read them) ------------------------------
+
+    @property
+    def num_computed_items(self) -> int:
+        """Requests that reached the model, over all executors."""
+        return sum(executor.worker.num_computed_items for executor in self.executors)
+
+    @property
+    def num_images_encoded(self) -> int:
+        return sum(executor.runner.num_images_encoded for executor in self.executors)
+
+    @property
+    def num_texts_encoded(self) -> int:
+        return sum(executor.runner.num_texts_encoded for executor in self.executors)
+
+    def total_depth(self) -> int:
+        """Requests queued in every lane."""
+        return sum(executor.scheduler.total_depth() for executor in self.executors)
+
     # -- life cycle -----------------------------------------------------------
 
     def start(self) -> None:
-        """Start the compute thread (it warms up before it serves)."""
-        self.worker.start()
+        """Start the compute threads (each warms up before it serves)."""
+        for executor in self.executors:
+            executor.worker.start()
 
     @property
     def is_ready(self) -> bool:
-        return self.worker.ready.is_set() and self.is_alive and not self._is_draining
+        return (all(executor.worker.ready.is_set() for executor in self.executors)
+                and self.is_alive and not self._is_draining)
 
     @property
     def is_alive(self) -> bool:
-        """The compute thread runs (warming up or serving), neither dead nor hung. Event loop only."""
-        return self.check_compute() is None and self.worker.is_alive()
+        """Every compute thread runs (warming up or serving), none dead or hung. Event loop only."""
+        return self.check_compute() is None and all(executor.worker.is_alive() for executor in self.executors)
 
     def _find_fault(self) -> ComputeFault | None:
-        failure = self.worker.failure
-        if failure is not None:
-            return ComputeFault(ComputeFaultKind.DIED,
-                                f"the compute thread died: {type(failure).__name__}: {failure}")
-        running_ns = self.worker.running_for_ns()
-        if self.hang_timeout_ns > 0 and running_ns > self.hang_timeout_ns:
-            return ComputeFault(ComputeFaultKind.HUNG,
-                                f"the compute thread is hung: a batch has run for {running_ns / 1e9:.1f} s "
-                                f"(the limit is {self.hang_timeout_ns / 1e9:.1f} s)")
+        for executor in self.executors:
+            name, worker = executor.plan.name, executor.worker
+            if worker.failure is not None:
+                return ComputeFault(ComputeFaultKind.DIED, f"the {name} compute thread died: "
+                                                           f"{type(worker.failure).__name__}: {worker.failure}")
+            running_ns = worker.running_for_ns()
+            if self.hang_timeout_ns > 0 and running_ns > self.hang_timeout_ns:
+                return ComputeFault(ComputeFaultKind.HUNG,
+                                    f"the {name} compute thread is hung: a batch has run for "
+                                    f"{running_ns / 1e9:.1f} s (the limit is {self.hang_timeout_ns / 1e9:.1f} s)")
         return None
 
     def check_compute(self) -> ComputeFault | None:
-        """The compute thread's fault, if any; the first one found is kept. Event loop only.
+        """The first compute thread's fault, if any; kept for good. Event loop only.
 
         On the first fault every waiting request fails with
-        ``ComputeUnavailableError`` (its client gets a 503 now, not a hang).
+        ``ComputeUnavailableError`` (its client gets a 503 now, not a hang):
+        the process is going to be restarted, whichever lane's thread failed.
         """
         if self.fault is None:
             self.fault = self._find_fault()
@@ -153,9 +209,11 @@ class Router:
         deadline = time.monotonic() + timeout_s
         while self._num_in_flight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        self.scheduler.close()
+        for executor in self.executors:
+            executor.scheduler.close()
         if self.fault is None:  # a hung thread would hold the shutdown until the deadline
-            await asyncio.to_thread(self.worker.join, max(0.1, deadline - time.monotonic()))
+            for executor in self.executors:
+                await asyncio.to_thread(executor.worker.join, max(0.1, deadline - time.monotonic()))
         return self._num_in_flight == 0
 
     # -- requests -------------------------------------------------------------
@@ -165,7 +223,8 @@ class Router:
         if request.deadline_ns is None:
             arrival_ns = now_ns if request.arrival_ns is None else request.arrival_ns
             request = dataclasses.replace(request, deadline_ns=arrival_ns + lane.settings.default_timeout_ns)
-        bucket = self.runner.length_bucket(len(request.token_ids)) if request.needs_text else 0
+        runner = self._executor_of[lane.route].runner
+        bucket = runner.length_bucket(len(request.token_ids)) if request.needs_text else 0
         return Pending(
             request=request,
             enqueued_ns=now_ns,
@@ -196,14 +255,15 @@ class Router:
             fault = self.check_compute()
             if fault is not None:
                 raise ComputeUnavailableError(fault.message)
-            if not self.worker.is_alive():
-                raise ComputeUnavailableError("the compute thread is not running")
             lane = self.lanes[request.lane]
+            executor = self._executor_of[lane.route]
+            if not executor.worker.is_alive():
+                raise ComputeUnavailableError(f"the {executor.plan.name} compute thread is not running")
             pending = self._pending(request, lane, asyncio.get_running_loop())
             pending.plan = plan
             if pending.request.deadline_ns <= pending.enqueued_ns:
                 raise DeadlineExceededError("the deadline passed before the request reached the queue")
-            refusal = self.scheduler.admit(lane, pending)
+            refusal = executor.scheduler.admit(lane, pending)
             if refusal is not None:
                 if self.metrics is not None:
                     self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
@@ -220,14 +280,15 @@ class Router:
                 plan.abandon()  # a no-op for claims already published or failed
             raise
 
-    def _on_batch(self, lane: Lane, batch: Sequence[Pending], outcomes: Sequence[Outcome]) -> None:
-        """Runs on the compute thread right after a batch: cache publication and metrics."""
+    def _on_batch(self, runner: BatchRunner, lane: Lane, batch: Sequence[Pending],
+                  outcomes: Sequence[Outcome]) -> None:
+        """Runs on a compute thread right after its batch: cache publication and metrics."""
         for pending, outcome in zip(batch, outcomes, strict=True):
             if pending.plan is None:
                 continue
             if isinstance(outcome, Exception):
                 pending.plan.fail(outcome)
             else:
-                pending.plan.publish(outcome.image_segment, outcome.text_segment)
+                pending.plan.publish(outcome.image_segment, outcome.text_segment, runner.wait_for_device)
         if self.metrics is not None:
             self.metrics.batch_size.labels(lane=lane.route.value).observe(len(batch))

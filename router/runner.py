@@ -8,10 +8,11 @@ and the others still get their answers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -62,11 +63,30 @@ class BatchRunner:
     # -- timing -------------------------------------------------------------
 
     def _stage_done(self, stage: str, started_ns: int, stage_ns: dict[str, int]) -> None:
-        if self._is_cuda:
-            torch.cuda.synchronize()
+        self.wait_for_device()
         if self._stage_hook is not None:
             self._stage_hook(stage)
         stage_ns[stage] = time.perf_counter_ns() - started_ns
+
+    def wait_for_device(self) -> None:
+        """Wait for the work this thread queued on the device (its stream only, not the others')."""
+        if self._is_cuda:
+            torch.cuda.current_stream(self.model.device).synchronize()
+
+    @contextlib.contextmanager
+    def device_stream(self, high_priority: bool = False) -> Iterator[None]:
+        """Run the calling thread's batches on a stream of its own (CUDA; nothing on CPU).
+
+        Two executors on the default stream would serialise on the device
+        exactly as one thread does; their own streams let a text batch run
+        beside a vision batch, and a high-priority stream lets it go first.
+        """
+        if not self._is_cuda:
+            yield
+            return
+        stream = torch.cuda.Stream(self.model.device, priority=-1 if high_priority else 0)
+        with torch.cuda.stream(stream):
+            yield
 
     # -- one padded batch -------------------------------------------------------
 
@@ -184,9 +204,10 @@ class BatchRunner:
                             ids = [(self.pad_token_id,) * bucket] * size
                             texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
                             done.add(("text", size, bucket))
-                if route == Route.FUSION and ("fusion", size) not in done:
-                    if images is None:
-                        images = self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
+                # Fusion runs on the text lane too (a fusion request whose image is cached).
+                if route != Route.VISION and ("fusion", size) not in done:
+                    if images is None:  # the shape fusion meets is the segments', not the encoder's batch
+                        images = self.model.encode_images(image[None]) * size
                     if texts is None:
                         ids = [(self.pad_token_id,) * self.text_buckets[0]] * size
                         texts = self.model.encode_texts(ids, pad_to=self.text_buckets[0],

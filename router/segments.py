@@ -118,16 +118,24 @@ class SegmentPlan:
     def text_value(self) -> TextSegment | None:
         return None if self.text is None else self.text.value
 
-    def publish(self, image: ImageSegment | None, text: TextSegment | None) -> None:
-        """Hand computed segments to the cache (as compact copies) and to every waiter."""
+    def publish(self, image: ImageSegment | None, text: TextSegment | None,
+                wait_for_device: Callable[[], None] = lambda: None) -> None:
+        """Hand computed segments to the cache (as compact copies) and to every waiter.
+
+        ``wait_for_device`` runs after the copies are queued and before anyone
+        can see them: on a GPU another executor's stream may read them next.
+        """
+        ready = []
         for slot, value in ((self.image, image), (self.text, text)):
             if slot is not None and slot.claim is not None and value is not None:
-                if slot.status == SlotStatus.MISS:
-                    value = value.compact()
-                try:
-                    slot.claim.complete(value, value.size_bytes)
-                except ClaimAlreadyResolvedError:
-                    pass  # abandoned meanwhile (the client left); waiters already retried
+                ready.append((slot, value.compact() if slot.status == SlotStatus.MISS else value))
+        if ready:
+            wait_for_device()
+        for slot, value in ready:
+            try:
+                slot.claim.complete(value, value.size_bytes)
+            except ClaimAlreadyResolvedError:
+                pass  # abandoned meanwhile (the client left); waiters already retried
 
     def fail(self, error: BaseException) -> None:
         for slot in (self.image, self.text):

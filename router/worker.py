@@ -1,6 +1,8 @@
-"""The compute thread: the one thread that owns the model.
+"""A compute thread: runs the batches of its executor's lanes through the model.
 
-It warms every shape up and measures service times first, then loops: take
+It warms its lanes' shapes up and measures their service times first (one
+executor at a time, under a lock the executors share, so no measurement is
+taken while another thread computes), then loops: take
 the next closed batch from the scheduler, answer requests that expired in the
 queue with 504 (they never reach the model), skip those whose client went
 away, run the rest, and hand each outcome back to the event loop awaiting it
@@ -21,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from router.errors import DeadlineExceededError
+from router.executors import ExecutorPlan, lower_current_thread_priority
 from router.lanes import Lane, Pending
 from router.runner import BatchRunner, Outcome
 from router.scheduler import Scheduler
@@ -47,16 +50,19 @@ def settle(pending: Pending, outcome: Outcome) -> None:
 
 
 class ComputeWorker:
-    """Owns the model thread; ``ready`` is set once every shape has run."""
+    """One executor's thread; ``ready`` is set once every shape of its lanes has run."""
 
     def __init__(
         self,
+        plan: ExecutorPlan,
         scheduler: Scheduler,
         runner: BatchRunner,
         *,
+        warm_up_lock: threading.Lock | None = None,
         on_batch: Callable[[Lane, list[Pending], list[Outcome]], None] | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
     ) -> None:
+        self.plan = plan
         self.scheduler = scheduler
         self.runner = runner
         self.ready = threading.Event()
@@ -66,7 +72,8 @@ class ComputeWorker:
         self._batch_started_ns: int | None = None  # set while a batch runs: the hang heartbeat
         self._on_batch = on_batch
         self._clock_ns = clock_ns
-        self._thread = threading.Thread(target=self._main, name="mmserve-compute", daemon=True)
+        self._warm_up_lock = warm_up_lock if warm_up_lock is not None else threading.Lock()
+        self._thread = threading.Thread(target=self._main, name=f"mmserve-{plan.name}", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
@@ -84,24 +91,35 @@ class ComputeWorker:
 
     def _main(self) -> None:
         try:
-            started = time.perf_counter()
-            num_shapes = self.runner.warm_up()
-            self.runner.measure_service_times(self.scheduler.estimator.observe)
-            logger.info("warm-up ran %d shapes in %.1f s", num_shapes, time.perf_counter() - started)
-            self.ready.set()
-            while (scheduled := self.scheduler.next_batch()) is not None:
-                now_ns = self._clock_ns()
-                for pending in scheduled.expired:
-                    settle(pending, DeadlineExceededError(
-                        f"deadline passed after {(now_ns - pending.enqueued_ns) / 1e6:.1f} ms in the queue"))
-                if scheduled.lane is not None:
-                    self._run(scheduled.lane, scheduled.batch)
+            # Before the first torch call: the OpenMP workers it starts inherit the priority.
+            lower_current_thread_priority(self.plan.nice)
+            with self.runner.device_stream(self.plan.high_priority_stream):
+                self._warm_up()
+                self.ready.set()
+                self._serve()
         except BaseException as e:  # noqa: BLE001 - recorded so health checks can report it
             self.failure = e
-            logger.exception("the compute thread died")
+            logger.exception("the %s compute thread died", self.plan.name)
             raise
         finally:
             self.stopped.set()
+
+    def _warm_up(self) -> None:
+        with self._warm_up_lock:
+            started = time.perf_counter()
+            num_shapes = self.runner.warm_up()
+            self.runner.measure_service_times(self.scheduler.estimator.observe)
+            logger.info("%s executor: warm-up ran %d shapes in %.1f s",
+                        self.plan.name, num_shapes, time.perf_counter() - started)
+
+    def _serve(self) -> None:
+        while (scheduled := self.scheduler.next_batch()) is not None:
+            now_ns = self._clock_ns()
+            for pending in scheduled.expired:
+                settle(pending, DeadlineExceededError(
+                    f"deadline passed after {(now_ns - pending.enqueued_ns) / 1e6:.1f} ms in the queue"))
+            if scheduled.lane is not None:
+                self._run(scheduled.lane, scheduled.batch)
 
     def _run(self, lane: Lane, batch: list[Pending]) -> None:
         runnable = [p for p in batch if not p.is_cancelled]
@@ -118,10 +136,12 @@ class ComputeWorker:
         self.scheduler.mark_running(0)
         if not any(isinstance(o, Exception) for o in outcomes):
             estimator.observe(lane.route, padded, elapsed_ns)
+        # Publish to the cache before answering: a client's next request may
+        # follow its answer at once, and must find what this batch computed.
+        if self._on_batch is not None:
+            self._on_batch(lane, runnable, outcomes)
         for pending, outcome in zip(runnable, outcomes, strict=True):
             if not isinstance(outcome, Exception):
                 outcome.stage_ns["queue"] = started_ns - pending.enqueued_ns
             settle(pending, outcome)
-        if self._on_batch is not None:
-            self._on_batch(lane, runnable, outcomes)
         self._batch_started_ns = None

@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from cache import SegmentCache
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
+from router.executors import executor_plans
 from router.faults import FaultInjector
 from router.lanes import LaneSettings
 from router.request import Route
@@ -89,7 +90,9 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
             on_event=lambda modality, event, count: metrics.cache_events_total.labels(
                 modality=modality, event=event).inc(count),
         )
-        router = Router(model, lane_settings(settings, model.model.device.type), metrics,
+        executors = executor_plans(separate_text=settings.separate_text_executor,
+                                   image_nice=settings.image_executor_nice)
+        router = Router(model, lane_settings(settings, model.model.device.type), metrics, executors=executors,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
                         cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9))

@@ -66,6 +66,11 @@ class Settings(BaseSettings):
     priority_step_ms: float = Field(
         1000.0, ge=0, description="How far high (low) priority moves a request ahead of (behind) its deadline.")
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long queued work may take to finish.")
+    separate_text_executor: bool = Field(
+        True, description="Run the text lane on its own compute thread (and CUDA stream), beside vision and fusion.")
+    image_executor_nice: int = Field(
+        10, ge=0, le=19, description="CPU nice added to the vision/fusion compute thread, so text and request "
+        "handling go first while both have work (Linux; 0 leaves it alone).")
 
     # -- segment cache -------------------------------------------------------------
     cache_image_bytes: int = Field(

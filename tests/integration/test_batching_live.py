@@ -9,6 +9,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from router.request import Route
+
 
 def metric_samples(client: httpx.Client, name: str) -> dict[tuple, float]:
     samples = {}
@@ -26,7 +28,7 @@ async def post_many(url: str, bodies: list[dict], timeout_s: float = 60.0) -> li
 
 
 def computed_items(server) -> int:
-    return server.app.state.mmserve.router.worker.num_computed_items
+    return server.app.state.mmserve.router.num_computed_items
 
 
 def delay_text(client: httpx.Client, delay_ms: float, duration_s: float = 60.0) -> None:
@@ -150,7 +152,7 @@ def _run_batch_of_eight(server, texts: list[str]) -> list[httpx.Response]:
 def test_one_poisoned_item_fails_alone(live_server_factory, tiny_bundle):
     poison_token = tiny_bundle.tokenizer.encode("~", truncate=False).token_ids[1]
     with live_server_factory(max_queue_delay_ms=100) as server, server.client() as client:
-        runner = server.app.state.mmserve.router.runner
+        runner = server.app.state.mmserve.router.executor_for(Route.TEXT).runner
         runner.model = FailingModel(runner.model, poison_token=poison_token)
         texts = [f"healthy {i}" for i in range(7)] + ["poisoned ~"]
         responses = _run_batch_of_eight(server, texts)
@@ -165,7 +167,7 @@ def test_one_poisoned_item_fails_alone(live_server_factory, tiny_bundle):
 
 def test_a_batch_level_failure_is_split_and_healthy_items_succeed(live_server_factory):
     with live_server_factory(max_queue_delay_ms=100) as server:
-        runner = server.app.state.mmserve.router.runner
+        runner = server.app.state.mmserve.router.executor_for(Route.TEXT).runner
         runner.model = FailingModel(runner.model, fail_batches_over=2)
         responses = _run_batch_of_eight(server, [f"split me {i}" for i in range(8)])
     assert [r.status_code for r in responses] == [200] * 8

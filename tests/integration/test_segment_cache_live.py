@@ -30,8 +30,9 @@ def cache_events(client: httpx.Client) -> dict[tuple[str, str], float]:
     return events
 
 
-def runner_of(server):
-    return server.app.state.mmserve.router.runner
+def router_of(server):
+    """Where the encoder counters live (summed over the executors)."""
+    return server.app.state.mmserve.router
 
 
 def test_a_repeated_image_with_a_new_text_hits_and_equals_the_uncached_answer(live_server_factory, monkeypatch):
@@ -41,11 +42,11 @@ def test_a_repeated_image_with_a_new_text_hits_and_equals_the_uncached_answer(li
     image = png(1)
     with live_server_factory() as live, live.client() as client:
         first = client.post("/v1/infer", json={"text": "what colour is it?", "image": {"b64": image}}).json()
-        images_before = runner_of(live).num_images_encoded
+        images_before = router_of(live).num_images_encoded
         second = client.post("/v1/infer", json={"text": "how many are there?", "image": {"b64": image}}).json()
         uncached = client.post("/v1/infer", json={"text": "how many are there?", "image": {"b64": image},
                                                   "use_cache": False}).json()
-        assert runner_of(live).num_images_encoded == images_before + 1  # only the uncached one
+        assert router_of(live).num_images_encoded == images_before + 1  # only the uncached one
     assert first["cache"] == {"image": "miss", "text": "miss"}
     assert second["cache"] == {"image": "hit", "text": "miss"}
     assert uncached["cache"] == {"image": "bypass", "text": "bypass"}
@@ -77,9 +78,9 @@ def test_sixteen_concurrent_requests_with_one_new_image_encode_it_once(live_serv
         return [r.json() for r in responses]
 
     with live_server_factory(max_queue_delay_ms=20) as live, live.client() as client:
-        before = runner_of(live).num_images_encoded
+        before = router_of(live).num_images_encoded
         answers = asyncio.run(burst(live.url))
-        assert runner_of(live).num_images_encoded == before + 1
+        assert router_of(live).num_images_encoded == before + 1
         events = cache_events(client)
     statuses = [a["cache"]["image"] for a in answers]
     assert statuses.count("miss") == 1
