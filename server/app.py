@@ -11,6 +11,7 @@ message naming the problem); warm-up then runs on the compute thread while
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -30,6 +31,7 @@ from router.router import Router
 from server.body_limit import BodySizeLimit
 from server.decode_pool import BoundedDecodePool
 from server.errors import ApiError
+from server.garbage_collection import freeze_start_up_objects
 from server.middleware import add_request_guards
 from server.model_loading import load_model
 from server.monitoring_setup import build_monitor, mark_ready_when_ready
@@ -39,6 +41,8 @@ from server.schemas import InferRequest
 from server.settings import Settings
 from server.state import ServerState
 from server.watchdog import watch_compute
+
+logger = logging.getLogger(__name__)
 
 
 def lane_settings(settings: Settings, device_type: str) -> dict[Route, LaneSettings]:
@@ -99,6 +103,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, faults=faults)
+        num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
+        logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
         router.start()
         monitor.start()
         # The baseline is learned from traffic after warm-up: mark ready once the router is.
