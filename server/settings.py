@@ -87,6 +87,9 @@ class Settings(BaseSettings):
 
     # -- slow clients and security ------------------------------------------------------
     body_timeout_s: float = Field(30.0, gt=0, description="A request body not complete by then gets 408.")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Request headers not complete this long after their first byte (or the "
+                                "connection's start) get 408 and the connection is closed.")
     keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
     api_keys: SecretStr | None = Field(
         None, description="Comma-separated API keys; when set, requests need Authorization: Bearer <key>.")

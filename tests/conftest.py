@@ -22,6 +22,7 @@ import uvicorn
 
 from models.repository import ModelBundle, build_preset
 from server.app import create_app
+from server.lifecycle import uvicorn_config
 from server.settings import Settings
 
 
@@ -50,7 +51,8 @@ def run_live_server(settings: Settings, bundle: ModelBundle | None = None,
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    # The uvicorn settings ``mmserve serve`` uses (HTTP protocol, keep-alive), with uvicorn's own logs quiet.
+    config = uvicorn_config(app, settings.model_copy(update={"log_level": "warning"}))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
