@@ -1,6 +1,6 @@
 """From a parsed input to a result: the steps every protocol shares.
 
-    prepare_in_pool   tokenize, plan with the cache, decode if still needed (decode pool)
+    prepare_input     tokenize, plan with the cache, decode if still needed (decode pool)
     run_prepared      wait for segments others compute, build the InferenceRequest, submit
 
 ``/v1/infer``, the KServe v2 rows and the OpenAI items all go through here, so
@@ -17,7 +17,22 @@ from server.inputs import ParsedInput, PreparedInput, prepare
 from server.state import ServerState
 
 
-async def prepare_in_pool(state: ServerState, parsed: ParsedInput) -> PreparedInput:
+# Tokenizing this many characters takes under 100 us: less than a hop to the pool and back.
+INLINE_TEXT_MAX_CHARS = 256
+
+
+async def prepare_input(state: ServerState, parsed: ParsedInput) -> PreparedInput:
+    """``prepare`` in the decode pool; a short text-only input on the event loop itself.
+
+    The pool exists so image decoding never blocks the loop. A short text has
+    nothing to decode, and handing it to a pool thread costs the loop more
+    (a submit, a wake-up, a callback back) than tokenizing it. Fault drills
+    delay the decode stage, so with fault injection on everything goes to the pool.
+    """
+    is_short_text = (parsed.route == "text" and parsed.text is not None
+                     and len(parsed.text) <= INLINE_TEXT_MAX_CHARS)
+    if is_short_text and state.faults is None:
+        return prepare(parsed, state.bundle, state.router, state.settings)
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(
         state.decode_pool, prepare, parsed, state.bundle, state.router, state.settings, state.faults

@@ -22,7 +22,7 @@ from typing import TypeVar, cast
 from router.request import InferenceResult
 from server.error_mapping import api_error_from
 from server.errors import ApiError
-from server.execution import prepare_in_pool, run_prepared
+from server.execution import prepare_input, run_prepared
 from server.inputs import ParsedInput, PreparedInput
 from server.monitoring_setup import cache_hit_of
 from server.protocols.errors import RowFailedError
@@ -81,7 +81,7 @@ async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id
     ``started_ns + timeout``. Raises ``ApiError`` or ``RowFailedError``.
     """
     check_row_counts(rows, state)
-    prepared = await asyncio.gather(*(prepare_in_pool(state, row) for row in rows), return_exceptions=True)
+    prepared = await asyncio.gather(*(prepare_input(state, row) for row in rows), return_exceptions=True)
     failed = [(i, outcome) for i, outcome in enumerate(prepared) if isinstance(outcome, BaseException)]
     if failed:
         # One row is refused, so none is computed: hand back the cache claims the others took.

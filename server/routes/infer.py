@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from router.request import InferenceResult
 from server.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
-from server.execution import prepare_in_pool, run_prepared
+from server.execution import prepare_input, run_prepared
 from server.inputs import ParsedInput, PreparedInput, parse_json, parse_multipart
 from server.monitoring_setup import cache_hit_of
 from server.schemas import InferResponse
@@ -149,7 +149,7 @@ async def infer(request: Request) -> Response:
         parsed = await _parse(request, state)
         route_label = parsed.route
         decode_started_ns = time.perf_counter_ns()
-        prepared = await prepare_in_pool(state, parsed)
+        prepared = await prepare_input(state, parsed)
         stage_ns["decode"] = time.perf_counter_ns() - decode_started_ns
         result = await until_disconnected(request, run_prepared(state, request_id, parsed, prepared, started_ns))
         stage_ns.update(result.stage_ns)
