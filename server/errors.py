@@ -40,13 +40,24 @@ class ApiError(Exception):
 
 
 class BodyTooLargeError(ApiError):
-    """Raised from the body reader once a streamed body passes the limit."""
+    """Raised from the body reader once a streamed body passes the limit.
+
+    Its answer closes the connection: the rest of the body is never read, and
+    on a kept-alive connection the client could go on trickling it for as
+    long as it liked (each byte resets uvicorn's keep-alive timer, and the
+    header clock only runs for a request's headers).
+    """
 
     def __init__(self, limit_bytes: int) -> None:
         super().__init__(
             413, "body_too_large",
             f"request body exceeds the limit of {limit_bytes} bytes (MMSERVE_MAX_BODY_BYTES)",
         )
+
+    def response(self) -> JSONResponse:
+        response = super().response()
+        response.headers["Connection"] = "close"
+        return response
 
 
 ERROR_RESPONSE_SCHEMA = {

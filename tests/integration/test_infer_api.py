@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import socket
+import time
 
 import numpy as np
 import pytest
@@ -224,6 +226,25 @@ def test_body_over_the_limit_is_413_without_reading_it(live_server_factory):
         assert declared.status_code == 413 and declared.json()["error"]["code"] == "body_too_large"
         assert streamed.status_code == 413 and streamed.json()["error"]["code"] == "body_too_large"
         assert client.post("/v1/infer", json={"text": "fine"}).status_code == 200
+
+
+def test_a_413_closes_the_connection_so_the_unread_body_cannot_trickle_on(live_server_factory):
+    with live_server_factory(max_body_bytes=10_000) as server:
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 20000\r\n\r\n" + b" " * 100)
+            answer = b""
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break  # the server closed the connection
+                answer += chunk
+            else:
+                raise AssertionError(f"the connection stayed open after {answer[:200]!r}")
+    head = answer.split(b"\r\n\r\n", 1)[0].lower()
+    assert head.startswith(b"http/1.1 413") and b"connection: close" in head, head
 
 
 def test_health_docs_and_metrics(tiny_server):
