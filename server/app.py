@@ -11,6 +11,7 @@ message naming the problem); warm-up then runs on the compute thread while
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from cache import SegmentCache
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
-from router.executors import executor_plans
+from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector
 from router.lanes import LaneSettings
 from router.request import Route
@@ -95,12 +96,15 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
                 modality=modality, event=event).inc(count),
         )
         executors = executor_plans(separate_text=settings.separate_text_executor,
-                                   image_nice=settings.image_executor_nice)
+                                   image_nice=settings.image_work_nice)
         router = Router(model, lane_settings(settings, model.model.device.type), metrics, executors=executors,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
                         cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9))
-        decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
+        # Decoding is image work too: it yields the cores to text requests like the image executor does.
+        decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
+                                        initializer=functools.partial(lower_current_thread_priority,
+                                                                      settings.image_work_nice))
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, faults=faults)
         num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit

@@ -35,8 +35,9 @@ class DecodeQueueFullError(ApiError):
 
 
 class BoundedDecodePool(ThreadPoolExecutor):
-    def __init__(self, max_workers: int, max_queued: int, thread_name_prefix: str = "mmserve-decode") -> None:
-        super().__init__(max_workers, thread_name_prefix=thread_name_prefix)
+    def __init__(self, max_workers: int, max_queued: int, thread_name_prefix: str = "mmserve-decode",
+                 initializer: Callable[[], object] | None = None) -> None:
+        super().__init__(max_workers, thread_name_prefix=thread_name_prefix, initializer=initializer)
         self.max_queued = max_queued
         self._num_workers = max_workers
         self._num_pending = 0  # submitted, not finished (running or waiting)

@@ -55,9 +55,12 @@ def test_with_one_shared_executor_the_text_request_waits_for_the_vision_batch(li
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux notion")
-def test_the_image_compute_thread_runs_at_the_configured_lower_priority(live_server_factory):
+def test_image_work_runs_at_the_configured_lower_priority(live_server_factory):
     base_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    with live_server_factory(image_executor_nice=4):
+    with live_server_factory(image_work_nice=4, decode_threads=1) as server, server.client() as client:
+        assert client.post("/v1/infer", json={"image": {"b64": _png()}}).status_code == 200  # starts a decode thread
         threads = {thread.name: thread.native_id for thread in threading.enumerate()}
-        nice = {name: os.getpriority(os.PRIO_PROCESS, threads[name]) for name in ("mmserve-text", "mmserve-image")}
-    assert nice == {"mmserve-text": base_nice, "mmserve-image": min(19, base_nice + 4)}
+        names = ("mmserve-text", "mmserve-image", "mmserve-decode_0")
+        nice = {name: os.getpriority(os.PRIO_PROCESS, threads[name]) for name in names}
+    lowered = min(19, base_nice + 4)
+    assert nice == {"mmserve-text": base_nice, "mmserve-image": lowered, "mmserve-decode_0": lowered}
