@@ -10,7 +10,6 @@ Two steps with a thread hop between them:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +24,7 @@ from models.tokenizer import TokenizedText
 from router.faults import FaultInjector
 from router.router import Router
 from router.segments import ImageContent, SegmentPlan
+from server import json_body
 from server.decoding import decode_base64, decode_image, decode_pixels
 from server.errors import ApiError
 from server.schemas import EncodedImage, InferRequest, RawImage
@@ -103,8 +103,8 @@ def _from_options(text: str | None, encoded: bytes | None, raw: tuple[list[int],
 
 def parse_json(body: bytes, settings: Settings) -> ParsedInput:
     try:
-        document = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        document = json_body.loads(body)
+    except (json_body.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, "invalid_json", f"body is not valid JSON: {e}", "body") from e
     try:
         request = InferRequest.model_validate(document)

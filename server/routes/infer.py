@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
 from collections.abc import Awaitable
 from typing import TypeVar
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from router.request import InferenceResult
+from server import json_body
 from server.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
 from server.execution import prepare_input, run_prepared
@@ -84,10 +83,6 @@ def _ms(nanoseconds: int) -> float:
     return round(nanoseconds / 1e6, 3)
 
 
-def _as_list(values: np.ndarray | None) -> list[float] | None:
-    return None if values is None else values.tolist()
-
-
 def _response_body(request_id: str, state: ServerState, result: InferenceResult,
                    prepared: PreparedInput) -> dict:
     """Everything but ``timings_ms``, which is added once the body is built."""
@@ -97,9 +92,9 @@ def _response_body(request_id: str, state: ServerState, result: InferenceResult,
         "model": {"name": state.bundle.config.name, "fingerprint": state.bundle.fingerprint},
     }
     for key, value in (
-        ("image_embedding", _as_list(result.image_embedding)),
-        ("text_embedding", _as_list(result.text_embedding)),
-        ("fused_embedding", _as_list(result.fused_embedding)),
+        ("image_embedding", result.image_embedding),
+        ("text_embedding", result.text_embedding),
+        ("fused_embedding", result.fused_embedding),
         ("score", result.score),
     ):
         if value is not None:
@@ -159,7 +154,7 @@ async def infer(request: Request) -> Response:
         stage_ns["respond"] = time.perf_counter_ns() - respond_started_ns
         stage_ns["total"] = time.perf_counter_ns() - started_ns
         body["timings_ms"] = {stage: _ms(ns) for stage, ns in stage_ns.items()}
-        response = Response(json.dumps(body), media_type="application/json")
+        response = Response(json_body.dumps(body), media_type="application/json")
         # Answered requests only: an error's stages are partial, and fast refusals
         # (503 when shedding) would pull the latency digests down just as things get
         # slow. Errors are counted in mmserve_requests_total{code}.
