@@ -15,10 +15,12 @@ Scenarios:
   creep        the vision stage's spread widens over 10 minutes (median fixed)
                until the vision route's end-to-end P99 is 10 % higher: when
                drift is raised, and how far P99 had crept by then.
-  ingest       samples/s through record + fold, per-request record cost, and
-               where the time goes (record call, grouping, conversion, Rust).
+  ingest       samples/s through record + fold at 10k requests/s over one drift
+               period (folds, sub-window rotations, the drift judgement and
+               scrapes included), per-request record cost, and where the time
+               goes (record call, grouping, conversion, digests).
 
-    python benchmarks/drift_detection.py [--minutes 60] [--seed 0]
+    python benchmarks/drift_detection.py [--minutes 60] [--seed 0] [--scenarios ingest ...]
 """
 
 from __future__ import annotations
@@ -244,14 +246,39 @@ def _best_of(repeats: int, fn: Callable[[], float]) -> float:
     return min(fn() for _ in range(repeats))
 
 
+INGEST_RATE = 10_000  # requests per simulated second; the folder folds once a second
+INGEST_POOL = 100_000  # distinct requests, cycled
+SCRAPE_EVERY_S = 15  # a Prometheus scrape interval
+
+
+@dataclass
+class IngestTimings:
+    """Nanoseconds per request of one simulated drift period at ``INGEST_RATE``."""
+
+    record_ns: float
+    fold_ns: float  # every tick: drain, group, convert, digest updates, rotations, the drift judgement
+    scrape_ns: float
+    judgement_ms: float  # the judging tick minus another rotating one: the reads the drift judgement makes
+    scrape_ms: float  # one scrape (export_snapshot)
+
+
 def scenario_ingest(seed: int) -> list[tuple[str, str]]:
+    """What the folder thread costs the server at 10k requests/s, per sample.
+
+    A monitor with the server's configuration (``MonitorConfig()``) learns its
+    baseline from a trickle of the same traffic, so that drift is judged;
+    then one drift period of 10k requests per simulated second is recorded,
+    folded every second (rotating a sub-window every 10 s), judged once, and
+    scraped every 15 s, all timed.
+    """
     rng = np.random.default_rng(seed)
-    num_records = 200_000
-    fold_every = 10_000  # one fold interval (1 s) at 10k requests/s
-    names, columns, batch, hits = sample_route("fusion", rng, num_records, VISION_SIGMA, 0.0, 0.0)
+    config = MonitorConfig()
+    names, columns, batch, hits = sample_route("fusion", rng, INGEST_POOL, VISION_SIGMA, 0.0, 0.0)
     dicts = [dict(zip(names, values)) for values in zip(*[c.tolist() for c in columns])]
     batch_list, hit_list = batch.tolist(), hits.tolist()
     num_stages = len(names)
+    period_s = int(config.period_s)
+    num_requests = period_s * INGEST_RATE
     rows: list[tuple[str, str]] = []
 
     def record_only(with_segments: bool) -> float:
@@ -264,20 +291,31 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
         else:
             for d in dicts:
                 record("fusion", d)
-        return (time.perf_counter_ns() - started) / num_records
+        return (time.perf_counter_ns() - started) / len(dicts)
 
-    def record_and_fold(with_segments: bool) -> tuple[float, float]:
-        """(record, fold) ns per request, folding every ``fold_every`` requests like the folder thread."""
+    def frozen_monitor(with_segments: bool) -> tuple[Monitor, ManualClock]:
+        """A monitor whose baseline was learned from 100 requests/s, so this period is judged."""
         clock = ManualClock()
-        monitor = Monitor(clock=clock)
+        monitor = Monitor(config, clock=clock)
+        monitor.mark_ready()
+        trickle = 100
+        for second in range(int(config.baseline_s)):
+            for i in range(second * trickle % INGEST_POOL, second * trickle % INGEST_POOL + trickle):
+                monitor.record("fusion", dicts[i], batch_size=batch_list[i] if with_segments else None,
+                               cache_hit=hit_list[i] if with_segments else None)
+            clock.advance(1.0)
+            monitor.tick()
+        assert monitor.baseline_phase.value == "frozen"
+        return monitor, clock
+
+    def one_period(with_segments: bool) -> IngestTimings:
+        monitor, clock = frozen_monitor(with_segments)
         record = monitor.record
-        # Warm the series so the measurement is steady state, not first-touch.
-        record("fusion", dicts[0], batch_size=batch_list[0] if with_segments else None,
-               cache_hit=hit_list[0] if with_segments else None)
-        monitor.tick()
-        record_ns = fold_ns = 0
-        for start in range(0, num_records, fold_every):
-            chunk = slice(start, start + fold_every)
+        record_ns = fold_ns = scrape_ns = judged_tick_ns = 0
+        rotating_ticks_ns = []  # folds that also close a sub-window, as the judging one does
+        for second in range(period_s):
+            first = second * INGEST_RATE % INGEST_POOL
+            chunk = slice(first, first + INGEST_RATE)
             started = time.perf_counter_ns()
             if with_segments:
                 for d, b, h in zip(dicts[chunk], batch_list[chunk], hit_list[chunk]):
@@ -286,37 +324,56 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
                 for d in dicts[chunk]:
                     record("fusion", d)
             recorded = time.perf_counter_ns()
-            monitor.tick()
+            clock.advance(1.0)
+            is_judged = monitor.tick()
+            ticked = time.perf_counter_ns()
             record_ns += recorded - started
-            fold_ns += time.perf_counter_ns() - recorded
-        return record_ns / num_records, fold_ns / num_records
+            fold_ns += ticked - recorded
+            if is_judged:
+                judged_tick_ns = ticked - recorded
+            elif (second + 1) % round(config.sub_window_s) == 0:
+                rotating_ticks_ns.append(ticked - recorded)
+            if (second + 1) % SCRAPE_EVERY_S == 0:
+                monitor.export_snapshot()
+                scrape_ns += time.perf_counter_ns() - ticked
+        assert judged_tick_ns, "the period was not judged"
+        num_scrapes = period_s // SCRAPE_EVERY_S
+        return IngestTimings(
+            record_ns=record_ns / num_requests,
+            fold_ns=fold_ns / num_requests,
+            scrape_ns=scrape_ns / num_requests,
+            judgement_ms=(judged_tick_ns - statistics.median(rotating_ticks_ns)) / 1e6,
+            scrape_ms=scrape_ns / num_scrapes / 1e6,
+        )
 
-    record_ns = statistics.median(record_only(True) for _ in range(5))
-    record_plain_ns = statistics.median(record_only(False) for _ in range(5))
-    timings_seg = [record_and_fold(True) for _ in range(5)]
-    timings_plain = [record_and_fold(False) for _ in range(5)]
-    rec_seg, fold_seg = (statistics.median(t[i] for t in timings_seg) for i in (0, 1))
-    rec_plain, fold_plain = (statistics.median(t[i] for t in timings_plain) for i in (0, 1))
+    def median_timings(with_segments: bool, repeats: int = 3) -> IngestTimings:
+        runs = [one_period(with_segments) for _ in range(repeats)]
+        return IngestTimings(*(statistics.median(getattr(r, f) for r in runs) for f in IngestTimings.__annotations__))
 
-    # Where the fold time goes: grouping + conversion (Python/numpy) vs digest updates (Rust).
+    record_ns = statistics.median(record_only(True) for _ in range(3))
+    record_plain_ns = statistics.median(record_only(False) for _ in range(3))
+    seg = median_timings(True)
+    plain = median_timings(False)
+
+    # Where the fold time goes: grouping + conversion (Python/numpy) vs the rest (digests, Rust).
     records_seg = [("fusion", d, b, h) for d, b, h in zip(dicts, batch_list, hit_list)]
     records_plain = [("fusion", d, None, None) for d in dicts]
 
     def time_fold_records(records: list) -> float:
         elapsed_ns = 0
-        for start in range(0, num_records, fold_every):
-            chunk = records[start:start + fold_every]
+        for start in range(0, len(records), INGEST_RATE):
+            chunk = records[start:start + INGEST_RATE]
             started = time.perf_counter_ns()
             fold_records(chunk)
             elapsed_ns += time.perf_counter_ns() - started
-        return elapsed_ns / num_records
+        return elapsed_ns / len(records)
 
-    group_seg = statistics.median(time_fold_records(records_seg) for _ in range(5))
-    group_plain = statistics.median(time_fold_records(records_plain) for _ in range(5))
+    group_seg = statistics.median(time_fold_records(records_seg) for _ in range(3))
+    group_plain = statistics.median(time_fold_records(records_plain) for _ in range(3))
     values_s = rng.lognormal(np.log(0.02), 0.5, 1_000_000)
 
     def rust_update() -> float:
-        digest = TDigest(max_centroids=2000)
+        digest = TDigest(max_centroids=config.max_centroids)
         started = time.perf_counter_ns()
         for chunk in np.array_split(values_s, 10):
             digest.batch_update(chunk)
@@ -327,23 +384,32 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
     def rate(per_record_ns: float) -> str:
         return f"{num_stages * 1e3 / per_record_ns:.2f} M samples/s"
 
-    rows.append((f"ingest ({num_stages} stages/request, {num_records} requests, a fold every {fold_every})", ""))
+    rows.append((f"ingest ({num_stages} stages/request, {INGEST_RATE} requests/s, a fold every second, "
+                 f"one {period_s} s drift period, a scrape every {SCRAPE_EVERY_S} s)", ""))
     rows.append(("  record() per request", f"{record_ns / 1e3:.3f} us with batch_size+cache_hit, "
                                           f"{record_plain_ns / 1e3:.3f} us without (target <= 2 us)"))
-    rows.append(("  record + fold, plain", f"{rate(rec_plain + fold_plain)} "
-                                          f"(record {rec_plain:.0f} + fold {fold_plain:.0f} ns/request)"))
-    rows.append(("  record + fold, with segments", f"{rate(rec_seg + fold_seg)} "
-                                                  f"(record {rec_seg:.0f} + fold {fold_seg:.0f} ns/request)"))
-    rows.append(("  fold breakdown, plain", f"group+convert {group_plain / num_stages:.0f} ns/sample, digest update "
-                                           f"+ drain {(fold_plain - group_plain) / num_stages:.0f} ns/sample"))
-    rows.append(("  fold breakdown, segments", f"group+convert {group_seg / num_stages:.0f} ns/sample, "
-                                              f"digest updates (3 series/sample) + drain "
-                                              f"{(fold_seg - group_seg) / num_stages:.0f} ns/sample"))
+    for label, t in (("plain", plain), ("with segments", seg)):
+        rows.append((f"  record + fold, {label}", f"{rate(t.record_ns + t.fold_ns)} "
+                                                 f"(record {t.record_ns:.0f} + fold {t.fold_ns:.0f} ns/request)"))
+    for label, t in (("plain", plain), ("with segments", seg)):
+        rows.append((f"  record + fold + scrapes, {label}",
+                     f"{rate(t.record_ns + t.fold_ns + t.scrape_ns)} (scrapes {t.scrape_ns:.0f} ns/request, "
+                     f"inserting what the digests held back included)"))
+    for label, t in (("plain", plain), ("with segments", seg)):
+        rows.append((f"  reads per period, {label}", f"drift judgement {t.judgement_ms:.1f} ms, "
+                                                    f"one scrape {t.scrape_ms:.1f} ms"))
+    for label, t, group in (("plain", plain, group_plain), ("segments", seg, group_seg)):
+        rows.append((f"  fold breakdown, {label}",
+                     f"group+convert {group / num_stages:.0f} ns/sample, digest updates + drain + rotations "
+                     f"+ judgement {(t.fold_ns - group) / num_stages:.0f} ns/sample"))
     rows.append(("  Rust batch_update alone",
                  f"{rust_ns:.0f} ns/sample = {1e3 / rust_ns:.1f} M samples/s ceiling per digest"))
     rows.append(("  record() alone", f"{num_stages * 1e3 / record_plain_ns:.1f} M samples/s "
                                     f"({record_plain_ns / num_stages:.0f} ns/sample)"))
     return rows
+
+
+SCENARIOS = ("stationary", "stall", "creep", "ingest")
 
 
 def print_table(rows: list[tuple[str, str]]) -> None:
@@ -356,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=int, default=60, help="stationary minutes after the baseline")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
+                        help="which parts to run (default: all)")
     args = parser.parse_args(argv)
     config = MonitorConfig()
     print(f"MonitorConfig: window {config.window_s:.0f} s / {config.num_sub_windows} sub-windows, "
@@ -365,10 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"traffic: {', '.join(f'{r} {n}/s' for r, n in RATES.items())}; simulated clock, 1 fold per simulated second")
     print()
     rows: list[tuple[str, str]] = []
-    rows += scenario_stationary(args.seed, args.minutes)
-    rows += scenario_stall(args.seed + 1)
-    rows += scenario_creep(args.seed + 2)
-    rows += scenario_ingest(args.seed + 3)
+    if "stationary" in args.scenarios:
+        rows += scenario_stationary(args.seed, args.minutes)
+    if "stall" in args.scenarios:
+        rows += scenario_stall(args.seed + 1)
+    if "creep" in args.scenarios:
+        rows += scenario_creep(args.seed + 2)
+    if "ingest" in args.scenarios:
+        rows += scenario_ingest(args.seed + 3)
     print_table(rows)
     return 0
 

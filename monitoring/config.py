@@ -19,7 +19,9 @@ Why the defaults are what they are:
   sampling noise. At 100k samples per side the floor falls to 0.009.
 * ``max_centroids = 2000``. On 10^6 heavy-tailed samples fastdigest's rank
   error at P99.99 stays near 1e-5, an order below the 1e-4 that makes a
-  P99.99 honest; merging the sub-windows of a window keeps it there.
+  P99.99 honest; merging cells into sub-windows and sub-windows into a
+  window keeps it there (one pass per merge, headroom where digests absorb
+  many merges: see ``monitoring.series``).
 * ``tail_ratio = 1.5`` on P99.9 / P99.99 with at least
   ``tail_min_exceedances`` samples beyond the quantile on both sides: KS is
   blind to a shift of the last 0.01 % (D moves by 1e-4), the ratio is not.
@@ -56,9 +58,11 @@ class MonitorConfig:
         tail_quantiles: Quantiles the tail rule watches.
         tail_min_exceedances: Samples needed beyond a tail quantile, on both
             sides, before the tail rule trusts it.
-        max_centroids: Centroids of every window, lifetime and baseline digest.
+        max_centroids: Centroids of every window, lifetime and baseline
+            digest, and of every cell (a sample's one digest, see
+            ``monitoring.stage_digests``).
         segment_max_centroids: Centroids of the per batch-size and per
-            cache-hit digests used only for attribution.
+            cache-hit digests, merged from cells, used only for attribution.
         fold_interval_s: How often the background thread folds the record
             buffer into the digests; also the worst error in assigning a
             sample to its sub-window.

@@ -1,4 +1,4 @@
-"""The digests kept for one latency series: sliding window, lifetime, baseline.
+"""The closed digests kept for one latency series: sub-window ring, lifetime, baseline.
 
 A series is one (route, stage) pair, or one segment of it (a batch-size
 bucket or cache hit/miss) kept only for attribution::
@@ -9,33 +9,32 @@ bucket or cache hit/miss) kept only for attribution::
     lifetime = lifetime_closed + current               (every closed sub-window merged once)
     baseline = closed sub-windows of the learning interval, then frozen
 
-Values are folded into ``current`` only (one Rust ``batch_update`` per fold);
-lifetime and baseline grow by merging a sub-window when it closes, so the
-per-sample cost does not triple. Rotation is driven from outside, in lockstep
-for every series, by the ``Monitor`` that owns the clock.
+The current sub-window is not kept here: samples are folded into cells
+(``monitoring.stage_digests``) and a series' current sub-window is the merge
+of its cells, handed in when it is read and when it closes. Lifetime and
+baseline grow by merging a sub-window when it closes, so their per-sample cost
+is nil. Rotation is driven from outside, in lockstep for every series, by the
+``Monitor`` that owns the clock.
+
+Digests that absorb merge after merge (lifetime, baseline, the merged closed
+sub-windows) keep twice ``max_centroids`` and are compressed to
+``max_centroids`` when handed out. Compressing to the final size at every
+merge lets mid-distribution centroids grow past the t-digest bound: over 24
+draws of 10^6 lognormal and Pareto samples in 12 cells, 4 lifetimes in 48 read
+the median 1e-4 to 5e-4 off in rank; with the headroom no window or lifetime
+is beyond 7e-5 at any quantile.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import NamedTuple
 
-import numpy as np
 from fastdigest import TDigest
 
 from monitoring.digest import merge_all, new_digest
 
-ALL_TRAFFIC = ""
-"""``SeriesKey.dimension`` of a series that holds every request of its (route, stage)."""
-
-
-class SeriesKey(NamedTuple):
-    """Identity of a series; ``dimension``/``value`` name a segment (e.g. ``"cache"``/``"miss"``)."""
-
-    route: str
-    stage: str
-    dimension: str = ALL_TRAFFIC
-    value: str = ""
+# Centroids of a digest that absorbs many merges, as a multiple of what it hands out.
+_MERGED_HEADROOM = 2
 
 
 class SeriesDigests:
@@ -49,61 +48,64 @@ class SeriesDigests:
         keep_lifetime: Whether to keep a lifetime digest (segments do not).
     """
 
-    __slots__ = ("_max_centroids", "_current", "_closed", "_lifetime_closed", "_baseline", "_window_cache")
+    __slots__ = (
+        "_max_centroids", "_merged_centroids", "_closed", "_closed_merged", "_lifetime_closed", "_baseline",
+        "_baseline_out",
+    )
 
     def __init__(self, max_centroids: int, num_sub_windows: int, keep_lifetime: bool) -> None:
         self._max_centroids = max_centroids
-        self._current = new_digest(max_centroids)
+        self._merged_centroids = _MERGED_HEADROOM * max_centroids
         self._closed: deque[TDigest] = deque(maxlen=max(num_sub_windows - 1, 0))
-        self._lifetime_closed: TDigest | None = new_digest(max_centroids) if keep_lifetime else None
-        self._baseline = new_digest(max_centroids)
-        self._window_cache: TDigest | None = None
+        self._closed_merged: TDigest | None = None
+        self._lifetime_closed: TDigest | None = new_digest(self._merged_centroids) if keep_lifetime else None
+        self._baseline = new_digest(self._merged_centroids)
+        self._baseline_out: TDigest | None = None
 
-    def add(self, values_s: np.ndarray) -> None:
-        """Fold latencies (seconds, float64) into the current sub-window."""
-        if values_s.size:
-            self._current.batch_update(values_s)
-            self._window_cache = None
+    def rotate(self, closed: TDigest, num_steps: int, into_baseline: bool) -> None:
+        """Append the sub-window that just closed and slide the window by ``num_steps`` sub-windows.
 
-    def rotate(self, num_steps: int, into_baseline: bool) -> None:
-        """Close the current sub-window and slide the window by ``num_steps`` sub-windows.
-
-        The closed sub-window joins the lifetime digest, and the baseline when
-        ``into_baseline`` (the baseline is being learned). Steps beyond the first are sub-windows in
-        which nothing was folded (the monitor was idle); they enter the ring
-        empty.
+        ``closed`` (owned by the series from now on) joins the lifetime
+        digest, and the baseline when ``into_baseline`` (the baseline is being
+        learned). Steps beyond the first are sub-windows in which nothing was
+        folded (the monitor was idle); they enter the ring empty.
         """
         if num_steps <= 0:
             return
-        closed = self._current
         if not closed.is_empty():
             if self._lifetime_closed is not None:
-                self._lifetime_closed.merge_inplace(closed)
+                self._lifetime_closed = merge_all((self._lifetime_closed, closed), self._merged_centroids)
             if into_baseline:
-                self._baseline.merge_inplace(closed)
+                self._baseline = merge_all((self._baseline, closed), self._merged_centroids)
+                self._baseline_out = None
         self._closed.append(closed)
         for _ in range(min(num_steps - 1, self._closed.maxlen or 0)):
             self._closed.append(new_digest(self._max_centroids))
-        self._current = new_digest(self._max_centroids)
-        self._window_cache = None
+        self._closed_merged = None
 
-    def window(self) -> TDigest:
-        """The sliding window (closed sub-windows + current); cached until the next change."""
-        if self._window_cache is None:
-            self._window_cache = merge_all((*self._closed, self._current), self._max_centroids)
-        return self._window_cache
+    def window(self, current: TDigest) -> TDigest:
+        """The sliding window: the closed sub-windows plus ``current``, as a new digest.
 
-    def lifetime(self) -> TDigest:
-        """Every value ever folded (closed sub-windows + current), as a new digest."""
+        The closed sub-windows are merged once per rotation, not once per read.
+        """
+        if self._closed_merged is None:
+            self._closed_merged = merge_all(self._closed, self._merged_centroids)
+        return merge_all((self._closed_merged, current), self._max_centroids)
+
+    def lifetime(self, current: TDigest) -> TDigest:
+        """Every value ever folded (closed sub-windows plus ``current``), as a new digest."""
         if self._lifetime_closed is None:
             raise ValueError("this series keeps no lifetime digest")
-        return merge_all((self._lifetime_closed, self._current), self._max_centroids)
+        return merge_all((self._lifetime_closed, current), self._max_centroids)
 
     @property
     def baseline(self) -> TDigest:
-        """The reference digest (being learned or frozen); do not mutate."""
-        return self._baseline
+        """The reference digest (being learned or frozen), kept until it changes; do not mutate."""
+        if self._baseline_out is None:
+            self._baseline_out = merge_all((self._baseline,), self._max_centroids)
+        return self._baseline_out
 
     def reset_baseline(self) -> None:
         """Forget the baseline so that it is learned again."""
-        self._baseline = new_digest(self._max_centroids)
+        self._baseline = new_digest(self._merged_centroids)
+        self._baseline_out = None

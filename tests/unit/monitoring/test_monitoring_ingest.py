@@ -8,34 +8,34 @@ import time
 import pytest
 
 from monitoring import InvalidMonitorConfigError, ManualClock, Monitor, MonitorConfig
-from monitoring.ingest import batch_size_bucket, fold_records
-from monitoring.series import SeriesKey
+from monitoring.ingest import CellKey, batch_size_bucket, fold_records
 
 
-def test_records_are_grouped_per_series_and_segment() -> None:
+def test_records_are_grouped_per_cell() -> None:
+    """Each sample lands in exactly one cell: (route, stage, batch-size bucket, cache outcome)."""
     records = [
         ("fusion", {"vision": 2_000_000, "total": 3_000_000}, 8, False),
         ("fusion", {"vision": 4_000_000, "total": 5_000_000}, 8, True),
         ("fusion", {"total": 7_000_000, "vision": 6_000_000}, None, None),  # other key order
+        ("fusion", {"vision": 1_000_000, "total": 1_500_000}, 7, True),  # 7 and 8 share the bucket 5-8
         ("text", {"text": 1_000, "total": 2_000}, 1, None),
     ]
     folded = fold_records(records)
     values = {key: sorted(v.tolist()) for key, v in folded.values_s.items()}
     assert values == {
-        SeriesKey("fusion", "vision"): [0.002, 0.004, 0.006],
-        SeriesKey("fusion", "total"): [0.003, 0.005, 0.007],
-        SeriesKey("fusion", "vision", "batch_size", "5-8"): [0.002, 0.004],
-        SeriesKey("fusion", "total", "batch_size", "5-8"): [0.003, 0.005],
-        SeriesKey("fusion", "vision", "cache", "miss"): [0.002],
-        SeriesKey("fusion", "total", "cache", "miss"): [0.003],
-        SeriesKey("fusion", "vision", "cache", "hit"): [0.004],
-        SeriesKey("fusion", "total", "cache", "hit"): [0.005],
-        SeriesKey("text", "text"): [1e-6],
-        SeriesKey("text", "total"): [2e-6],
-        SeriesKey("text", "text", "batch_size", "1"): [1e-6],
-        SeriesKey("text", "total", "batch_size", "1"): [2e-6],
+        CellKey("fusion", "vision", "5-8", "miss"): [0.002],
+        CellKey("fusion", "total", "5-8", "miss"): [0.003],
+        CellKey("fusion", "vision", "5-8", "hit"): [0.001, 0.004],
+        CellKey("fusion", "total", "5-8", "hit"): [0.0015, 0.005],
+        CellKey("fusion", "vision"): [0.006],
+        CellKey("fusion", "total"): [0.007],
+        CellKey("text", "text", "1"): [1e-6],
+        CellKey("text", "total", "1"): [2e-6],
     }
-    assert folded.num_records == 4 and folded.num_invalid_records == 0
+    assert folded.num_records == 5 and folded.num_invalid_records == 0
+    assert CellKey("fusion", "vision", "5-8", "hit").segments == (("batch_size", "5-8"), ("cache", "hit"))
+    assert CellKey("text", "text", "1").segments == (("batch_size", "1"),)
+    assert CellKey("fusion", "total").segments == ()
 
 
 def test_malformed_records_are_skipped_and_counted() -> None:
@@ -48,7 +48,7 @@ def test_malformed_records_are_skipped_and_counted() -> None:
     ]
     folded = fold_records(records)
     assert folded.num_invalid_records == 3
-    assert sorted(folded.values_s[SeriesKey("text", "total")].tolist()) == [1e-6, 3e-6]
+    assert sorted(folded.values_s[CellKey("text", "total")].tolist()) == [1e-6, 3e-6]
 
 
 @pytest.mark.parametrize(
