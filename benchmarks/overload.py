@@ -13,7 +13,9 @@ Every request of the three open-loop phases carries ``timeout_ms = --deadline-ms
 (replayed from a generated trace, since synthetic load sets no deadline), so
 the server counts it from the request's arrival; the caches are off so every
 request costs compute. While overloaded, a side
-probe checks that refusals are 503 with ``Retry-After``. Verdicts:
+probe checks that refusals of image requests are 503 with ``Retry-After``, and
+reports how text requests sent beside them fare (the text lane has its own
+executor). Verdicts:
 
     admitted   p99 latency of answered (200) requests <= the deadline
     refused    every non-200 answer is 503 (shed at admission) or 504 (deadline passed in the queue)
@@ -24,6 +26,8 @@ probe checks that refusals are 503 with ``Retry-After``. Verdicts:
 from __future__ import annotations
 
 import argparse
+import base64
+import io
 import json
 import random
 import sys
@@ -34,6 +38,8 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import numpy as np
+from PIL import Image
 
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
@@ -61,21 +67,41 @@ RECOVERY_SLACK = 1.5
 RECOVERY_SLACK_MS = 20.0
 
 
-class RefusalProbe:
-    """Sends one request every ``interval_s`` on its own thread; records (status, has Retry-After)."""
+def _probe_image_b64(size_px: int) -> str:
+    """One JPEG of the overloaded kind (the load's image size), noise so it costs a real decode."""
+    pixels = np.random.default_rng(11).integers(0, 256, (size_px, size_px, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return base64.b64encode(buffer.getvalue()).decode()
 
-    def __init__(self, url: str, interval_s: float = 0.25) -> None:
+
+class RefusalProbe:
+    """Every ``interval_s``, on its own thread, an image request and a text request.
+
+    The image requests go where the overload is (the image lanes): their
+    refusals must be 503 with ``Retry-After``. The text requests go to the
+    text lane, which has its own executor: they show whether text is still
+    served while the image lanes shed. Records ``(kind, status, has Retry-After)``.
+    """
+
+    def __init__(self, url: str, image_px: int, interval_s: float = 0.25) -> None:
         self.url = url
         self.interval_s = interval_s
-        self.answers: list[tuple[int, bool]] = []
+        self.answers: list[tuple[str, int, bool]] = []
+        self._image_body = {"image": {"b64": _probe_image_b64(image_px)}, "use_cache": False}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="refusal-probe", daemon=True)
 
     def _run(self) -> None:
         with httpx.Client(base_url=self.url, timeout=30) as client:
             while not self._stop.wait(self.interval_s):
-                response = client.post("/v1/infer", json={"text": f"probe at {time.monotonic():.3f}"})
-                self.answers.append((response.status_code, "retry-after" in response.headers))
+                for kind, body in (("image", self._image_body),
+                                   ("text", {"text": f"probe at {time.monotonic():.3f}"})):
+                    response = client.post("/v1/infer", json=body)
+                    self.answers.append((kind, response.status_code, "retry-after" in response.headers))
+
+    def statuses(self, kind: str) -> Counter:
+        return Counter(status for answer_kind, status, _ in self.answers if answer_kind == kind)
 
     def __enter__(self) -> RefusalProbe:
         self._thread.start()
@@ -136,7 +162,7 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, ph
                                                    (calm_rps, phase_s, 5))]
             baseline = _replay(server.url, traces[0], phase_s)
             warm_rss = rss_bytes(server.pid)
-            with ResourceSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url) as probe:
+            with ResourceSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url, IMAGE_PX) as probe:
                 burst = _replay(server.url, traces[1], overload_s)
             recovery = _replay(server.url, traces[2], phase_s)
 
@@ -146,7 +172,8 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, ph
             _phase_row(f"overload {factor:g}x", factor * saturation_rps, burst, overload_s),
             _phase_row("recovery", calm_rps, recovery, phase_s)]
     refused = [sample for sample in burst if not sample.is_ok]
-    probe_refusals = [has_retry_after for status, has_retry_after in probe.answers if status == 503]
+    probe_refusals = [has_retry_after for kind, status, has_retry_after in probe.answers
+                      if kind == "image" and status == 503]
     max_rss = max(sampler.rss_bytes)
     checks = {
         "admitted p99 within the deadline": latency_ms(burst, 99, from_sent=True) <= deadline_ms,
@@ -164,8 +191,10 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, ph
         _table(rows),
         f"RSS: warmed-up {warm_rss / 1024**2:.1f} MiB, during overload max {max_rss / 1024**2:.1f} MiB "
         f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(sampler.rss_bytes) / 1024**2:.1f} MiB",
-        f"refusal probe during overload: {len(probe.answers)} requests, {len(probe_refusals)} got 503, "
-        f"{sum(probe_refusals)} of them with Retry-After",
+        f"refusal probe during overload: {sum(probe.statuses('image').values())} image requests, "
+        f"{len(probe_refusals)} got 503, {sum(probe_refusals)} of them with Retry-After; "
+        f"{sum(probe.statuses('text').values())} text requests beside them: "
+        + ", ".join(f"{count} x {status}" for status, count in sorted(probe.statuses("text").items())),
         *(f"[{'PASS' if ok else 'FAIL'}] {name}" for name, ok in checks.items()),
     ]
     return "\n".join(lines), all(checks.values())
