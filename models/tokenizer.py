@@ -90,7 +90,9 @@ class TokenizedText:
 class TextTokenizer:
     """Wraps a fast tokenizer with the encoder's ``max_tokens`` limit.
 
-    Called from the server's thread pool, never on the event loop.
+    Called from the server's decode threads, and on the event loop for short
+    text-only inputs (a few hundred characters: cheaper than a hop to the
+    pool); safe from several threads at once.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> None:
