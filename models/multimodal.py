@@ -19,6 +19,7 @@ from torch import nn
 
 from models.config import ModelConfig
 from models.fusion import LowRankCrossAttention
+from models.graphs import TraceOutcome
 from models.text import TextEncoder
 from models.vision import VisionEncoder
 
@@ -89,6 +90,19 @@ class MultimodalModel(nn.Module):
     @property
     def device(self) -> torch.device:
         return next(self.parameters()).device
+
+    def trace_encoders(self) -> list[TraceOutcome]:
+        """Run both encoders as TorchScript graphs where they trace faithfully (``models.graphs``).
+
+        Call it after the model is on its device in its dtype; an encoder
+        already traced is left as it is.
+        """
+        return [encoder.trace_graph() if encoder.graph is None else TraceOutcome(name, encoder.graph)
+                for name, encoder in (("vision", self.vision), ("text", self.text))]
+
+    def drop_encoder_graphs(self) -> None:
+        """Run both encoders eager again (after ``trace_encoders``)."""
+        self.vision.graph = self.text.graph = None
 
     @torch.inference_mode()
     def encode_images(self, images: torch.Tensor) -> list[ImageSegment]:

@@ -4,7 +4,9 @@ Input stays uint8 until it is on the model's device (4x fewer bytes through
 batching and the host-to-device copy than float32); normalisation happens on
 the device in one pass (``kernels.preprocess_uint8``). The encoder returns
 every token (class token + patches) for the cross-modal attention, and the
-pooled embedding the ViT's own head would see.
+pooled embedding the ViT's own head would see. After ``trace_graph`` the ViT
+part runs as a TorchScript graph (``models.graphs``); normalisation stays
+outside it, a Triton kernel on GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from kernels import preprocess_uint8
 from models.config import PreprocessConfig, VisionConfig
+from models.graphs import EncoderGraph, TraceOutcome, trace
 
 
 @dataclass(frozen=True)
@@ -44,11 +47,34 @@ class VisionEncoder(nn.Module):
         self.std = tuple(preprocess.std)
         self.embed_dim: int = self.backbone.num_features
         self.num_tokens: int = self.backbone.patch_embed.num_patches + self.backbone.num_prefix_tokens
+        self.graph: EncoderGraph | None = None  # set by trace_graph
 
     def forward(self, images: torch.Tensor) -> VisionOutput:
         """``images``: (B, S, S, 3) uint8 on the model's device."""
         dtype = self.backbone.patch_embed.proj.weight.dtype
         pixels = preprocess_uint8(images, self.mean, self.std, dtype)  # (B, 3, S, S)
+        tokens, pooled = (self.graph or self.features)(pixels)
+        return VisionOutput(tokens=tokens, pooled=pooled)
+
+    def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager ViT: normalised ``pixels`` (B, 3, S, S) -> every token and the pooled embedding."""
         tokens = self.backbone.forward_features(pixels)  # (B, Lv, d_v)
         pooled = self.backbone.forward_head(tokens, pre_logits=True)  # (B, d_v)
-        return VisionOutput(tokens=tokens, pooled=pooled)
+        return tokens, pooled
+
+    def trace_graph(self) -> TraceOutcome:
+        """Run ``features`` as a TorchScript graph from now on, if its trace matches eager.
+
+        Call it once the model is on its device in its dtype: the graph is
+        traced there, on a batch of 2, and checked on batches of 1 and 3.
+        """
+        weight = self.backbone.patch_embed.proj.weight
+        generator = torch.Generator().manual_seed(0)
+
+        def pixels(batch_size: int) -> tuple[torch.Tensor]:
+            shape = (batch_size, 3, self.input_size, self.input_size)
+            return (torch.rand(shape, generator=generator).mul(2).sub(1).to(weight.device, weight.dtype),)
+
+        outcome = trace("vision", self, self.features, pixels(2), [pixels(1), pixels(3)], weight.dtype)
+        self.graph = outcome.graph
+        return outcome

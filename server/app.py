@@ -34,7 +34,7 @@ from server.decode_pool import BoundedDecodePool
 from server.errors import ApiError
 from server.garbage_collection import freeze_start_up_objects
 from server.middleware import add_request_guards
-from server.model_loading import load_model
+from server.model_loading import load_model, trace_encoders
 from server.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.ops_port import serve_ops_port
 from server.routes import admin, health, infer, monitoring, openai, v2
@@ -89,6 +89,10 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = bundle if bundle is not None else await asyncio.to_thread(load_model, settings)
+        if settings.torchscript_encoders:
+            await asyncio.to_thread(trace_encoders, model)
+        else:  # a bundle shared between apps may have been traced by another
+            model.model.drop_encoder_graphs()
         faults = FaultInjector() if settings.enable_fault_injection else None
         cache = SegmentCache(
             settings.cache_image_bytes, settings.cache_text_bytes,

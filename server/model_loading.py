@@ -35,3 +35,12 @@ def load_model(settings: Settings) -> ModelBundle:
         )
     logger.info("model %s on %s, fingerprint %s", bundle.config.name, device, bundle.fingerprint)
     return bundle
+
+
+def trace_encoders(bundle: ModelBundle) -> None:
+    """Swap in the encoders' TorchScript graphs (``models.graphs``); an encoder that won't trace stays eager."""
+    for outcome in bundle.model.trace_encoders():
+        if outcome.is_traced:
+            logger.info("the %s encoder runs as a TorchScript graph", outcome.encoder)
+        else:
+            logger.warning("the %s encoder runs eager: %s", outcome.encoder, outcome.reason)

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(30.0, ge=0, description="On SIGTERM, how long queued work may take to finish.")
     separate_text_executor: bool = Field(
         True, description="Run the text lane on its own compute thread (and CUDA stream), beside vision and fusion.")
+    torchscript_encoders: bool = Field(
+        True, description="Run the vision and text encoders as TorchScript graphs (checked against eager at "
+        "start-up), so a forward takes the GIL once, not once per operator; false: eager PyTorch.")
     image_work_nice: int = Field(
         10, ge=0, le=19, description="CPU nice added to the threads doing image work (the vision/fusion compute "
         "thread, the decode pool), so text and request handling go first while both have work (Linux; 0: off).")

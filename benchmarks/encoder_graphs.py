@@ -1,0 +1,139 @@
+"""Eager encoders against their TorchScript graphs, alone and beside a busy Python thread.
+
+In the server the compute thread shares the GIL with the event loop and the
+decode threads. Eager PyTorch gives the GIL back around every operator and
+takes it again after; a TorchScript graph (``models.graphs``) takes it once
+per forward. This script times one batch of each encoder both ways, on an
+idle interpreter and while another thread runs pure Python (a stand-in for
+request handling), and prints the ratios. Eager and traced calls alternate
+within each repeat, so drift in the machine's speed hits both alike; times
+are medians.
+
+    python -m benchmarks.encoder_graphs --presets tiny vit-b16
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from models.repository import build_preset
+
+BATCH_SIZE = 8
+TEXT_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class Timing:
+    preset: str
+    encoder: str
+    background: str  # "idle" | "busy Python thread"
+    eager_ms: float
+    traced_ms: float
+
+    @property
+    def speedup(self) -> float:
+        return self.eager_ms / self.traced_ms
+
+
+@contextmanager
+def busy_python_thread() -> Iterator[None]:
+    """A thread looping in pure Python for the block's duration (it holds the GIL whenever it can)."""
+    stop = threading.Event()
+
+    def spin() -> None:
+        total = 0
+        while not stop.is_set():
+            for i in range(1000):
+                total += i
+
+    thread = threading.Thread(target=spin, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _median_ms(samples_ns: list[int]) -> float:
+    return statistics.median(samples_ns) / 1e6
+
+
+def time_alternating(eager: Callable[[], object], traced: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median ms of ``eager`` and ``traced``, called in turn ``repeats`` times each after one warm call."""
+    eager(), traced()
+    eager_ns, traced_ns = [], []
+    for _ in range(repeats):
+        for call, samples in ((eager, eager_ns), (traced, traced_ns)):
+            started = time.perf_counter_ns()
+            call()
+            samples.append(time.perf_counter_ns() - started)
+    return _median_ms(eager_ns), _median_ms(traced_ns)
+
+
+def measure(preset: str, repeats: int) -> list[Timing]:
+    model = build_preset(preset, seed=0).model
+    size = model.vision.input_size
+    images = torch.randint(0, 256, (BATCH_SIZE, size, size, 3), dtype=torch.uint8)
+    token_ids = [list(range(3, 3 + TEXT_TOKENS - (row % 5))) for row in range(BATCH_SIZE)]
+    eager = {"vision": lambda: model.encode_images(images),
+             "text": lambda: model.encode_texts(token_ids, pad_to=TEXT_TOKENS)}
+    outcomes = {outcome.encoder: outcome for outcome in model.trace_encoders()}
+    for outcome in outcomes.values():
+        if not outcome.is_traced:
+            raise SystemExit(f"{preset}: the {outcome.encoder} encoder did not trace: {outcome.reason}")
+    graphs = {name: outcome.graph for name, outcome in outcomes.items()}
+    model.drop_encoder_graphs()
+
+    def traced(name: str) -> Callable[[], object]:
+        def call() -> object:
+            model.vision.graph, model.text.graph = graphs["vision"], graphs["text"]
+            try:
+                return eager[name]()
+            finally:
+                model.drop_encoder_graphs()
+        return call
+
+    timings = []
+    for name in ("vision", "text"):
+        eager_ms, traced_ms = time_alternating(eager[name], traced(name), repeats)
+        timings.append(Timing(preset, name, "idle", eager_ms, traced_ms))
+        with busy_python_thread():
+            eager_ms, traced_ms = time_alternating(eager[name], traced(name), repeats)
+        timings.append(Timing(preset, name, "busy Python thread", eager_ms, traced_ms))
+    return timings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"])
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed calls per variant (default: 50 for tiny, 5 otherwise)")
+    args = parser.parse_args(argv)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"encoder graphs, {now}, {platform.machine()} {platform.processor() or ''}, "
+          f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}")
+    print(f"one batch of {BATCH_SIZE} (text: {TEXT_TOKENS}-token bucket), float32, CPU; medians, eager and traced "
+          "alternating")
+    header = f"{'preset':>8} {'encoder':>7} {'beside':>19} {'eager_ms':>9} {'traced_ms':>9} {'eager/traced':>12}"
+    print(header)
+    for preset in args.presets:
+        repeats = args.repeats or (50 if preset == "tiny" else 5)
+        for t in measure(preset, repeats):
+            print(f"{t.preset:>8} {t.encoder:>7} {t.background:>19} {t.eager_ms:9.2f} {t.traced_ms:9.2f} "
+                  f"{t.speedup:12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
