@@ -9,7 +9,11 @@ request handling), and prints the ratios. Eager and traced calls alternate
 within each repeat, so drift in the machine's speed hits both alike; times
 are medians.
 
-    python -m benchmarks.encoder_graphs --presets tiny vit-b16
+How much the busy thread slows eager compute depends on the intra-op
+thread count (``--threads``): with one torch thread every operator waits for
+the GIL behind the busy thread, with two the waits mostly overlap.
+
+    python -m benchmarks.encoder_graphs --presets tiny vit-b16 [--threads 1]
 """
 
 from __future__ import annotations
@@ -119,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"])
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed calls per variant (default: 50 for tiny, 5 otherwise)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     print(f"encoder graphs, {now}, {platform.machine()} {platform.processor() or ''}, "
           f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}")
