@@ -46,7 +46,8 @@ class ServingMetrics:
         )
         self.batch_size = Histogram(
             "mmserve_batch_size",
-            "Number of real (unpadded) requests in each executed batch.",
+            "Number of real (unpadded) requests in each executed batch, counted under the lane that led it "
+            "(an image batch may also hold the other image lane's requests).",
             ("lane",),
             buckets=BATCH_SIZE_BUCKETS,
             registry=registry,

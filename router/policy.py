@@ -24,7 +24,14 @@ Among closed lanes the one whose head is most urgent runs, except that a
 lane never runs twice in a row while another lane has a closed batch: with
 equal timeouts, EDF alone is FIFO across lanes, and a text request would
 wait behind every queued vision batch. With the rule it waits for at most
-one batch of another lane (the isolation the lanes exist for). Requests whose
+one batch of another lane (the isolation the lanes exist for).
+
+The two image lanes share their batches: a vision or fusion batch with room
+left takes the most urgent requests of the other image lane (when both lanes
+warm the same batch shapes). Every request in it needs the vision encoder, so
+one encoder pass serves both lanes, as a single mixed queue would, instead of
+two part-filled batches in turn, each waiting for the other's; text encoding
+and fusion then run for the fusion rows only. Requests whose
 deadline has passed are taken out (to be answered 504) and cancelled ones are
 dropped, so neither ever holds a batch slot. Text batches group requests of
 the same length bucket (then shorter ones), so a batch pads to its bucket,
@@ -88,6 +95,33 @@ def _take_out_dead(lane: Lane, now_ns: int, expired: list[Pending]) -> None:
     lane.queue[:] = alive
 
 
+_IMAGE_ROUTES = frozenset({Route.VISION, Route.FUSION})
+
+
+def _take(lane: Lane, batch: Sequence[Pending]) -> None:
+    chosen = set(map(id, batch))
+    lane.queue[:] = [p for p in lane.queue if id(p) not in chosen]
+
+
+def _image_companions(lane: Lane, lanes: Sequence[Lane], room: int) -> list[Pending]:
+    """Up to ``room`` of the most urgent requests of the other image lanes, taken out of their queues.
+
+    Only for an image lane, and only from image lanes that warm the same
+    batch shapes (the mixed batch runs at the leading lane's shapes).
+    """
+    if room <= 0 or lane.route not in _IMAGE_ROUTES:
+        return []
+    companions: list[Pending] = []
+    for other in lanes:
+        if (other is lane or other.route not in _IMAGE_ROUTES or not other.queue
+                or other.settings.warm_batch_sizes != lane.settings.warm_batch_sizes):
+            continue
+        taken = sorted(other.queue, key=_service_order)[: room - len(companions)]
+        _take(other, taken)
+        companions += taken
+    return companions
+
+
 def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
            last_route: Route | None = None) -> Decision:
     """The next batch; ``last_route`` is the lane that ran the previous one."""
@@ -113,8 +147,8 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
     if ready:
         others = [entry for entry in ready if entry[1].route != last_route]
         _, lane, batch = min(others or ready, key=lambda entry: entry[0])
-        chosen = set(map(id, batch))
-        lane.queue[:] = [p for p in lane.queue if id(p) not in chosen]
+        _take(lane, batch)
+        batch = batch + _image_companions(lane, lanes, lane.settings.max_batch_size - len(batch))
         return Decision(lane=lane, batch=batch, expired=expired)
     wait_ns = None if earliest_close_ns is None else max(0, earliest_close_ns - now_ns)
     return Decision(lane=None, expired=expired, wait_ns=wait_ns)

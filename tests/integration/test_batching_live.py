@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 
 import httpx
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -184,3 +186,24 @@ def test_the_default_deadline_counts_from_arrival_not_from_the_queue(live_server
         client.delete("/v1/admin/faults")
         assert client.post("/v1/infer", json={"text": "fast again"}).status_code == 200
         assert computed_items(server) == before + 1
+
+
+def test_vision_and_fusion_requests_share_one_image_batch_and_keep_their_answers(live_server_factory):
+    """Queued together, 3 vision and 3 fusion requests run one encoder pass; each answer equals its solo answer."""
+    images = [{"uint8": {"shape": [8, 8, 3], "b64": base64.b64encode(bytes([(17 * i + j) % 256 for j in range(192)])).decode()}}
+              for i in range(6)]
+    bodies = ([{"image": images[i]} for i in range(3)]
+              + [{"image": images[i], "text": f"what is in picture {i}"} for i in range(3, 6)])
+    with live_server_factory(max_queue_delay_ms=400, cache_image_bytes=0, cache_text_bytes=0) as server, \
+            server.client() as client:
+        together = asyncio.run(post_many(server.url, bodies))
+        image_batches = metric_samples(client, "mmserve_batch_size_count")
+        solo = [client.post("/v1/infer", json=body) for body in bodies]
+    assert [r.status_code for r in together] == [200] * 6, [r.text for r in together]
+    assert [r.json()["route"] for r in together] == ["vision"] * 3 + ["fusion"] * 3
+    assert image_batches.get((("lane", "vision"),), 0) + image_batches.get((("lane", "fusion"),), 0) == 1
+    for mixed, alone in zip(together, solo, strict=True):
+        for key in ("image_embedding", "text_embedding", "fused_embedding", "score"):
+            assert (mixed.json().get(key) is None) == (alone.json().get(key) is None)
+            if alone.json().get(key) is not None:
+                np.testing.assert_allclose(mixed.json()[key], alone.json()[key], rtol=0, atol=1e-5)

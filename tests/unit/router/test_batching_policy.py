@@ -194,3 +194,37 @@ def test_a_lane_never_runs_twice_in_a_row_while_another_is_ready():
         order.append(names(decision.batch)[0])
         last = decision.lane.route
     assert order == ["v0", "text", "v1", "v2"]
+
+
+def test_an_image_batch_with_room_takes_the_other_image_lanes_most_urgent_requests():
+    """One vision-encoder pass for both image lanes, as one mixed queue would run, not two part-filled batches."""
+    vision, fusion, text = lane(Route.VISION), lane(Route.FUSION), lane(Route.TEXT)
+    vision.queue.extend([pending(0, deadline_ms=100, text=False, name="v0"),
+                         pending(1, deadline_ms=101, text=False, name="v1")])
+    fusion.queue.extend([pending(2, deadline_ms=300, name="f-late"), pending(3, deadline_ms=200, name="f-soon"),
+                         pending(4, deadline_ms=400, name="f-last")])
+    text.queue.append(pending(0, deadline_ms=50, name="t0"))
+    decision = decide([text, vision, fusion], 10 * MS, no_estimate, last_route=Route.TEXT)
+    assert decision.lane is vision
+    assert names(decision.batch) == ["v0", "v1", "f-soon", "f-late"]  # the cap is 4
+    assert names(fusion.queue) == ["f-last"]
+    assert names(text.queue) == ["t0"]  # text never joins an image batch
+
+
+def test_a_text_batch_takes_no_companions_and_a_full_image_batch_takes_none():
+    vision, fusion, text = lane(Route.VISION, max_batch_size=2), lane(Route.FUSION, max_batch_size=2), lane()
+    vision.queue.extend(pending(i, text=False, name=f"v{i}") for i in range(2))
+    fusion.queue.append(pending(0, name="f0"))
+    text.queue.append(pending(0, deadline_ms=50, name="t0"))
+    first = decide([text, vision, fusion], 10 * MS, no_estimate)
+    assert first.lane is text and names(first.batch) == ["t0"]
+    second = decide([text, vision, fusion], 10 * MS, no_estimate, last_route=Route.TEXT)
+    assert second.lane is vision and names(second.batch) == ["v0", "v1"] and names(fusion.queue) == ["f0"]
+
+
+def test_image_lanes_warming_different_shapes_do_not_share_batches():
+    vision, fusion = lane(Route.VISION, max_batch_size=4), lane(Route.FUSION, max_batch_size=8)
+    vision.queue.append(pending(0, text=False, name="v0"))
+    fusion.queue.append(pending(0, deadline_ms=20_000, name="f0"))
+    decision = decide([vision, fusion], 10 * MS, no_estimate)
+    assert decision.lane is vision and names(decision.batch) == ["v0"] and names(fusion.queue) == ["f0"]
