@@ -6,6 +6,10 @@ worker, with its ZeroMQ transport on (``fast_queue``, which its documentation
 recommends above 100 requests/s and which served the tiny preset faster
 here); mmserve runs as
 ``mmserve serve`` with its segment cache off, so both compute every request.
+Both run the encoders as TorchScript graphs (mmserve's default; the LitServe
+app traces them in ``setup``), so the two servers run the same compute path
+and the comparison is of the serving around it. ``--litserve-eager`` gives
+LitServe the eager modules instead, as its documentation writes a model.
 Both servers run at once, each in its own process group, and the one not
 being measured is paused (SIGSTOP): an idle LitServe polls its queue every
 millisecond and would otherwise take CPU from mmserve's runs.
@@ -182,13 +186,13 @@ def _log(message: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def measure_preset(plan: PresetPlan, device: str) -> dict[str, ServerRuns]:
+def measure_preset(plan: PresetPlan, device: str, is_traced: bool) -> dict[str, ServerRuns]:
     """Saturation, then the fixed open-loop rate, alternating the two servers A-B-B-A."""
     settings = {**CACHE_OFF, "MAX_BATCH_SIZE": str(BATCH_CAP), "MAX_QUEUE_DELAY_MS": str(QUEUE_DELAY_MS)}
     commands = {
         MMSERVE: mmserve_command(plan.preset, settings, device=device),
         LITSERVE: litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=QUEUE_DELAY_MS,
-                                   device=device, is_fast_queue=True),
+                                   device=device, is_fast_queue=True, is_traced=is_traced),
     }
     runs = {LITSERVE: ServerRuns(), MMSERVE: ServerRuns()}
     # Started one after the other so neither start-up competes with the other's.
@@ -340,14 +344,14 @@ async def _litserve_batches(url: str, bodies: Sequence[bytes]) -> ProbeResult:
     return ProbeResult(tuple(r.status_code for r in responses), text)
 
 
-def run_bad_item_probe(device: str) -> str:
+def run_bad_item_probe(device: str, is_traced: bool) -> str:
     bodies = probe_bodies(PROBE_SIZE, PROBE_BAD_INDEX)
     settings = {**CACHE_OFF, "MAX_BATCH_SIZE": str(PROBE_SIZE), "MAX_QUEUE_DELAY_MS": str(PROBE_QUEUE_DELAY_MS)}
     results: dict[str, ProbeResult] = {}
     commands: dict[str, ServerCommand] = {
         MMSERVE: mmserve_command("tiny", settings, device=device),
         LITSERVE: litserve_command("tiny", max_batch_size=PROBE_SIZE, max_queue_delay_ms=PROBE_QUEUE_DELAY_MS,
-                                   device=device, is_fast_queue=True),
+                                   device=device, is_fast_queue=True, is_traced=is_traced),
     }
     with running(commands[MMSERVE]) as server:
         results[MMSERVE] = asyncio.run(_mmserve_batches(server.url, bodies))
@@ -385,11 +389,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="seconds per run, overriding each preset's plan")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-probe", action="store_true", help="skip the bad-item batch")
+    parser.add_argument("--litserve-eager", action="store_true",
+                        help="LitServe runs the eager encoders (default: TorchScript graphs, as mmserve)")
     args = parser.parse_args(argv)
 
     print(f"mmserve vs LitServe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine_line()}")
     print(f"device {args.device}, float32, batch cap {BATCH_CAP}, batch delay {QUEUE_DELAY_MS:g} ms on both; "
-          "mmserve segment cache off; LitServe 1 worker with fast_queue; the idle server is paused during the "
+          "mmserve segment cache off; LitServe 1 worker with fast_queue; encoders "
+          f"{'eager on LitServe, TorchScript on mmserve' if args.litserve_eager else 'as TorchScript graphs on both'}; "
+          "the idle server is paused during the "
           "other's runs; workload: generator defaults (mix text:0.2,vision:0.3,fusion:0.5, 100 JPEGs 224x224) "
           "with texts of 16-60 chars", flush=True)
     tables = []
@@ -399,11 +407,11 @@ def main(argv: list[str] | None = None) -> int:
             plan = dataclasses.replace(plan, seconds=args.seconds)
         if args.rounds is not None:
             plan = dataclasses.replace(plan, num_rounds=args.rounds)
-        runs = measure_preset(plan, args.device)
+        runs = measure_preset(plan, args.device, is_traced=not args.litserve_eager)
         tables.append(format_preset_table(plan, runs))
         print(tables[-1], flush=True)
     if not args.no_probe:
-        tables.append(run_bad_item_probe(args.device))
+        tables.append(run_bad_item_probe(args.device, is_traced=not args.litserve_eager))
         print(tables[-1], flush=True)
     return 0
 

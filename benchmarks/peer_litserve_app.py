@@ -94,8 +94,9 @@ class MultimodalLitAPI(ls.LitAPI):
     """The multimodal model behind LitServe's batching loop (one inference worker)."""
 
     def __init__(self, preset: str, seed: int, settings: Settings, *, max_batch_size: int,
-                 batch_timeout_s: float, api_path: str = INFER_PATH) -> None:
+                 batch_timeout_s: float, api_path: str = INFER_PATH, is_traced: bool = False) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s, api_path=api_path)
+        self._is_traced = is_traced
         self._preset = preset
         self._seed = seed
         self._settings = settings
@@ -109,6 +110,10 @@ class MultimodalLitAPI(ls.LitAPI):
 
     def setup(self, device: str) -> None:
         self._bundle = build_preset(self._preset, seed=self._seed, device=device)
+        if self._is_traced:  # the encoders as TorchScript graphs, as mmserve serve runs them by default
+            for outcome in self._bundle.model.trace_encoders():
+                if not outcome.is_traced:
+                    raise RuntimeError(f"the {outcome.encoder} encoder did not trace: {outcome.reason}")
 
     # -- one request in ---------------------------------------------------------
 
@@ -234,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default: MMSERVE_MAX_BATCH_SIZE, as mmserve reads it")
     parser.add_argument("--max-queue-delay-ms", type=float, metavar="MS",
                         help="LitServe's batch_timeout; default: MMSERVE_MAX_QUEUE_DELAY_MS")
+    parser.add_argument("--torchscript-encoders", action="store_true",
+                        help="run the encoders as TorchScript graphs (mmserve's default); default: eager")
     parser.add_argument("--fast-queue", action="store_true",
                         help="LitServe's ZeroMQ transport, documented for more than 100 requests/s")
     parser.add_argument("--log-level", default="warning", choices=("critical", "error", "warning", "info", "debug"))
@@ -246,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     max_batch_size = args.max_batch_size if args.max_batch_size is not None else settings.max_batch_size
     delay_ms = args.max_queue_delay_ms if args.max_queue_delay_ms is not None else settings.max_queue_delay_ms
     api = MultimodalLitAPI(args.preset, args.seed, settings, max_batch_size=max_batch_size,
-                           batch_timeout_s=delay_ms / 1000.0)
+                           batch_timeout_s=delay_ms / 1000.0, is_traced=args.torchscript_encoders)
     server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=1,
                           timeout=settings.default_timeout_ms / 1000.0, fast_queue=args.fast_queue)
     server.run(host=args.host, port=args.port, log_level=args.log_level, generate_client_file=False)

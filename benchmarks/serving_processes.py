@@ -66,10 +66,11 @@ def mmserve_command(preset: str, settings: Mapping[str, str], *, device: str = "
 
 
 def litserve_command(preset: str, *, max_batch_size: int, max_queue_delay_ms: float, device: str = "cpu",
-                     is_fast_queue: bool = False, port: int | None = None) -> ServerCommand:
+                     is_fast_queue: bool = False, is_traced: bool = False, port: int | None = None) -> ServerCommand:
     """The same preset under LitServe (``benchmarks.peer_litserve_app``), same batch cap and delay.
 
-    ``is_fast_queue`` turns on LitServe's ZeroMQ transport (``fast_queue``).
+    ``is_fast_queue`` turns on LitServe's ZeroMQ transport (``fast_queue``);
+    ``is_traced`` runs the encoders as TorchScript graphs, as mmserve does by default.
     """
     port = free_port() if port is None else port
     argv = (sys.executable, "-m", "benchmarks.peer_litserve_app", "--preset", preset, "--port", str(port),
@@ -77,6 +78,8 @@ def litserve_command(preset: str, *, max_batch_size: int, max_queue_delay_ms: fl
             "--max-queue-delay-ms", repr(max_queue_delay_ms))
     if is_fast_queue:
         argv += ("--fast-queue",)
+    if is_traced:
+        argv += ("--torchscript-encoders",)
     return ServerCommand("litserve", argv, port, "/health")
 
 
