@@ -8,7 +8,7 @@ speed drifts, so ratios, not absolute times, are the result):
    the same model with the same batch cap and dtype in this process
    (measured before and after the served run; the mean is used). The same
    closed loop against the same model served by LitServe (same batch cap and
-   delay, ``benchmarks.peer_litserve_app``) gives the peer's served / raw on
+   delay, the same TorchScript encoders, ``benchmarks.peer_litserve_app``) gives the peer's served / raw on
    the same machine in the same run: the yardstick for "overhead".
 2. batching gain: served saturation throughput with ``max_batch_size`` 8 vs 1.
 3. isolation: text-lane p99 under an open-loop text load while a closed
@@ -130,7 +130,7 @@ def measure(plan: PresetPlan) -> dict[str, float]:
         url = server.url
         row["served_batch1_rps"] = asyncio.run(served_throughput(url, plan, image_px))
     peer = litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=BATCH_DELAY_MS,
-                            is_fast_queue=True)
+                            is_fast_queue=True, is_traced=True)
     with running(peer) as server:
         row["litserve_rps"] = asyncio.run(served_throughput(server.url, plan, image_px))
     return row
