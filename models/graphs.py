@@ -2,10 +2,11 @@
 
 Eager PyTorch gives the GIL back around every operator and must take it again
 after. In the server the event loop and the decode threads hold it in
-between, so an eager forward waits for the GIL once per operator: a
-tiny-preset vision batch of 8 took 0.7 ms traced and 1.4 ms eager on an idle
-CPU, but 7 ms traced and 200 ms eager beside one busy Python thread. A traced
-module runs its whole graph in C++ after a single release.
+between, so an eager forward waits for the GIL once per operator: with one
+torch thread, a tiny-preset vision batch of 8 took 0.9 ms traced and 1.1 ms
+eager on an idle interpreter, but 53 ms traced and 204 ms eager beside one
+busy Python thread (``benchmarks/encoder_graphs.py``). A traced module runs
+its whole graph in C++ after a single release.
 
 A trace is kept only if it agrees with the eager module on probe inputs that
 differ from the traced example (other batch sizes; texts with and without
@@ -25,15 +26,12 @@ program runs operator by operator from Python again.
 
 from __future__ import annotations
 
-import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-logger = logging.getLogger(__name__)
 
 Tensors = tuple[torch.Tensor, ...]
 
