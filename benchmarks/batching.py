@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.encoder_tracing import trace_all_encoders
 from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
@@ -60,7 +61,7 @@ def raw_throughput(preset: str, seconds: float) -> float:
     default, so served / raw compares the server with the same compute path.
     """
     bundle = build_preset(preset, seed=0)
-    bundle.model.trace_encoders()
+    trace_all_encoders(bundle.model)
     size = bundle.config.preprocess.input_size
     images = torch.randint(0, 256, (BATCH_CAP, size, size, 3), dtype=torch.uint8)
     token_ids = [bundle.tokenizer.encode("a photo of a small red boat " + str(i), truncate=True).token_ids

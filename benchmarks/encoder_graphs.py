@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from benchmarks.encoder_tracing import trace_all_encoders
 from models.repository import build_preset
 
 BATCH_SIZE = 8
@@ -92,16 +93,14 @@ def measure(preset: str, repeats: int) -> list[Timing]:
     token_ids = [list(range(3, 3 + TEXT_TOKENS - (row % 5))) for row in range(BATCH_SIZE)]
     eager = {"vision": lambda: model.encode_images(images),
              "text": lambda: model.encode_texts(token_ids, pad_to=TEXT_TOKENS)}
-    outcomes = {outcome.encoder: outcome for outcome in model.trace_encoders()}
-    for outcome in outcomes.values():
-        if not outcome.is_traced:
-            raise SystemExit(f"{preset}: the {outcome.encoder} encoder did not trace: {outcome.reason}")
-    graphs = {name: outcome.graph for name, outcome in outcomes.items()}
+    trace_all_encoders(model)
+    graphs = (model.vision.graph, model.text.graph)
     model.drop_encoder_graphs()
 
     def traced(name: str) -> Callable[[], object]:
+        """``eager[name]`` with the graphs swapped in for the call (the eager variant runs without them)."""
         def call() -> object:
-            model.vision.graph, model.text.graph = graphs["vision"], graphs["text"]
+            model.vision.graph, model.text.graph = graphs
             try:
                 return eager[name]()
             finally:

@@ -40,6 +40,7 @@ import torch
 from fastapi import HTTPException
 from pydantic import ValidationError
 
+from benchmarks.encoder_tracing import trace_all_encoders
 from models.errors import TextTooLongError
 from models.multimodal import ImageSegment, TextSegment
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
@@ -111,9 +112,7 @@ class MultimodalLitAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         self._bundle = build_preset(self._preset, seed=self._seed, device=device)
         if self._is_traced:  # the encoders as TorchScript graphs, as mmserve serve runs them by default
-            for outcome in self._bundle.model.trace_encoders():
-                if not outcome.is_traced:
-                    raise RuntimeError(f"the {outcome.encoder} encoder did not trace: {outcome.reason}")
+            trace_all_encoders(self._bundle.model)
 
     # -- one request in ---------------------------------------------------------
 
