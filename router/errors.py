@@ -42,3 +42,18 @@ class ItemFailedError(RouterError):
 
 class ComputeUnavailableError(RouterError):
     """The compute thread is not running (died or never started)."""
+
+
+class IntakeItemError(RouterError):
+    """One item of a many-item intake call was refused or failed; ``error`` says why.
+
+    The whole call fails with it (a protocol answers a request as a unit), and
+    ``item_index`` names the item so the answer can point at it. ``error`` is
+    whatever the item raised: the decoder's own error, a model's
+    ``TextTooLongError`` or one of this module's.
+    """
+
+    def __init__(self, item_index: int, error: Exception) -> None:
+        super().__init__(f"item {item_index}: {error}")
+        self.item_index = item_index
+        self.error = error

@@ -238,47 +238,44 @@ class Router:
                       use_cache: bool = True) -> SegmentPlan:
         """What the cache already knows of a request, before its image is decoded.
 
-        Thread-safe. The caller must pass the plan to ``submit``, or call
-        ``plan.abandon()`` if the request ends before that.
+        Thread-safe. The caller owns the plan's claims: ``router.intake``
+        submits it and settles it whatever happens.
         """
         return self.segments.plan(image, token_ids, use_cache)
 
     async def submit(self, request: InferenceRequest, plan: SegmentPlan | None = None) -> InferenceResult:
         """Queue ``request`` and await its result; raises the router's typed errors.
 
-        With a ``plan``, segments it found are used instead of computing them
-        and segments this request computes are published to the cache.
+        With a ``plan``, the segments this request computes are published to
+        the cache (or its claims failed with the model's error) before the
+        answer comes back. A plan whose request never reaches the model is
+        the caller's to settle; ``router.intake`` does.
         """
+        if self._is_draining:
+            raise ShuttingDownError("the server is shutting down")
+        fault = self.check_compute()
+        if fault is not None:
+            raise ComputeUnavailableError(fault.message)
+        lane = self.lanes[request.lane]
+        executor = self._executor_of[lane.route]
+        if not executor.worker.is_alive():
+            raise ComputeUnavailableError(f"the {executor.plan.name} compute thread is not running")
+        pending = self._pending(request, lane, asyncio.get_running_loop())
+        pending.plan = plan
+        if pending.request.deadline_ns <= pending.enqueued_ns:
+            raise DeadlineExceededError("the deadline passed before the request reached the queue")
+        refusal = executor.scheduler.admit(lane, pending)
+        if refusal is not None:
+            if self.metrics is not None:
+                self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
+            raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
+        self._num_in_flight += 1
+        self._waiting.add(pending)
         try:
-            if self._is_draining:
-                raise ShuttingDownError("the server is shutting down")
-            fault = self.check_compute()
-            if fault is not None:
-                raise ComputeUnavailableError(fault.message)
-            lane = self.lanes[request.lane]
-            executor = self._executor_of[lane.route]
-            if not executor.worker.is_alive():
-                raise ComputeUnavailableError(f"the {executor.plan.name} compute thread is not running")
-            pending = self._pending(request, lane, asyncio.get_running_loop())
-            pending.plan = plan
-            if pending.request.deadline_ns <= pending.enqueued_ns:
-                raise DeadlineExceededError("the deadline passed before the request reached the queue")
-            refusal = executor.scheduler.admit(lane, pending)
-            if refusal is not None:
-                if self.metrics is not None:
-                    self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
-                raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
-            self._num_in_flight += 1
-            self._waiting.add(pending)
-            try:
-                return await pending.future
-            finally:
-                self._num_in_flight -= 1
-                self._waiting.discard(pending)
-        except BaseException:
-            if plan is not None:
-                plan.abandon()  # a no-op for claims already published or failed
-            raise
+            return await pending.future
+        finally:
+            self._num_in_flight -= 1
+            self._waiting.discard(pending)
 
     def _on_batch(self, runner: BatchRunner, lane: Lane, batch: Sequence[Pending],
                   outcomes: Sequence[Outcome]) -> None:

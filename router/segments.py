@@ -16,13 +16,16 @@ the resulting ``SegmentPlan`` is one of:
 
 A plan must end in exactly one of ``publish`` (after compute), ``fail`` (the
 computation raised) or ``abandon`` (the request never reached the model), so
-waiters never hang. Keys carry the model fingerprint: a new model never sees
-an old entry.
+waiters never hang; ``router.intake`` is the one caller that makes sure of it.
+A plan never changes once made: ``resolved`` answers a new plan with the
+coalesced values in hand (and a fresh claim where an owner gave up). Keys
+carry the model fingerprint: a new model never sees an old entry.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -55,7 +58,7 @@ class SlotStatus(str, Enum):
     BYPASS = "bypass"
 
 
-@dataclass
+@dataclass(frozen=True)
 class SegmentSlot(Generic[Segment]):
     """One segment of one request and how it will be obtained."""
 
@@ -69,6 +72,11 @@ class SegmentSlot(Generic[Segment]):
     def needs_compute(self) -> bool:
         return self.value is None and self.status in (SlotStatus.MISS, SlotStatus.BYPASS)
 
+    @property
+    def is_settled(self) -> bool:
+        """No claim of this slot is left for anyone to resolve."""
+        return self.claim is None or self.claim.is_resolved
+
 
 @dataclass(frozen=True)
 class ImageContent:
@@ -79,36 +87,60 @@ class ImageContent:
     shape: tuple[int, ...] | None = None
 
 
+@dataclass(frozen=True)
 class SegmentPlan:
-    """The two slots of a request and the duty to resolve their claims."""
+    """The two slots of a request and the duty to resolve their claims.
 
-    def __init__(self, image: SegmentSlot | None, text: SegmentSlot | None,
-                 lookup: Callable[[SegmentKey, bool], SegmentSlot], use_cache: bool) -> None:
-        self.image = image
-        self.text = text
-        self._lookup = lookup
-        self._use_cache = use_cache
+    Immutable: ``resolved`` answers a new plan rather than filling this one in,
+    so whoever holds a plan sees what was known when it was made.
+    """
+
+    image: SegmentSlot | None
+    text: SegmentSlot | None
+    lookup: Callable[[SegmentKey, bool], SegmentSlot] = dataclasses.field(repr=False)
+    use_cache: bool = True
 
     @property
     def needs_image_pixels(self) -> bool:
         return self.image is not None and self.image.needs_compute
+
+    @property
+    def is_settled(self) -> bool:
+        """Every claim this plan holds is resolved (published, failed or abandoned)."""
+        return all(slot.is_settled for slot in (self.image, self.text) if slot is not None)
 
     def statuses(self) -> dict[str, str]:
         """What the response's ``cache`` field says, per segment."""
         return {name: slot.status.value for name, slot in (("image", self.image), ("text", self.text))
                 if slot is not None}
 
-    async def await_coalesced(self) -> None:
-        """Wait for segments other requests are computing; retake a claim that was abandoned."""
-        for name in ("image", "text"):
-            slot = getattr(self, name)
-            while slot is not None and slot.status == SlotStatus.COALESCED and slot.value is None:
-                try:
-                    slot.value = await asyncio.wrap_future(slot.future)
-                except ClaimAbandonedError:
-                    # The owner never computed it: look again (we may own it now).
-                    slot = self._lookup(slot.key, self._use_cache)
-                    setattr(self, name, slot)
+    async def _resolved_slot(self, slot: SegmentSlot | None) -> SegmentSlot | None:
+        while slot is not None and slot.status == SlotStatus.COALESCED and slot.value is None:
+            try:
+                value = await asyncio.wrap_future(slot.future)
+            except ClaimAbandonedError:
+                # The owner never computed it: look again (we may own it now).
+                slot = self.lookup(slot.key, self.use_cache)
+            else:
+                slot = dataclasses.replace(slot, value=value)
+        return slot
+
+    async def resolved(self) -> SegmentPlan:
+        """This plan with the segments other requests computed in hand.
+
+        A slot whose owner abandoned it is looked up again, so the new plan may
+        hold a claim this one did not (and then need the image's pixels). If
+        this is cancelled in between, a claim it took is abandoned before the
+        cancellation goes on: nobody else holds it yet.
+        """
+        image = await self._resolved_slot(self.image)
+        try:
+            text = await self._resolved_slot(self.text)
+        except BaseException:
+            if image is not None and image is not self.image and image.claim is not None:
+                image.claim.abandon()
+            raise
+        return dataclasses.replace(self, image=image, text=text)
 
     @property
     def image_value(self) -> ImageSegment | None:
@@ -138,6 +170,7 @@ class SegmentPlan:
                 pass  # abandoned meanwhile (the client left); waiters already retried
 
     def fail(self, error: BaseException) -> None:
+        """Raise ``error`` in every waiter of this plan's open claims; nothing is cached."""
         for slot in (self.image, self.text):
             if slot is not None and slot.claim is not None:
                 try:
@@ -146,6 +179,7 @@ class SegmentPlan:
                     pass
 
     def abandon(self) -> None:
+        """Give up every claim still open (waiters look again); a no-op for resolved ones."""
         for slot in (self.image, self.text):
             if slot is not None and slot.claim is not None:
                 slot.claim.abandon()
@@ -180,7 +214,12 @@ class SegmentCatalog:
     def plan(self, image: ImageContent | None, token_ids: Sequence[int] | None, use_cache: bool) -> SegmentPlan:
         """Look both segments up (thread-safe; the server calls it from its decode pool)."""
         image_slot = None if image is None else self.lookup(self.image_key(image), use_cache)
-        text_slot = None if token_ids is None else self.lookup(self.text_key(token_ids), use_cache)
+        try:
+            text_slot = None if token_ids is None else self.lookup(self.text_key(token_ids), use_cache)
+        except BaseException:
+            if image_slot is not None and image_slot.claim is not None:
+                image_slot.claim.abandon()  # no plan holds it yet
+            raise
         return SegmentPlan(image_slot, text_slot, self.lookup, use_cache)
 
 

@@ -26,6 +26,7 @@ from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector
+from router.intake import RequestIntake
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
@@ -33,6 +34,7 @@ from server.body_limit import BodySizeLimit
 from server.decode_pool import BoundedDecodePool
 from server.errors import ApiError
 from server.garbage_collection import freeze_start_up_objects
+from server.inputs import image_decoder
 from server.middleware import add_request_guards
 from server.model_loading import load_model, trace_encoders
 from server.monitoring_setup import build_monitor, mark_ready_when_ready
@@ -109,8 +111,9 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,
                                                                       settings.image_work_nice))
+        intake = RequestIntake(router, image_decoder(settings), decode_pool, faults=faults)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
-                                        monitor=monitor, faults=faults)
+                                        monitor=monitor, intake=intake, faults=faults)
         num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
         router.start()

@@ -93,15 +93,24 @@ def decode_image(data: bytes, max_pixels: int, field: str = "image") -> Image.Im
         raise ApiError(400, "corrupt_image", f"{field} is truncated or corrupt: {e}", field) from e
 
 
-def decode_pixels(shape: list[int], data: bytes, max_pixels: int, field: str = "image.uint8") -> np.ndarray:
-    """Raw uint8 pixels with a declared [H, W, 3] shape -> an (H, W, 3) array."""
+def check_pixels_length(shape: list[int], num_bytes: int, max_pixels: int, field: str = "image.uint8") -> None:
+    """Raw uint8 pixels: the shape is [H, W, 3], under the pixel limit, and ``num_bytes`` fills it exactly.
+
+    Cheap (no pixel is read), so the server checks it while parsing, before
+    the bytes are keyed for the cache or decoded.
+    """
     if len(shape) != 3 or shape[2] != 3:
         raise ApiError(422, "invalid_tensor_shape",
                        f"{field}.shape must be [H, W, 3], got {shape}", f"{field}.shape")
     height, width = shape[0], shape[1]
     _check_pixels(width, height, max_pixels, field)
     expected = height * width * 3
-    if len(data) != expected:
+    if num_bytes != expected:
         raise ApiError(422, "invalid_tensor_length",
-                       f"{field}.b64 holds {len(data)} bytes; shape {shape} needs {expected}", f"{field}.b64")
-    return np.frombuffer(data, dtype=np.uint8).reshape(height, width, 3)  # (H, W, 3)
+                       f"{field}.b64 holds {num_bytes} bytes; shape {shape} needs {expected}", f"{field}.b64")
+
+
+def decode_pixels(shape: list[int], data: bytes, max_pixels: int, field: str = "image.uint8") -> np.ndarray:
+    """Raw uint8 pixels with a declared [H, W, 3] shape -> an (H, W, 3) array."""
+    check_pixels_length(shape, len(data), max_pixels, field)
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape[0], shape[1], 3)  # (H, W, 3)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from models.errors import TextTooLongError
 from router.errors import (
     ComputeUnavailableError,
     DeadlineExceededError,
@@ -16,6 +17,8 @@ def api_error_from(error: Exception) -> ApiError | None:
     """The HTTP answer for a known error; ``None`` for anything unexpected."""
     if isinstance(error, ApiError):
         return error
+    if isinstance(error, TextTooLongError):
+        return ApiError(422, "text_too_long", str(error), "text")
     if isinstance(error, QueueFullError):
         return ApiError(503, "overloaded", str(error), retry_after_s=error.retry_after_s)
     if isinstance(error, DeadlineExceededError):

@@ -1,31 +1,30 @@
-"""From an HTTP body to a model-ready ``InferenceRequest``.
+"""From an HTTP body to the router intake's items, and the image decoder the intake is given.
 
-Two steps with a thread hop between them:
+    parse (event loop)     JSON or multipart -> ``ParsedInput``: field checks and
+                           size limits (raw pixels: shape, length, pixel count)
+    intake_item            ``ParsedInput`` -> the router's ``IntakeItem``
+    image_decoder          what the intake calls, in the decode pool, for an
+                           image its segment plan still needs
 
-    parse (event loop)     JSON or multipart -> ``ParsedInput``: field checks only
-    prepare (thread pool)  tokenize the text, ask the router what the cache
-                           knows (a plan), decode + resize the image only if
-                           its segment is not already known
+Tokenizing, planning against the cache and decoding belong to the router's
+intake (``router.intake``); this module only gets the body into shape.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 from fastapi import Request
+from PIL import Image
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from models.errors import TextTooLongError
-from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from models.repository import ModelBundle
-from models.tokenizer import TokenizedText
-from router.faults import FaultInjector
-from router.router import Router
-from router.segments import ImageContent, SegmentPlan
+from router.intake import IntakeItem
+from router.request import Priority
+from router.segments import ImageContent
 from server import json_body
-from server.decoding import decode_base64, decode_image, decode_pixels
+from server.decoding import check_pixels_length, decode_base64, decode_image
 from server.errors import ApiError
 from server.schemas import EncodedImage, InferRequest, RawImage
 from server.settings import Settings
@@ -52,13 +51,6 @@ class ParsedInput:
         if has_image and self.text is not None:
             return "fusion"
         return "vision" if has_image else "text"
-
-
-@dataclass(frozen=True)
-class PreparedInput:
-    image: np.ndarray | None  # (S, S, 3) uint8; None when the cache knows the image
-    text: TokenizedText | None
-    plan: SegmentPlan
 
 
 def _first_error_field(error: ValidationError) -> tuple[str, str]:
@@ -92,6 +84,8 @@ def parsed_input(text: str | None, encoded_image: bytes | None, raw_pixels: tupl
                          truncate, use_cache)
     if parsed.text is None and encoded_image is None and raw_pixels is None:
         raise ApiError(422, "empty_request", "send a text, an image or both", "body")
+    if raw_pixels is not None:
+        check_pixels_length(raw_pixels[0], len(raw_pixels[1]), settings.max_image_pixels)
     return parsed
 
 
@@ -154,35 +148,22 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         await form.close()
 
 
-def prepare(parsed: ParsedInput, bundle: ModelBundle, router: Router, settings: Settings,
-            faults: FaultInjector | None = None) -> PreparedInput:
-    """Tokenize, plan with the cache, decode what is still needed; runs in the decode pool."""
-    if faults is not None:
-        faults.after_stage("decode")
-    tokens = None
-    if parsed.text is not None:
-        try:
-            tokens = bundle.tokenizer.encode(parsed.text, truncate=parsed.truncate)
-        except TextTooLongError as e:
-            raise ApiError(422, "text_too_long", str(e), "text") from e
-    pixels = content = None
+def intake_item(parsed: ParsedInput, request_id: str) -> IntakeItem:
+    """What the router's intake takes: the same fields, the image as content to key and decode."""
+    image = None
     if parsed.raw_pixels is not None:
         shape, data = parsed.raw_pixels
-        pixels = decode_pixels(shape, data, settings.max_image_pixels)  # validates shape and length
-        content = ImageContent(pixels=data, shape=tuple(shape))
+        image = ImageContent(pixels=data, shape=tuple(shape))
     elif parsed.encoded_image is not None:
-        content = ImageContent(encoded=parsed.encoded_image)
-    plan = router.plan_segments(content, tokens.token_ids if tokens is not None else None, parsed.use_cache)
-    image = None
-    try:
-        if plan.needs_image_pixels:
-            preprocess = bundle.config.preprocess
-            if pixels is not None:
-                image = pixels_to_model_input(pixels, preprocess)
-            else:
-                decoded = decode_image(parsed.encoded_image, settings.max_image_pixels)
-                image = resize_to_model_input(decoded, preprocess)
-    except BaseException:
-        plan.abandon()
-        raise
-    return PreparedInput(image=image, text=tokens, plan=plan)
+        image = ImageContent(encoded=parsed.encoded_image)
+    return IntakeItem(request_id=request_id, text=parsed.text, image=image, priority=Priority(parsed.priority),
+                      timeout_ms=parsed.timeout_ms, truncate=parsed.truncate, use_cache=parsed.use_cache)
+
+
+def image_decoder(settings: Settings) -> Callable[[bytes], Image.Image]:
+    """The intake's decoder: bytes -> RGB image under the pixel limit, or an ``ApiError`` (4xx)."""
+
+    def decode(data: bytes) -> Image.Image:
+        return decode_image(data, settings.max_image_pixels)
+
+    return decode

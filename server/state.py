@@ -11,6 +11,7 @@ from models.repository import ModelBundle
 from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
+from router.intake import RequestIntake
 from router.router import Router
 from server.settings import Settings
 
@@ -24,4 +25,5 @@ class ServerState:
     metrics: ServingMetrics
     decode_pool: ThreadPoolExecutor
     monitor: Monitor  # stage-latency digests and drift (server.monitoring_setup)
+    intake: RequestIntake  # every protocol's way in: tokenize, plan, decode, submit, settle
     faults: FaultInjector | None = None  # only with enable_fault_injection

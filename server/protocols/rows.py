@@ -1,29 +1,30 @@
-"""One protocol request carrying many items -> one ``InferenceRequest`` per item.
+"""One protocol request carrying many items -> one router intake call for all of them.
 
-    rows ──prepare (decode pool, in parallel)──> all prepared? ──submit all at once──> results
-                       a bad row stops here                     the batcher batches them
+    rows ──intake.run──> prepare all (decode pool, in parallel) ──all prepared?──> submit all at once
+                                         a bad row stops here, every claim handed back
 
-Every row is prepared before any is submitted, so one undecodable image costs
-no compute for its neighbours. The rows then go to the router together (not
-one after another), which is what lets the dynamic batcher put them in one
-batch. A request with more rows in a lane than that lane can ever queue is
-refused up front: it could never be admitted whole.
+The router's intake (``router.intake``) prepares every row before any is
+submitted, so one undecodable image costs no compute for its neighbours, and
+then submits the rows together (not one after another), which is what lets
+the dynamic batcher put them in one batch. A request with more rows in a lane
+than that lane can ever queue is refused up front: it could never be admitted
+whole.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar, cast
+from typing import cast
 
+from router.errors import IntakeItemError
+from router.intake import IntakeOutcome
 from router.request import InferenceResult
 from server.error_mapping import api_error_from
 from server.errors import ApiError
-from server.execution import prepare_input, run_prepared
-from server.inputs import ParsedInput, PreparedInput
+from server.inputs import ParsedInput, intake_item
 from server.monitoring_setup import cache_hit_of
 from server.protocols.errors import RowFailedError
 from server.settings import LaneName
@@ -31,14 +32,12 @@ from server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 
 @dataclass(frozen=True)
 class RowOutcome:
-    """One row's model-ready input (token counts live here) and its result."""
+    """One row's intake outcome (token counts live here) and its result."""
 
-    prepared: PreparedInput
+    prepared: IntakeOutcome
     result: InferenceResult
 
 
@@ -62,47 +61,26 @@ def check_row_counts(rows: Sequence[ParsedInput], state: ServerState) -> None:
             )
 
 
-async def _all_or_first_error(awaitables: Sequence[Awaitable[T]]) -> list[T]:
-    """Await every row; if any failed, raise the first failure (by row) with its index."""
-    outcomes = await asyncio.gather(*awaitables, return_exceptions=True)
-    for row_index, outcome in enumerate(outcomes):
-        if isinstance(outcome, Exception):
-            raise RowFailedError(row_index, outcome) from outcome
-        if isinstance(outcome, BaseException):
-            raise outcome
-    return outcomes  # type: ignore[return-value]
-
-
 async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id: str,
                      started_ns: int) -> list[RowOutcome]:
-    """Prepare every row in the decode pool, then submit all rows concurrently.
+    """Every row through the intake at once; row ``i`` becomes request ``{request_id}-{i}``.
 
-    Row ``i`` becomes request ``{request_id}-{i}``; all rows share the deadline
-    ``started_ns + timeout``. Raises ``ApiError`` or ``RowFailedError``.
+    All rows share the deadline ``started_ns + timeout``. Raises ``ApiError``,
+    ``RowFailedError`` or the router's typed errors.
     """
     check_row_counts(rows, state)
-    prepared = await asyncio.gather(*(prepare_input(state, row) for row in rows), return_exceptions=True)
-    failed = [(i, outcome) for i, outcome in enumerate(prepared) if isinstance(outcome, BaseException)]
-    if failed:
-        # One row is refused, so none is computed: hand back the cache claims the others took.
-        for outcome in prepared:
-            if not isinstance(outcome, BaseException):
-                outcome.plan.abandon()
-        row_index, error = failed[0]
-        if isinstance(error, Exception):
-            raise RowFailedError(row_index, error) from error
-        raise error
-    results = await _all_or_first_error([
-        run_prepared(state, f"{request_id}-{row_index}", row, item, started_ns)
-        for row_index, (row, item) in enumerate(zip(rows, prepared))
-    ])
-    for item, result in zip(prepared, results):
+    items = [intake_item(row, f"{request_id}-{row_index}") for row_index, row in enumerate(rows)]
+    try:
+        outcomes = await state.intake.run(items, started_ns)
+    except IntakeItemError as e:
+        raise RowFailedError(e.item_index, e.error) from e.error
+    for outcome in outcomes:
         # A row's queue and compute stages are its own and go to its lane's digests;
         # its decode and end-to-end times are the whole request's, so a row adds no
         # decode or total sample (those stay what /v1/infer requests measured).
-        state.monitor.record(result.route.value, result.stage_ns, batch_size=result.batch_size,
-                             cache_hit=cache_hit_of(item.plan.statuses()))
-    return [RowOutcome(item, result) for item, result in zip(prepared, results)]
+        state.monitor.record(outcome.result.route.value, outcome.result.stage_ns,
+                             batch_size=outcome.result.batch_size, cache_hit=cache_hit_of(outcome.plan.statuses()))
+    return [RowOutcome(outcome, outcome.result) for outcome in outcomes]
 
 
 def failure_from(error: Exception, request_id: str) -> Failure:

@@ -12,12 +12,12 @@ from typing import TypeVar
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from router.intake import IntakeOutcome
 from router.request import InferenceResult
 from server import json_body
 from server.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
-from server.execution import prepare_input, run_prepared
-from server.inputs import ParsedInput, PreparedInput, parse_json, parse_multipart
+from server.inputs import ParsedInput, intake_item, parse_json, parse_multipart
 from server.monitoring_setup import cache_hit_of
 from server.schemas import InferResponse
 from server.state import ServerState
@@ -84,7 +84,7 @@ def _ms(nanoseconds: int) -> float:
 
 
 def _response_body(request_id: str, state: ServerState, result: InferenceResult,
-                   prepared: PreparedInput) -> dict:
+                   prepared: IntakeOutcome) -> dict:
     """Everything but ``timings_ms``, which is added once the body is built."""
     body: dict = {
         "id": request_id,
@@ -143,10 +143,10 @@ async def infer(request: Request) -> Response:
     try:
         parsed = await _parse(request, state)
         route_label = parsed.route
-        decode_started_ns = time.perf_counter_ns()
-        prepared = await prepare_input(state, parsed)
-        stage_ns["decode"] = time.perf_counter_ns() - decode_started_ns
-        result = await until_disconnected(request, run_prepared(state, request_id, parsed, prepared, started_ns))
+        prepared = await until_disconnected(request, state.intake.run_one(intake_item(parsed, request_id),
+                                                                           started_ns))
+        result = prepared.result
+        stage_ns["decode"] = prepared.decode_ns
         stage_ns.update(result.stage_ns)
         respond_started_ns = time.perf_counter_ns()
         body = _response_body(request_id, state, result, prepared)

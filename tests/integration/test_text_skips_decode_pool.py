@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 import server.inputs
-from server.execution import INLINE_TEXT_MAX_CHARS
+from router.intake import INLINE_TEXT_MAX_CHARS
 
 DECODE_STALL_S = 1.5
 

@@ -1,0 +1,251 @@
+"""The intake: one call from a parsed request to its result, whatever protocol it came by.
+
+    intake.run(items, arrival_ns)              (intake.run_one(item, ...) for one)
+
+    per item, all at once:
+      prepare      decode pool; a short text-only item on the event loop
+                   "decode" fault drill -> tokenize -> plan the segments against
+                   the cache -> decode + resize the image only if the plan needs it
+      ── every item prepared? ── one refused: none is submitted, all give their claims back
+      resolve      await segments other requests compute; one whose owner gave
+                   up is looked up again (and its image decoded, if it is now ours)
+      submit       the router queues, batches, computes and publishes
+      settle       finally: ``plan.abandon()``, a no-op for what was published or failed
+
+The plan is made here and settled here, so the rule "every plan ends in
+publish, fail or abandon" has one keeper: a bad image, a passed deadline, a
+client that went away (the task is cancelled), a draining server or a model
+that raised all leave through the same ``finally``. A plan made in a pool
+thread for a caller that was cancelled meanwhile is abandoned when the thread
+hands it over.
+
+The server passes in what belongs to it: the image decoder (bytes -> an RGB
+Pillow image or an (H, W, 3) uint8 array; whatever it raises for a bad image
+reaches the caller unchanged) and the thread pool decoding runs in (whatever
+its ``submit`` raises, e.g. a full queue, too). Everything else the intake
+raises is typed: a model's ``TextTooLongError``, the router's errors, and
+``IntakeItemError`` naming the failed item of a many-item call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from models.preprocessing import pixels_to_model_input, resize_to_model_input
+from models.tokenizer import TokenizedText
+from router.errors import IntakeItemError
+from router.faults import FaultInjector
+from router.request import InferenceRequest, InferenceResult, Priority
+from router.router import Router
+from router.segments import ImageContent, SegmentPlan
+
+ImageDecoder = Callable[[bytes], "Image.Image | np.ndarray"]
+"""Encoded image bytes -> an RGB Pillow image or (H, W, 3) uint8 pixels; raises on a bad image."""
+
+# Tokenizing this many characters takes under 100 us: less than a hop to the pool and back.
+INLINE_TEXT_MAX_CHARS = 256
+
+
+@dataclass(frozen=True)
+class IntakeItem:
+    """One item as the client sent it, checked for shape and size by the server, not yet decoded.
+
+    Raw pixels in ``image`` must already match their shape (the server checks
+    that while it parses, with the pixel limit).
+    """
+
+    request_id: str
+    text: str | None = None
+    image: ImageContent | None = None
+    priority: Priority = Priority.NORMAL
+    timeout_ms: int | None = None  # None: the lane's default, counted from arrival
+    truncate: bool = False
+    use_cache: bool = True
+
+
+@dataclass(frozen=True)
+class IntakeOutcome:
+    """One item's result, its tokens, its settled plan and how long preparing it took."""
+
+    result: InferenceResult
+    text: TokenizedText | None
+    plan: SegmentPlan
+    decode_ns: int  # tokenize + plan + decode, pool queue included
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    text: TokenizedText | None
+    plan: SegmentPlan
+    image: np.ndarray | None  # (S, S, 3) uint8; None when the plan did not need the pixels
+
+
+class _NeighbourRefusedError(Exception):
+    """Another item of the same call was refused, so this one is not submitted."""
+
+
+class _AllPrepared:
+    """Holds each item of one call after preparing until every item is prepared or one is refused."""
+
+    def __init__(self, num_items: int) -> None:
+        self._num_unprepared = num_items
+        self._is_refused = False
+        self._done = asyncio.Event()
+
+    def refuse(self) -> None:
+        self._is_refused = True
+        self._done.set()
+
+    async def prepared(self) -> None:
+        """Count this item prepared and wait for the rest; ``_NeighbourRefusedError`` if one was refused."""
+        self._num_unprepared -= 1
+        if self._num_unprepared == 0:
+            self._done.set()
+        await self._done.wait()
+        if self._is_refused:
+            raise _NeighbourRefusedError()
+
+
+def _abandon_landed_plan(future: Future) -> None:
+    """Done-callback for a prepare whose caller was cancelled: nobody will submit its plan."""
+    if not future.cancelled() and future.exception() is None:
+        future.result().plan.abandon()
+
+
+class RequestIntake:
+    """Tokenize, plan, decode the misses, submit, settle: the router's one entry for requests.
+
+    Args:
+        router: Plans against its cache and runs the requests.
+        decode_image: The server's image decoder; runs in ``executor``.
+        executor: Where preparing runs (the server's bounded decode pool).
+        faults: Fault drills; with one, every item goes through ``executor`` so
+            a "decode" drill delays it.
+        inline_text_max_chars: A text-only item this short is prepared on the
+            event loop: a pool hop costs more than tokenizing it.
+    """
+
+    def __init__(self, router: Router, decode_image: ImageDecoder, executor: Executor, *,
+                 faults: FaultInjector | None = None, inline_text_max_chars: int = INLINE_TEXT_MAX_CHARS,
+                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+        self._router = router
+        self._decode_image = decode_image
+        self._executor = executor
+        self._faults = faults
+        self._inline_text_max_chars = inline_text_max_chars
+        self._clock_ns = clock_ns
+
+    async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
+        """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
+        return await self._run_item(item, arrival_ns, _AllPrepared(1))
+
+    async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list[IntakeOutcome]:
+        """Every item's result, in order; all items share ``arrival_ns`` (and so their deadline).
+
+        Every item is prepared before any is submitted, so one bad item costs
+        its neighbours no compute, and then all are submitted at once, so the
+        batcher can batch them. Raises ``IntakeItemError`` for the first
+        failed item (by index).
+        """
+        gate = _AllPrepared(len(items))
+        outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate) for item in items),
+                                        return_exceptions=True)
+        for item_index, outcome in enumerate(outcomes):
+            if isinstance(outcome, _NeighbourRefusedError):
+                continue
+            if isinstance(outcome, Exception):
+                raise IntakeItemError(item_index, outcome) from outcome
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return outcomes  # type: ignore[return-value]  # every one is an IntakeOutcome here
+
+    async def _run_item(self, item: IntakeItem, arrival_ns: int, gate: _AllPrepared) -> IntakeOutcome:
+        started_ns = self._clock_ns()
+        try:
+            prepared = await self._prepare(item)
+        except BaseException:
+            gate.refuse()
+            raise
+        decode_ns = self._clock_ns() - started_ns
+        plan = prepared.plan
+        try:
+            await gate.prepared()
+            plan = await prepared.plan.resolved()
+            image = prepared.image
+            if plan.needs_image_pixels and image is None:  # an owner gave up and the claim is ours now
+                image = await self._off_loop(self._model_input, item.image)
+            request = self._request(item, prepared.text, image, plan, arrival_ns)
+            result = await self._router.submit(request, plan)
+        finally:
+            plan.abandon()  # settles whatever is still open; publish and fail already settled the rest
+        return IntakeOutcome(result, prepared.text, plan, decode_ns)
+
+    # -- preparing --------------------------------------------------------------
+
+    def _is_inline(self, item: IntakeItem) -> bool:
+        return (self._faults is None and item.image is None and item.text is not None
+                and len(item.text) <= self._inline_text_max_chars)
+
+    async def _prepare(self, item: IntakeItem) -> _Prepared:
+        if self._is_inline(item):
+            return self._prepare_now(item)
+        future = self._executor.submit(self._prepare_now, item)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # The thread may be planning right now for nobody: settle the plan when it lands.
+            future.add_done_callback(_abandon_landed_plan)
+            raise
+
+    def _prepare_now(self, item: IntakeItem) -> _Prepared:
+        """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
+        if self._faults is not None:
+            self._faults.after_stage("decode")
+        tokens = None
+        if item.text is not None:
+            tokens = self._router.bundle.tokenizer.encode(item.text, truncate=item.truncate)
+        plan = self._router.plan_segments(item.image, tokens.token_ids if tokens is not None else None,
+                                          item.use_cache)
+        try:
+            image = self._model_input(item.image) if plan.needs_image_pixels else None
+        except BaseException:
+            plan.abandon()
+            raise
+        return _Prepared(tokens, plan, image)
+
+    def _model_input(self, content: ImageContent | None) -> np.ndarray:
+        """The image as the model's (S, S, 3) uint8 input; decoding runs here, off the event loop."""
+        if content is None:
+            raise ValueError("the plan needs an image this item does not carry")
+        preprocess = self._router.bundle.config.preprocess
+        if content.pixels is not None:
+            pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)  # (H, W, 3)
+            return pixels_to_model_input(pixels, preprocess)
+        decoded = self._decode_image(content.encoded)
+        if isinstance(decoded, np.ndarray):
+            return pixels_to_model_input(decoded, preprocess)  # (H, W, 3) -> (S, S, 3)
+        return resize_to_model_input(decoded, preprocess)  # (S, S, 3)
+
+    async def _off_loop(self, work: Callable[..., np.ndarray], *args: object) -> np.ndarray:
+        return await asyncio.wrap_future(self._executor.submit(work, *args))
+
+    @staticmethod
+    def _request(item: IntakeItem, tokens: TokenizedText | None, image: np.ndarray | None,
+                 plan: SegmentPlan, arrival_ns: int) -> InferenceRequest:
+        return InferenceRequest(
+            request_id=item.request_id,
+            token_ids=tokens.token_ids if tokens is not None else None,
+            image=image,
+            deadline_ns=None if item.timeout_ms is None else arrival_ns + item.timeout_ms * 1_000_000,
+            arrival_ns=arrival_ns,
+            priority=item.priority,
+            image_segment=plan.image_value,
+            text_segment=plan.text_value,
+        )
