@@ -1,0 +1,265 @@
+"""The router intake settles every plan it makes, whichever way a request leaves it.
+
+A real router on the tiny model, a fake image decoder (bytes -> pixels, or an
+error for b"bad"; it can be held on an event to keep a claim in flight) and a
+plain thread pool. After every exit the cache's in-flight table is empty: no
+claim is left for a waiter to hang on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from cache import SegmentCache
+from models.errors import TextTooLongError
+from router.errors import DeadlineExceededError, IntakeItemError, ItemFailedError, ShuttingDownError
+from router.faults import FaultInjector
+from router.intake import INLINE_TEXT_MAX_CHARS, IntakeItem, RequestIntake
+from router.lanes import LaneSettings
+from router.request import Route
+from router.router import Router
+from router.segments import ImageContent, SlotStatus
+
+WAIT_S = 10.0
+
+
+class BadImageError(Exception):
+    """What the fake decoder raises for b"bad" (the server's decoder raises its ApiError)."""
+
+
+class FakeDecoder:
+    """bytes -> (H, W, 3) uint8 pixels seeded by the bytes; optionally held until ``release``."""
+
+    def __init__(self, *, is_held: bool = False) -> None:
+        self.num_calls = 0
+        self.entered = threading.Event()
+        self._released = threading.Event()
+        if not is_held:
+            self._released.set()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        self.num_calls += 1
+        self.entered.set()
+        assert self._released.wait(WAIT_S), "the test never released the decoder"
+        if data == b"bad":
+            raise BadImageError("not an image")
+        seed = int.from_bytes(data[:4].ljust(4, b"\0"), "little")
+        return np.random.default_rng(seed).integers(0, 256, (24, 20, 3), dtype=np.uint8)  # (H, W, 3)
+
+
+class NoPool(Executor):
+    """An executor that must not be used: short texts are prepared on the event loop."""
+
+    def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - Executor's signature
+        raise AssertionError("a short text went to the pool")
+
+
+@pytest.fixture
+def make_router(tiny_bundle) -> Iterator[Callable[[], Router]]:
+    routers: list[Router] = []
+
+    def make() -> Router:
+        lanes = {route: LaneSettings(max_batch_size=2, max_queue_delay_ns=1_000_000, preferred_batch_sizes=(1, 2))
+                 for route in Route}
+        router = Router(tiny_bundle, lanes, cache=SegmentCache(1 << 24, 1 << 24))
+        router.start()
+        for executor in router.executors:
+            assert executor.worker.ready.wait(120), "the router did not warm up"
+        routers.append(router)
+        return router
+
+    yield make
+    for router in routers:
+        asyncio.run(router.drain(5.0))
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+def _item(name: str, *, text: str | None = None, image: bytes | None = None, **options: object) -> IntakeItem:
+    return IntakeItem(request_id=name, text=text, image=None if image is None else ImageContent(encoded=image),
+                      **options)
+
+
+async def _until(predicate: Callable[[], bool]) -> None:
+    for _ in range(int(WAIT_S / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the condition never held")
+
+
+def test_an_image_and_text_is_computed_once_then_hits_without_decoding(make_router, pool):
+    router, decoder = make_router(), FakeDecoder()
+    intake = RequestIntake(router, decoder, pool)
+
+    async def twice():
+        first = await intake.run_one(_item("a", text="a red square", image=b"img-1"), time.perf_counter_ns())
+        second = await intake.run_one(_item("b", text="a red square", image=b"img-1"), time.perf_counter_ns())
+        return first, second
+
+    first, second = asyncio.run(twice())
+    assert first.plan.statuses() == {"image": "miss", "text": "miss"}
+    assert second.plan.statuses() == {"image": "hit", "text": "hit"}
+    assert decoder.num_calls == 1, "a hit must skip decoding"
+    assert first.text.token_ids == second.text.token_ids
+    np.testing.assert_array_equal(first.result.fused_embedding, second.result.fused_embedding)
+    assert first.plan.is_settled and second.plan.is_settled
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_bad_image_reraises_the_decoders_error_and_settles_the_plan(make_router, pool):
+    router = make_router()
+    intake = RequestIntake(router, FakeDecoder(), pool)
+    with pytest.raises(BadImageError):
+        asyncio.run(intake.run_one(_item("a", text="caption", image=b"bad"), time.perf_counter_ns()))
+    assert router.cache.num_in_flight == 0
+    assert router.num_computed_items == 0
+
+
+def test_a_text_over_the_token_limit_raises_the_models_error_before_any_claim(make_router, pool):
+    router = make_router()
+    intake = RequestIntake(router, FakeDecoder(), pool)
+    with pytest.raises(TextTooLongError):
+        asyncio.run(intake.run_one(_item("a", text="word " * 200, image=b"unused"), time.perf_counter_ns()))
+    assert router.cache.num_in_flight == 0
+
+
+def test_one_bad_item_fails_the_call_by_index_and_none_is_computed(make_router, pool):
+    router = make_router()
+    intake = RequestIntake(router, FakeDecoder(), pool)
+    items = [_item("r-0", image=b"good-0"), _item("r-1", image=b"bad"), _item("r-2", text="a long enough text " * 20)]
+    with pytest.raises(IntakeItemError) as raised:
+        asyncio.run(intake.run(items, time.perf_counter_ns()))
+    assert raised.value.item_index == 1 and isinstance(raised.value.error, BadImageError)
+    assert router.num_computed_items == 0, "a refused item's neighbours must not be computed"
+    assert router.cache.num_in_flight == 0
+
+
+def test_many_items_are_answered_in_order(make_router, pool):
+    router = make_router()
+    intake = RequestIntake(router, FakeDecoder(), pool)
+    items = [_item("r-0", image=b"many-0"), _item("r-1", text="hello"), _item("r-2", text="hi", image=b"many-0")]
+    outcomes = asyncio.run(intake.run(items, time.perf_counter_ns()))
+    assert [outcome.result.route for outcome in outcomes] == [Route.VISION, Route.TEXT, Route.FUSION]
+    assert all(outcome.plan.is_settled for outcome in outcomes)
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_passed_deadline_settles_the_plan(make_router, pool):
+    router = make_router()
+    intake = RequestIntake(router, FakeDecoder(), pool)
+    with pytest.raises(DeadlineExceededError):
+        # Arrived long ago with a 1 ms budget: past its deadline before it reaches the queue.
+        asyncio.run(intake.run_one(_item("a", image=b"late", timeout_ms=1), arrival_ns=time.perf_counter_ns() - 10**9))
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_draining_router_refuses_and_the_plan_is_settled(make_router, pool):
+    router = make_router()
+    router.begin_drain()
+    intake = RequestIntake(router, FakeDecoder(), pool)
+    with pytest.raises(ShuttingDownError):
+        asyncio.run(intake.run_one(_item("a", text="too late", image=b"drain"), time.perf_counter_ns()))
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_model_error_reaches_the_owner_and_its_waiter(make_router, pool, tiny_bundle, monkeypatch):
+    router, decoder = make_router(), FakeDecoder(is_held=True)
+    intake = RequestIntake(router, decoder, pool)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the vision encoder broke")
+
+    monkeypatch.setattr(tiny_bundle.model, "encode_images", broken)
+
+    async def owner_and_waiter():
+        owner = asyncio.ensure_future(intake.run_one(_item("owner", image=b"model-error"), time.perf_counter_ns()))
+        await asyncio.to_thread(decoder.entered.wait, WAIT_S)  # the owner holds the claim now
+        waiter = asyncio.ensure_future(intake.run_one(_item("waiter", image=b"model-error"), time.perf_counter_ns()))
+        await asyncio.sleep(0.1)  # the waiter has planned: it is coalesced on the owner
+        decoder.release()
+        return await asyncio.wait_for(asyncio.gather(owner, waiter, return_exceptions=True), WAIT_S)
+
+    owner, waiter = asyncio.run(owner_and_waiter())
+    assert isinstance(owner, ItemFailedError) and isinstance(waiter, ItemFailedError)
+    assert decoder.num_calls == 1, "the waiter shares the owner's failure instead of computing again"
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_caller_cancelled_while_its_image_decodes_gives_the_claim_back(make_router, pool):
+    router, decoder = make_router(), FakeDecoder(is_held=True)
+    intake = RequestIntake(router, decoder, pool)
+
+    async def cancel_mid_decode():
+        task = asyncio.ensure_future(intake.run_one(_item("gone", image=b"cancelled"), time.perf_counter_ns()))
+        await asyncio.to_thread(decoder.entered.wait, WAIT_S)
+        assert router.cache.num_in_flight == 1  # planned in the pool thread, decoding now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        decoder.release()  # the thread hands its plan over to nobody
+        await _until(lambda: router.cache.num_in_flight == 0)
+
+    asyncio.run(cancel_mid_decode())
+    assert router.num_computed_items == 0
+
+
+def test_a_waiter_whose_owner_went_away_takes_the_claim_and_decodes_the_image(make_router, pool):
+    router, decoder = make_router(), FakeDecoder(is_held=True)
+    intake = RequestIntake(router, decoder, pool)
+
+    async def owner_leaves():
+        owner = asyncio.ensure_future(intake.run_one(_item("owner", text="q", image=b"handover"), time.perf_counter_ns()))
+        await asyncio.to_thread(decoder.entered.wait, WAIT_S)
+        waiter = asyncio.ensure_future(intake.run_one(_item("waiter", text="q", image=b"handover"), time.perf_counter_ns()))
+        await asyncio.sleep(0.1)  # the waiter planned without pixels: the image was someone else's
+        owner.cancel()
+        decoder.release()
+        return await asyncio.wait_for(waiter, WAIT_S)
+
+    outcome = asyncio.run(owner_leaves())
+    assert outcome.plan.image.status == SlotStatus.MISS  # looked up again and owned
+    assert outcome.result.image_embedding is not None and outcome.result.route == Route.FUSION
+    assert decoder.num_calls == 2
+    assert router.cache.num_in_flight == 0
+
+
+def test_short_texts_stay_on_the_loop_and_everything_else_goes_to_the_pool(make_router, pool):
+    router = make_router()
+    short = _item("s", text="x" * INLINE_TEXT_MAX_CHARS, truncate=True)
+    outcome = asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(short, time.perf_counter_ns()))
+    assert outcome.result.text_embedding is not None
+    with pytest.raises(AssertionError, match="went to the pool"):
+        asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(
+            _item("l", text="x" * (INLINE_TEXT_MAX_CHARS + 1), truncate=True), time.perf_counter_ns()))
+    with pytest.raises(AssertionError, match="went to the pool"):  # a decode drill must delay every item
+        asyncio.run(RequestIntake(router, FakeDecoder(), NoPool(), faults=FaultInjector()).run_one(short, time.perf_counter_ns()))
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_segment_plan_never_changes_once_made(make_router):
+    router = make_router()
+    plan = router.plan_segments(ImageContent(encoded=b"frozen"), (2, 5, 3))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.image = None  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.image.status = SlotStatus.HIT  # type: ignore[misc]
+    resolved = asyncio.run(plan.resolved())
+    assert resolved == plan and resolved is not plan  # nothing was coalesced, so nothing new to know
+    plan.abandon()
+    assert plan.is_settled and router.cache.num_in_flight == 0
