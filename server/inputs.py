@@ -79,7 +79,7 @@ def _check_text(text: str | None, settings: Settings) -> str | None:
 def parsed_input(text: str | None, encoded_image: bytes | None, raw_pixels: tuple[list[int], bytes] | None,
                  settings: Settings, *, priority: str = "normal", timeout_ms: int | None = None,
                  truncate: bool = False, use_cache: bool = True) -> ParsedInput:
-    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty)."""
+    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty, raw pixels)."""
     parsed = ParsedInput(_check_text(text, settings), encoded_image, raw_pixels, priority, timeout_ms,
                          truncate, use_cache)
     if parsed.text is None and encoded_image is None and raw_pixels is None:

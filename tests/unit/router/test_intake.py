@@ -95,6 +95,10 @@ def _item(name: str, *, text: str | None = None, image: bytes | None = None, **o
                       **options)
 
 
+def _now() -> int:
+    return time.perf_counter_ns()
+
+
 async def _until(predicate: Callable[[], bool]) -> None:
     for _ in range(int(WAIT_S / 0.01)):
         if predicate():
@@ -108,8 +112,8 @@ def test_an_image_and_text_is_computed_once_then_hits_without_decoding(make_rout
     intake = RequestIntake(router, decoder, pool)
 
     async def twice():
-        first = await intake.run_one(_item("a", text="a red square", image=b"img-1"), time.perf_counter_ns())
-        second = await intake.run_one(_item("b", text="a red square", image=b"img-1"), time.perf_counter_ns())
+        first = await intake.run_one(_item("a", text="a red square", image=b"img-1"), _now())
+        second = await intake.run_one(_item("b", text="a red square", image=b"img-1"), _now())
         return first, second
 
     first, second = asyncio.run(twice())
@@ -126,7 +130,7 @@ def test_a_bad_image_reraises_the_decoders_error_and_settles_the_plan(make_route
     router = make_router()
     intake = RequestIntake(router, FakeDecoder(), pool)
     with pytest.raises(BadImageError):
-        asyncio.run(intake.run_one(_item("a", text="caption", image=b"bad"), time.perf_counter_ns()))
+        asyncio.run(intake.run_one(_item("a", text="caption", image=b"bad"), _now()))
     assert router.cache.num_in_flight == 0
     assert router.num_computed_items == 0
 
@@ -135,7 +139,7 @@ def test_a_text_over_the_token_limit_raises_the_models_error_before_any_claim(ma
     router = make_router()
     intake = RequestIntake(router, FakeDecoder(), pool)
     with pytest.raises(TextTooLongError):
-        asyncio.run(intake.run_one(_item("a", text="word " * 200, image=b"unused"), time.perf_counter_ns()))
+        asyncio.run(intake.run_one(_item("a", text="word " * 200, image=b"unused"), _now()))
     assert router.cache.num_in_flight == 0
 
 
@@ -144,7 +148,7 @@ def test_one_bad_item_fails_the_call_by_index_and_none_is_computed(make_router, 
     intake = RequestIntake(router, FakeDecoder(), pool)
     items = [_item("r-0", image=b"good-0"), _item("r-1", image=b"bad"), _item("r-2", text="a long enough text " * 20)]
     with pytest.raises(IntakeItemError) as raised:
-        asyncio.run(intake.run(items, time.perf_counter_ns()))
+        asyncio.run(intake.run(items, _now()))
     assert raised.value.item_index == 1 and isinstance(raised.value.error, BadImageError)
     assert router.num_computed_items == 0, "a refused item's neighbours must not be computed"
     assert router.cache.num_in_flight == 0
@@ -154,7 +158,7 @@ def test_many_items_are_answered_in_order(make_router, pool):
     router = make_router()
     intake = RequestIntake(router, FakeDecoder(), pool)
     items = [_item("r-0", image=b"many-0"), _item("r-1", text="hello"), _item("r-2", text="hi", image=b"many-0")]
-    outcomes = asyncio.run(intake.run(items, time.perf_counter_ns()))
+    outcomes = asyncio.run(intake.run(items, _now()))
     assert [outcome.result.route for outcome in outcomes] == [Route.VISION, Route.TEXT, Route.FUSION]
     assert all(outcome.plan.is_settled for outcome in outcomes)
     assert router.cache.num_in_flight == 0
@@ -165,7 +169,7 @@ def test_a_passed_deadline_settles_the_plan(make_router, pool):
     intake = RequestIntake(router, FakeDecoder(), pool)
     with pytest.raises(DeadlineExceededError):
         # Arrived long ago with a 1 ms budget: past its deadline before it reaches the queue.
-        asyncio.run(intake.run_one(_item("a", image=b"late", timeout_ms=1), arrival_ns=time.perf_counter_ns() - 10**9))
+        asyncio.run(intake.run_one(_item("a", image=b"late", timeout_ms=1), arrival_ns=_now() - 10**9))
     assert router.cache.num_in_flight == 0
 
 
@@ -174,7 +178,7 @@ def test_a_draining_router_refuses_and_the_plan_is_settled(make_router, pool):
     router.begin_drain()
     intake = RequestIntake(router, FakeDecoder(), pool)
     with pytest.raises(ShuttingDownError):
-        asyncio.run(intake.run_one(_item("a", text="too late", image=b"drain"), time.perf_counter_ns()))
+        asyncio.run(intake.run_one(_item("a", text="too late", image=b"drain"), _now()))
     assert router.cache.num_in_flight == 0
 
 
@@ -188,9 +192,9 @@ def test_a_model_error_reaches_the_owner_and_its_waiter(make_router, pool, tiny_
     monkeypatch.setattr(tiny_bundle.model, "encode_images", broken)
 
     async def owner_and_waiter():
-        owner = asyncio.ensure_future(intake.run_one(_item("owner", image=b"model-error"), time.perf_counter_ns()))
+        owner = asyncio.ensure_future(intake.run_one(_item("owner", image=b"model-error"), _now()))
         await asyncio.to_thread(decoder.entered.wait, WAIT_S)  # the owner holds the claim now
-        waiter = asyncio.ensure_future(intake.run_one(_item("waiter", image=b"model-error"), time.perf_counter_ns()))
+        waiter = asyncio.ensure_future(intake.run_one(_item("waiter", image=b"model-error"), _now()))
         await asyncio.sleep(0.1)  # the waiter has planned: it is coalesced on the owner
         decoder.release()
         return await asyncio.wait_for(asyncio.gather(owner, waiter, return_exceptions=True), WAIT_S)
@@ -206,7 +210,7 @@ def test_a_caller_cancelled_while_its_image_decodes_gives_the_claim_back(make_ro
     intake = RequestIntake(router, decoder, pool)
 
     async def cancel_mid_decode():
-        task = asyncio.ensure_future(intake.run_one(_item("gone", image=b"cancelled"), time.perf_counter_ns()))
+        task = asyncio.ensure_future(intake.run_one(_item("gone", image=b"cancelled"), _now()))
         await asyncio.to_thread(decoder.entered.wait, WAIT_S)
         assert router.cache.num_in_flight == 1  # planned in the pool thread, decoding now
         task.cancel()
@@ -224,9 +228,9 @@ def test_a_waiter_whose_owner_went_away_takes_the_claim_and_decodes_the_image(ma
     intake = RequestIntake(router, decoder, pool)
 
     async def owner_leaves():
-        owner = asyncio.ensure_future(intake.run_one(_item("owner", text="q", image=b"handover"), time.perf_counter_ns()))
+        owner = asyncio.ensure_future(intake.run_one(_item("owner", text="q", image=b"handover"), _now()))
         await asyncio.to_thread(decoder.entered.wait, WAIT_S)
-        waiter = asyncio.ensure_future(intake.run_one(_item("waiter", text="q", image=b"handover"), time.perf_counter_ns()))
+        waiter = asyncio.ensure_future(intake.run_one(_item("waiter", text="q", image=b"handover"), _now()))
         await asyncio.sleep(0.1)  # the waiter planned without pixels: the image was someone else's
         owner.cancel()
         decoder.release()
@@ -242,13 +246,13 @@ def test_a_waiter_whose_owner_went_away_takes_the_claim_and_decodes_the_image(ma
 def test_short_texts_stay_on_the_loop_and_everything_else_goes_to_the_pool(make_router, pool):
     router = make_router()
     short = _item("s", text="x" * INLINE_TEXT_MAX_CHARS, truncate=True)
-    outcome = asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(short, time.perf_counter_ns()))
+    outcome = asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(short, _now()))
     assert outcome.result.text_embedding is not None
     with pytest.raises(AssertionError, match="went to the pool"):
         asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(
-            _item("l", text="x" * (INLINE_TEXT_MAX_CHARS + 1), truncate=True), time.perf_counter_ns()))
+            _item("l", text="x" * (INLINE_TEXT_MAX_CHARS + 1), truncate=True), _now()))
     with pytest.raises(AssertionError, match="went to the pool"):  # a decode drill must delay every item
-        asyncio.run(RequestIntake(router, FakeDecoder(), NoPool(), faults=FaultInjector()).run_one(short, time.perf_counter_ns()))
+        asyncio.run(RequestIntake(router, FakeDecoder(), NoPool(), faults=FaultInjector()).run_one(short, _now()))
     assert router.cache.num_in_flight == 0
 
 
