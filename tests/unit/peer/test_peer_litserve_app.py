@@ -10,28 +10,21 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import io
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
 from fastapi import HTTPException
-from PIL import Image
 
 from benchmarks.peer_litserve_app import MultimodalLitAPI, PeerOutput
 from benchmarks.peer_request import PeerLimits
 from benchmarks.serving_processes import ServerProcess, litserve_command, running
+from encoded_images import encoded_image_b64
 from server.settings import Settings
 
 EMBEDDING_KEYS = ("image_embedding", "text_embedding", "fused_embedding")
-
-
-def _jpeg_b64(seed: int, width: int = 96, height: int = 64) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)  # (H, W, 3)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+JPEG = {"size_px": (96, 64), "fmt": "JPEG", "quality": 90}  # the photos both servers get
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +35,7 @@ def litserve_server() -> Iterator[ServerProcess]:
 
 
 def test_litserve_app_answers_the_embeddings_mmserve_answers(tiny_server, litserve_server: ServerProcess):
-    body = {"text": "a red boat on a quiet lake", "image": {"b64": _jpeg_b64(1)}}
+    body = {"text": "a red boat on a quiet lake", "image": {"b64": encoded_image_b64(1, **JPEG)}}
     mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
     litserve = httpx.post(f"{litserve_server.url}/v1/infer", json=body, timeout=60.0, trust_env=False)
     assert mmserve.status_code == 200, mmserve.text
@@ -58,7 +51,7 @@ def test_litserve_app_answers_the_embeddings_mmserve_answers(tiny_server, litser
 
 
 def test_a_truncated_image_is_refused_with_mmserves_status_and_code(tiny_server, litserve_server: ServerProcess):
-    data = base64.b64decode(_jpeg_b64(2))
+    data = base64.b64decode(encoded_image_b64(2, **JPEG))
     body = {"text": "cut short", "image": {"b64": base64.b64encode(data[: len(data) // 2]).decode("ascii")}}
     mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
     litserve = httpx.post(f"{litserve_server.url}/v1/infer", json=body, timeout=60.0, trust_env=False)
@@ -77,8 +70,8 @@ def test_a_batch_mixing_routes_gives_each_item_what_it_gets_alone():
     api.setup("cpu")
     requests = [
         {"text": "only words here"},
-        {"image": {"b64": _jpeg_b64(3)}},
-        {"text": "a longer text that pads the others in its batch", "image": {"b64": _jpeg_b64(4)}},
+        {"image": {"b64": encoded_image_b64(3, **JPEG)}},
+        {"text": "a longer text that pads the others in its batch", "image": {"b64": encoded_image_b64(4, **JPEG)}},
     ]
     items = [api.decode_request(request) for request in requests]
     batched = api.unbatch(api.predict(api.batch(items)))
