@@ -2,10 +2,10 @@
 
 Same model, same inputs, same answers, a different server. The preset is
 built with ``build_preset(name, seed)`` (the same seeded weights, hence the
-same fingerprint), requests are validated with mmserve's own ``InferRequest``
-schema and text limits, images are decoded with ``server.decoding`` and
-resized with ``models.preprocessing``, texts are tokenized with the bundle's
-tokenizer, and the answer carries the keys of ``POST /v1/infer``'s answer
+same fingerprint), requests are checked as mmserve checks them
+(``benchmarks.peer_request``: same body shape, limits and refusal codes; the
+peer imports nothing of ``server``), images are resized with
+``models.preprocessing``, texts are tokenized with the bundle's tokenizer, and the answer carries the keys of ``POST /v1/infer``'s answer
 (``route``, ``model``, ``image_embedding``, ``text_embedding``,
 ``fused_embedding``, ``score``, ``text``), plus ``batch_size``, the size of
 the LitServe batch the item ran in. So one load generator drives both servers
@@ -21,8 +21,8 @@ fused. A refusal (bad base64, corrupt image, text too long) is raised as the
 
 Batching follows mmserve's settings: ``max_batch_size`` and ``batch_timeout``
 default to ``MMSERVE_MAX_BATCH_SIZE`` and ``MMSERVE_MAX_QUEUE_DELAY_MS``
-(read when the process starts, not at import), so one environment configures
-both servers.
+(``PeerLimits.from_environment``, read when the process starts, not at
+import), so one environment configures both servers.
 
     python -m benchmarks.peer_litserve_app --preset tiny --port 8101
 """
@@ -38,20 +38,15 @@ import litserve as ls
 import numpy as np
 import torch
 from fastapi import HTTPException
-from pydantic import ValidationError
 
 from benchmarks.encoder_tracing import trace_all_encoders
+from benchmarks.peer_request import PeerLimits, PeerRefusal, checked_request, decode_image, decode_pixels
 from models.errors import TextTooLongError
 from models.multimodal import ImageSegment, TextSegment
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.presets import PRESET_NAMES
 from models.repository import ModelBundle, build_preset
 from models.tokenizer import TokenizedText
-from server.decoding import decode_base64, decode_image, decode_pixels
-from server.errors import ApiError
-from server.inputs import parsed_input
-from server.schemas import EncodedImage, InferRequest, RawImage
-from server.settings import Settings, load_settings
 
 INFER_PATH = "/v1/infer"
 
@@ -86,21 +81,21 @@ def _to_host(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).numpy()
 
 
-def _refusal(error: ApiError) -> HTTPException:
+def _refusal(error: PeerRefusal) -> HTTPException:
     """mmserve's refusal as LitServe's way of answering one: same status, same error body."""
-    return HTTPException(status_code=error.status, detail=error.body()["error"])
+    return HTTPException(status_code=error.status, detail=error.detail())
 
 
 class MultimodalLitAPI(ls.LitAPI):
     """The multimodal model behind LitServe's batching loop (one inference worker)."""
 
-    def __init__(self, preset: str, seed: int, settings: Settings, *, max_batch_size: int,
+    def __init__(self, preset: str, seed: int, limits: PeerLimits, *, max_batch_size: int,
                  batch_timeout_s: float, api_path: str = INFER_PATH, is_traced: bool = False) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_timeout=batch_timeout_s, api_path=api_path)
         self._is_traced = is_traced
         self._preset = preset
         self._seed = seed
-        self._settings = settings
+        self._limits = limits
         self._bundle: ModelBundle | None = None
 
     @property
@@ -119,36 +114,24 @@ class MultimodalLitAPI(ls.LitAPI):
     def decode_request(self, request: dict) -> PeerItem:
         try:
             return self._decode(request)
-        except ApiError as e:
+        except PeerRefusal as e:
             raise _refusal(e) from e
 
     def _decode(self, request: dict) -> PeerItem:
-        try:
-            body = InferRequest.model_validate(request)
-        except ValidationError as e:
-            first = e.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "body"
-            raise ApiError(422, "invalid_request", f"{field}: {first['msg']}", field) from e
-        encoded = raw = None
-        if isinstance(body.image, EncodedImage):
-            encoded = decode_base64(body.image.b64, "image.b64")
-        elif isinstance(body.image, RawImage):
-            raw = (body.image.uint8.shape, decode_base64(body.image.uint8.b64, "image.uint8.b64"))
-        parsed = parsed_input(body.text, encoded, raw, self._settings, truncate=body.truncate)
+        parsed = checked_request(request, self._limits)
         bundle = self.bundle
         tokens = None
         if parsed.text is not None:
             try:
                 tokens = bundle.tokenizer.encode(parsed.text, truncate=parsed.truncate)
             except TextTooLongError as e:
-                raise ApiError(422, "text_too_long", str(e), "text") from e
+                raise PeerRefusal(422, "text_too_long", str(e), "text") from e
         image = None
         preprocess = bundle.config.preprocess
-        max_pixels = self._settings.max_image_pixels
-        if raw is not None:
-            image = pixels_to_model_input(decode_pixels(raw[0], raw[1], max_pixels), preprocess)
-        elif encoded is not None:
-            image = resize_to_model_input(decode_image(encoded, max_pixels), preprocess)
+        if parsed.raw_pixels is not None:
+            image = pixels_to_model_input(decode_pixels(*parsed.raw_pixels, self._limits), preprocess)
+        elif parsed.encoded_image is not None:
+            image = resize_to_model_input(decode_image(parsed.encoded_image, self._limits), preprocess)
         return PeerItem(tokens=tokens, image=image)
 
     # -- one batch through the model ------------------------------------------------
@@ -248,13 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    settings = load_settings()  # MMSERVE_* from the environment, as ``mmserve serve`` reads them
-    max_batch_size = args.max_batch_size if args.max_batch_size is not None else settings.max_batch_size
-    delay_ms = args.max_queue_delay_ms if args.max_queue_delay_ms is not None else settings.max_queue_delay_ms
-    api = MultimodalLitAPI(args.preset, args.seed, settings, max_batch_size=max_batch_size,
+    limits = PeerLimits.from_environment()  # MMSERVE_* from the environment, as ``mmserve serve`` reads them
+    max_batch_size = args.max_batch_size if args.max_batch_size is not None else limits.max_batch_size
+    delay_ms = args.max_queue_delay_ms if args.max_queue_delay_ms is not None else limits.max_queue_delay_ms
+    api = MultimodalLitAPI(args.preset, args.seed, limits, max_batch_size=max_batch_size,
                            batch_timeout_s=delay_ms / 1000.0, is_traced=args.torchscript_encoders)
     server = ls.LitServer(api, accelerator=args.device, devices=1, workers_per_device=1,
-                          timeout=settings.default_timeout_ms / 1000.0, fast_queue=args.fast_queue)
+                          timeout=limits.default_timeout_ms / 1000.0, fast_queue=args.fast_queue)
     server.run(host=args.host, port=args.port, log_level=args.log_level, generate_client_file=False)
     return 0
 

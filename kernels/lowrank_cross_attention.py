@@ -34,24 +34,20 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.backend import Backend, is_interpreter_enabled, jit_kernel, resolve_backend
+from kernels.backend import (
+    Backend,
+    LaunchConfig,
+    device_arch,
+    is_interpreter_enabled,
+    jit_kernel,
+    launch_config,
+    resolve_backend,
+    row_max_combine,
+    row_sum_combine,
+    tl,
+    triton,
+)
 from kernels.errors import KernelInputError
-
-try:  # Triton ships for Linux x86_64 only; elsewhere the torch reference runs.
-    import triton
-    import triton.language as tl
-
-    # Row max and row sum go through ``tl.reduce`` with triton's own combine
-    # functions rather than ``tl.max`` / ``tl.sum``: those are ``@triton.jit``
-    # functions fixed to compiler or interpreter mode when ``triton.language``
-    # is first imported (often by timm, long before a test sets
-    # TRITON_INTERPRET=1), while ``tl.reduce`` is a builtin that both modes
-    # patch at launch and the interpreter runs these two combines in numpy.
-    _max_combine = tl.standard._elementwise_max
-    _sum_combine = tl.standard._sum_combine
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
 
 SUPPORTED_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 MAX_RANK = 64
@@ -174,10 +170,10 @@ def _lowrank_cross_attention_kernel(
         ).to(DOT_DTYPE)  # (BLOCK_R, BLOCK_N)
         scores = tl.dot(q, k_t, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) fp32
         scores = tl.where(mask_n[None, :], scores * scale_log2, float("-inf"))
-        new_max = tl.maximum(row_max, tl.reduce(scores, 1, _max_combine))
+        new_max = tl.maximum(row_max, tl.reduce(scores, 1, row_max_combine))
         correction = tl.exp2(row_max - new_max)  # 0 on the first tile (row_max = -inf)
         probs = tl.exp2(scores - new_max[:, None])
-        row_sum = row_sum * correction + tl.reduce(probs, 1, _sum_combine)
+        row_sum = row_sum * correction + tl.reduce(probs, 1, row_sum_combine)
         v = tl.load(
             v_item + cols[:, None] * stride_v_row + offs_d[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
@@ -240,7 +236,8 @@ def _launch(
     if shape.max_seqlen_q == 0:
         return
     offsets = cu_seqlens_q.to(q.device, non_blocking=True)
-    meta = _launch_meta(q.dtype, shape, is_interpreter_enabled())
+    config = launch_config(_table_key(q.dtype), device_arch(q.device))
+    meta = _launch_meta(q.dtype, shape, is_interpreter_enabled(), config)
     grid = (
         triton.cdiv(shape.max_seqlen_q, meta["BLOCK_M"]),
         shape.num_items,
@@ -264,23 +261,27 @@ def _launch(
             shape.rank,
             shape.value_dim,
             scale * math.log2(math.e),
-            num_warps=4,
+            num_warps=config.num_warps,
             **meta,
         )
 
 
-def _launch_meta(dtype: torch.dtype, shape: _AttentionShape, is_interpret: bool) -> dict[str, object]:
-    """The kernel's constexpr arguments for one call (tile sizes and dot operand type)."""
-    # fp32 dots run on FMA units ("ieee") and stage their operands through
-    # shared memory; smaller tiles keep that under ~100 KB (sm_80..sm_90).
-    max_block_m, max_block_d = (32, 64) if dtype == torch.float32 else (64, 128)
+def _table_key(dtype: torch.dtype) -> str:
+    """The launch table's entry for ``dtype`` (``kernels.backend.LAUNCH_TABLE``)."""
+    return "lowrank_cross_attention/" + ("fp32" if dtype == torch.float32 else "half")
+
+
+def _launch_meta(dtype: torch.dtype, shape: _AttentionShape, is_interpret: bool,
+                 config: LaunchConfig) -> dict[str, object]:
+    """The kernel's constexpr arguments for one call: the table's tiles, capped by the shape, and dot operands."""
+    tiles = config.tiles
     return {
         "DOT_DTYPE": _dot_dtype(dtype, is_interpret),
         "DOT_PRECISION": "ieee" if dtype == torch.float32 else "tf32",
-        "BLOCK_M": min(max_block_m, max(16, triton.next_power_of_2(shape.max_seqlen_q))),
-        "BLOCK_N": 64,
+        "BLOCK_M": min(tiles["BLOCK_M"], max(16, triton.next_power_of_2(shape.max_seqlen_q))),
+        "BLOCK_N": tiles["BLOCK_N"],
         "BLOCK_R": max(16, triton.next_power_of_2(shape.rank)),
-        "BLOCK_D": min(max_block_d, max(16, triton.next_power_of_2(shape.value_dim))),
+        "BLOCK_D": min(tiles["BLOCK_D"], max(16, triton.next_power_of_2(shape.value_dim))),
     }
 
 

@@ -21,19 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.backend import Backend, jit_kernel, resolve_backend
+from kernels.backend import Backend, device_arch, jit_kernel, launch_config, resolve_backend, tl, triton
 from kernels.errors import KernelInputError
-
-try:  # Triton ships for Linux x86_64 only; elsewhere the torch reference runs.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised only where triton is absent
-    triton = None
-    tl = None
 
 SUPPORTED_OUT_DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
 NUM_CHANNELS = 3
-BLOCK_PIXELS = 1024
 MAX_NUM_IMAGES = 65535  # the CUDA grid's second axis
 
 
@@ -134,7 +126,8 @@ def _launch(images: torch.Tensor, out: torch.Tensor, affine: _ChannelAffine) -> 
     num_pixels = height * width
     if num_images == 0 or num_pixels == 0:
         return
-    grid = (triton.cdiv(num_pixels, BLOCK_PIXELS), num_images)
+    config = launch_config("preprocess_uint8", device_arch(images.device))
+    grid = (triton.cdiv(num_pixels, config.tiles["BLOCK"]), num_images)
     kernel = jit_kernel(_preprocess_uint8_kernel)
     with torch.cuda.device(images.device) if images.device.type == "cuda" else contextlib.nullcontext():
         kernel[grid](
@@ -143,8 +136,8 @@ def _launch(images: torch.Tensor, out: torch.Tensor, affine: _ChannelAffine) -> 
             num_pixels,
             *affine.scale,
             *affine.shift,
-            BLOCK=BLOCK_PIXELS,
-            num_warps=4,
+            num_warps=config.num_warps,
+            **config.tiles,
         )
 
 

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import lowrank_cross_attention
+from kernels import Backend, lowrank_cross_attention
 
-BACKENDS: tuple[str, ...] = ("auto", "triton", "torch")
+BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
 
 
 @dataclass(frozen=True)

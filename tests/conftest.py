@@ -7,6 +7,7 @@ run in a thread; the fixture waits until it is started and ready.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -145,3 +146,30 @@ def run_serve_process(args: list[str], env: dict[str, str] | None = None,
 def serve_process() -> Callable[..., object]:
     """``with serve_process(["--preset", "tiny"], env) as served: ...`` (see ``run_serve_process``)."""
     return run_serve_process
+
+
+PROMETHEUS_INSTALL_HINT = "apt-get update && apt-get install -y prometheus"
+REQUIRE_PROMETHEUS_ENV = "MMSERVE_REQUIRE_PROMETHEUS"
+
+
+def find_prometheus_binary(name: str) -> str:
+    """The path of Prometheus's ``name`` binary (``prometheus`` or ``promtool``).
+
+    Missing, the calling test skips and says how to install it, so the README's
+    ``python -m pytest`` passes on a fresh machine; with
+    ``MMSERVE_REQUIRE_PROMETHEUS=1`` (``.ci/run`` sets it after installing them)
+    a missing binary fails instead, so CI can never skip these tests silently.
+    """
+    path = shutil.which(name)
+    if path is not None:
+        return path
+    message = f"{name} is not on PATH; install it with `{PROMETHEUS_INSTALL_HINT}`"
+    if os.environ.get(REQUIRE_PROMETHEUS_ENV) == "1":
+        pytest.fail(f"{message} ({REQUIRE_PROMETHEUS_ENV}=1 requires it)")
+    pytest.skip(message)
+
+
+@pytest.fixture
+def prometheus_binary() -> Callable[[str], str]:
+    """``prometheus_binary("promtool")``: the binary's path, or skip (fail in CI) when it is missing."""
+    return find_prometheus_binary

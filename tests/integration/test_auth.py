@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import hmac
-import io
 import logging
 import re
 import socket
@@ -21,9 +20,9 @@ import pytest
 import tritonclient.http as triton_http
 import uvicorn
 import yaml
-from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from encoded_images import encoded_image
 from server.app import create_app
 from server.auth import ApiKeyConfigError, is_valid_key
 from server.cli import main as mmserve_main
@@ -38,13 +37,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _png(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (24, 32, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -199,7 +191,7 @@ def test_cors_is_off_unless_origins_are_configured(live_server_factory):
 
 def test_logs_carry_ids_sizes_and_digests_never_texts_or_image_bytes(tiny_server, caplog):
     secret = "Zebra-quartz-7731 my-home-address"
-    image = _png(5)
+    image = encoded_image(5, (32, 24))
     image_b64 = base64.b64encode(image).decode()
     with caplog.at_level(logging.DEBUG), tiny_server.client() as client:
         served = client.post("/v1/infer", json={"text": secret, "image": {"b64": image_b64}})

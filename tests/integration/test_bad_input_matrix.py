@@ -16,7 +16,6 @@ only in memory: no format writes them).
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import re
@@ -32,6 +31,7 @@ import pytest
 import torch
 from PIL import Image
 
+from encoded_images import b64, encode, encoded_image, noise_image
 from models.preprocessing import resize_to_model_input
 from server.decoding import decode_image
 from server.protocols.kserve_v2_codec import Tensor, V2InferRequest, encode_infer_request
@@ -64,23 +64,8 @@ class RawBody:
     headers: dict[str, str]
 
 
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def _encode(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
-
-
-def _noise(width: int, height: int, seed: int) -> Image.Image:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
-
-
 def _in_mode(mode: str, seed: int) -> Image.Image:
-    rgb = _noise(20, 14, seed)
+    rgb = noise_image(seed, (20, 14))
     if mode == "I":
         return Image.fromarray(np.asarray(rgb.convert("L"), dtype=np.int32) * 100)
     if mode == "F":
@@ -118,11 +103,11 @@ def _bmp_bomb() -> bytes:
 
 
 def _animated(fmt: str, seed: int) -> tuple[bytes, Image.Image]:
-    frames = [_noise(24, 18, seed + offset) for offset in range(3)]
+    frames = [noise_image(seed + offset, (24, 18)) for offset in range(3)]
     options: dict[str, object] = {"save_all": True, "append_images": frames[1:], "duration": 100, "loop": 0}
     if fmt == "WEBP":
         options["lossless"] = True
-    data = _encode(frames[0].convert("P") if fmt == "GIF" else frames[0], fmt, **options)
+    data = encode(frames[0].convert("P") if fmt == "GIF" else frames[0], fmt, **options)
     return data, Image.open(io.BytesIO(data))  # the server's first frame is Pillow's frame 0
 
 
@@ -135,7 +120,7 @@ def _v2_json_body(item: Item) -> RawBody:
     if item.text is not None:
         inputs.append({"name": "text", "datatype": "BYTES", "shape": [1], "data": [item.text]})
     if item.image is not None:
-        inputs.append({"name": "image", "datatype": "BYTES", "shape": [1], "data": [_b64(item.image)]})
+        inputs.append({"name": "image", "datatype": "BYTES", "shape": [1], "data": [b64(item.image)]})
     if item.pixels is not None:
         shape, data = item.pixels
         inputs.append({"name": "image_uint8", "datatype": "UINT8", "shape": [1, *shape], "data": list(data)})
@@ -175,9 +160,9 @@ def _request(protocol: str, item: Item | RawBody) -> tuple[str, dict] | None:
         if item.text is not None:
             body["text"] = item.text
         if item.image is not None:
-            body["image"] = {"b64": _b64(item.image)}
+            body["image"] = {"b64": b64(item.image)}
         if item.pixels is not None:
-            body["image"] = {"uint8": {"shape": item.pixels[0], "b64": _b64(item.pixels[1])}}
+            body["image"] = {"uint8": {"shape": item.pixels[0], "b64": b64(item.pixels[1])}}
         if item.truncate:
             body["truncate"] = True
         # ensure_ascii keeps lone surrogates as \ud800 escapes, as a JSON client would send them
@@ -199,7 +184,7 @@ def _request(protocol: str, item: Item | RawBody) -> tuple[str, dict] | None:
         return None  # OpenAI's API has neither raw pixels nor truncation
     inputs = [] if item.text is None else [item.text]
     if item.image is not None:
-        inputs.append(f"data:image/png;base64,{_b64(item.image)}")
+        inputs.append(f"data:image/png;base64,{b64(item.image)}")
     return path, {"content": json.dumps({"input": inputs, "model": "tiny"}).encode(),
                   "headers": {"content-type": "application/json"}}
 
@@ -252,14 +237,10 @@ def _send_and_check(client: httpx.Client, protocol: str, item: Item | RawBody,
 # -- the refusal matrix -------------------------------------------------------------------------------
 
 
-def _png(seed: int) -> bytes:
-    return _encode(_noise(40, 30, seed), "PNG")
-
-
 def _refusals() -> list[tuple[str, str, Item | RawBody, tuple[int, str | None]]]:
     json_type = {"content-type": "application/json"}
-    truncated_png = _png(1)[:60]
-    truncated_jpeg = (lambda data: data[: len(data) // 2])(_encode(_noise(64, 48, 2), "JPEG"))
+    truncated_png = encoded_image(1)[:60]
+    truncated_jpeg = (lambda data: data[: len(data) // 2])(encoded_image(2, (64, 48), "JPEG"))
     cases: list[tuple[str, str, Item | RawBody, tuple[int, str | None]]] = []
 
     def add(name: str, item_for: Callable[[str], Item | RawBody | None], expected_for: Callable[[str], tuple]) -> None:
@@ -404,16 +385,16 @@ def _served_images(seed: int) -> list[tuple[str, bytes, bytes]]:
     """(name, bytes sent, bytes whose decoding is the expected input): every mode, size and animation."""
     images = []
     for index, (mode, fmt) in enumerate(MODES):
-        data = _encode(_in_mode(mode, seed + index), fmt)
+        data = encode(_in_mode(mode, seed + index), fmt)
         images.append((f"{mode}-{fmt}", data, data))
     for index, size in enumerate(SIZES):
-        data = _encode(_noise(*size, seed + 100 + index), "PNG")
+        data = encoded_image(seed + 100 + index, size)
         images.append((f"{size[0]}x{size[1]}", data, data))
     for index, fmt in enumerate(ANIMATED_FORMATS):
         data, opened = _animated(fmt, seed + 200 + 10 * index)
         assert getattr(opened, "n_frames", 1) == 3
         opened.seek(0)
-        images.append((f"animated-{fmt}", data, _encode(opened.convert("RGB"), "PNG")))  # the first frame
+        images.append((f"animated-{fmt}", data, encode(opened.convert("RGB"), "PNG")))  # the first frame
     return images
 
 
@@ -427,11 +408,11 @@ def _direct_image_embeddings(bundle, sources: list[bytes]) -> np.ndarray:
 def _many_images_request(protocol: str, images: list[bytes]) -> tuple[str, dict]:
     """Every image as one row (v2) or one input item (OpenAI) of a single request."""
     if protocol == "openai":
-        body = {"input": [f"data:image/png;base64,{_b64(data)}" for data in images], "model": "tiny"}
+        body = {"input": [f"data:image/png;base64,{b64(data)}" for data in images], "model": "tiny"}
         return "/v1/embeddings", {"json": body}
     if protocol == "v2_json":
         body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(images)],
-                            "data": [_b64(data) for data in images]}]}
+                            "data": [b64(data) for data in images]}]}
         return V2_PATH, {"json": body}
     tensor = Tensor("image", "BYTES", (len(images),), np.array(images, dtype=object), is_binary=True)
     encoded = encode_infer_request(V2InferRequest((tensor,)))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import socket
 import subprocess
 import sys
@@ -13,8 +11,9 @@ import httpx
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from safetensors.torch import load_file, save_file
+
+from encoded_images import encoded_image_b64
 
 MMSERVE = [sys.executable, "-m", "server.cli"]
 
@@ -23,13 +22,6 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _png(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (24, 36, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def _init_repo(directory: Path) -> None:
@@ -43,7 +35,7 @@ def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny
     repo = tmp_path / "tiny-repo"
     _init_repo(repo)
     with serve_process(["--model-repo", str(repo), "--device", "cpu"]) as served:
-        body = {"text": "a lighthouse at dusk", "image": {"b64": base64.b64encode(_png(9)).decode()}}
+        body = {"text": "a lighthouse at dusk", "image": {"b64": encoded_image_b64(9, (36, 24))}}
         from_repo = httpx.post(f"{served.url}/v1/infer", json=body, timeout=30).json()
         in_memory = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=30).json()
     assert from_repo["model"] == in_memory["model"]

@@ -1,29 +1,21 @@
 """A server running its encoders as TorchScript graphs answers what an eager server answers."""
 
+
+
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
-from PIL import Image
 
+from encoded_images import encoded_image_b64
 from models.repository import build_preset
 
 
-def _jpeg(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (48, 64, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG")
-    return base64.b64encode(buffer.getvalue()).decode()
-
-
 BODIES = [
-    {"text": "a kite over the beach", "image": {"b64": _jpeg(1)}},
-    {"image": {"b64": _jpeg(2)}},
+    {"text": "a kite over the beach", "image": {"b64": encoded_image_b64(1, (64, 48), "JPEG")}},
+    {"image": {"b64": encoded_image_b64(2, (64, 48), "JPEG")}},
     {"text": "short"},
     {"text": "a longer question about the picture, for a bigger bucket",
-     "image": {"b64": _jpeg(3)}},
+     "image": {"b64": encoded_image_b64(3, (64, 48), "JPEG")}},
 ]
 EMBEDDINGS = ("image_embedding", "text_embedding", "fused_embedding")
 

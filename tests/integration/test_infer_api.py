@@ -2,32 +2,19 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import socket
-import time
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from encoded_images import b64, encoded_image
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.repository import ModelBundle
 
 TOLERANCE = 1e-5
-
-
-def png_bytes(width: int = 40, height: int = 30, seed: int = 0, mode: str = "RGB") -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).convert(mode).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def direct_image_input(bundle: ModelBundle, encoded: bytes) -> torch.Tensor:
@@ -71,7 +58,7 @@ def test_text_only_is_routed_text_and_equals_the_model(tiny_server, tiny_bundle)
 
 
 def test_image_only_is_routed_vision_and_equals_the_model(tiny_server, tiny_bundle):
-    encoded = png_bytes(seed=1)
+    encoded = encoded_image(1)
     with tiny_server.client() as client:
         answer = client.post("/v1/infer", json={"image": {"b64": b64(encoded)}}).json()
     assert answer["route"] == "vision"
@@ -80,7 +67,7 @@ def test_image_only_is_routed_vision_and_equals_the_model(tiny_server, tiny_bund
 
 
 def test_image_and_text_are_fused_and_equal_the_model(tiny_server, tiny_bundle):
-    encoded = png_bytes(seed=2)
+    encoded = encoded_image(2)
     with tiny_server.client() as client:
         answer = client.post("/v1/infer", json={"text": "what is this?", "image": {"b64": b64(encoded)}}).json()
     assert answer["route"] == "fusion"
@@ -91,7 +78,7 @@ def test_image_and_text_are_fused_and_equal_the_model(tiny_server, tiny_bundle):
 
 
 def test_multipart_equals_json(tiny_server):
-    encoded = png_bytes(seed=3)
+    encoded = encoded_image(3)
     with tiny_server.client() as client:
         as_json = client.post("/v1/infer", json={"text": "a dog", "image": {"b64": b64(encoded)}}).json()
         as_form = client.post("/v1/infer", files={"image": ("dog.png", encoded, "image/png")},
@@ -112,7 +99,7 @@ def test_raw_uint8_pixels_equal_the_model(tiny_server, tiny_bundle):
 
 
 def test_the_same_input_twice_gives_the_same_output(tiny_server):
-    body = {"text": "same again", "image": {"b64": b64(png_bytes(seed=5))}}
+    body = {"text": "same again", "image": {"b64": b64(encoded_image(5))}}
     with tiny_server.client() as client:
         first, second = (client.post("/v1/infer", json=body).json() for _ in range(2))
     assert first["id"] != second["id"]
@@ -156,7 +143,7 @@ def test_too_long_text_is_422_naming_the_limit_unless_truncated(tiny_server, tin
         ({"image": {"b64": "not base64!"}}, 400, "invalid_base64", "image.b64"),
         ({"image": {"b64": b64(b"")}}, 422, "invalid_request", "image"),
         ({"image": {"b64": b64(b"plain text, not an image")}}, 415, "unsupported_image_format", "image"),
-        ({"image": {"b64": b64(png_bytes()[:60])}}, 400, "corrupt_image", "image"),
+        ({"image": {"b64": b64(encoded_image(0)[:60])}}, 400, "corrupt_image", "image"),
         ({"image": {"uint8": {"shape": [2, 2], "b64": b64(bytes(12))}}}, 422, "invalid_request", "image"),
         ({"image": {"uint8": {"shape": [2, 2, 4], "b64": b64(bytes(16))}}}, 422, "invalid_tensor_shape",
          "image.uint8.shape"),
@@ -211,7 +198,7 @@ def test_header_only_huge_image_is_refused_from_its_header(live_server_factory):
         assert response.status_code == 413
         error = response.json()["error"]
         assert error["code"] == "image_too_large" and "1000000" in error["message"]
-        assert client.post("/v1/infer", json={"image": {"b64": b64(png_bytes())}}).status_code == 200
+        assert client.post("/v1/infer", json={"image": {"b64": b64(encoded_image(0))}}).status_code == 200
 
 
 def test_body_over_the_limit_is_413_without_reading_it(live_server_factory):
@@ -228,21 +215,13 @@ def test_body_over_the_limit_is_413_without_reading_it(live_server_factory):
         assert client.post("/v1/infer", json={"text": "fine"}).status_code == 200
 
 
-def test_a_413_closes_the_connection_so_the_unread_body_cannot_trickle_on(live_server_factory):
+def test_a_413_closes_the_connection_so_the_unread_body_cannot_trickle_on(live_server_factory, read_until_closed):
     with live_server_factory(max_body_bytes=10_000) as server:
         host, port = server.url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=5) as sock:
             sock.sendall(b"POST /v1/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                          b"Content-Length: 20000\r\n\r\n" + b" " * 100)
-            answer = b""
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                chunk = sock.recv(4096)
-                if not chunk:
-                    break  # the server closed the connection
-                answer += chunk
-            else:
-                raise AssertionError(f"the connection stayed open after {answer[:200]!r}")
+            answer, _ = read_until_closed(sock, timeout_s=5)
     head = answer.split(b"\r\n\r\n", 1)[0].lower()
     assert head.startswith(b"http/1.1 413") and b"connection: close" in head, head
 

@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import re
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
-from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from encoded_images import b64, encoded_image
+
 TOLERANCE = 1e-5
-
-
-def png_bytes(seed: int, width: int = 40, height: int = 30) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def native(server, body: dict) -> dict:
@@ -64,7 +52,7 @@ def test_health_server_and_model_metadata(triton, tiny_server, tiny_bundle):
     assert metadata["name"] == tiny_bundle.config.name and metadata["versions"] == ["1"]
     inputs = {spec["name"]: (spec["datatype"], spec["shape"]) for spec in metadata["inputs"]}
     assert inputs == {"text": ("BYTES", [-1]), "image": ("BYTES", [-1]), "image_uint8": ("UINT8", [-1, -1, -1, 3])}
-    answer = native(tiny_server, {"text": "sizes", "image": {"b64": b64(png_bytes(0))}})
+    answer = native(tiny_server, {"text": "sizes", "image": {"b64": b64(encoded_image(0))}})
     outputs = {spec["name"]: (spec["datatype"], spec["shape"]) for spec in metadata["outputs"]}
     assert outputs == {
         "image_embedding": ("FP32", [-1, len(answer["image_embedding"])]),
@@ -75,7 +63,7 @@ def test_health_server_and_model_metadata(triton, tiny_server, tiny_bundle):
 
 
 def test_binary_image_and_text_rows_are_fused_and_equal_v1_infer(triton, tiny_server):
-    images = [png_bytes(1), png_bytes(2, width=64, height=20)]
+    images = [encoded_image(1), encoded_image(2, (64, 20))]
     texts = [b"a red bicycle", "caf\u00e9 au lait".encode()]
     result = triton.infer("tiny", [bytes_input("text", texts), bytes_input("image", images)], request_id="r-1")
     assert result.get_response()["id"] == "r-1" and result.get_response()["model_version"] == "1"
@@ -110,7 +98,7 @@ def test_uint8_pixels_equal_v1_infer_raw_pixels(triton, tiny_server):
 
 
 def test_only_the_requested_outputs_come_back(triton, tiny_server):
-    image = png_bytes(4)
+    image = encoded_image(4)
     outputs = [triton_http.InferRequestedOutput("score")]
     result = triton.infer("tiny", [bytes_input("text", [b"just the score"]), bytes_input("image", [image])],
                           outputs=outputs)
@@ -121,7 +109,7 @@ def test_only_the_requested_outputs_come_back(triton, tiny_server):
 
 
 def test_json_images_are_base64_strings(tiny_server):
-    image = png_bytes(5)
+    image = encoded_image(5)
     body = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1], "data": [b64(image)]}]}
     with tiny_server.client() as client:
         answer = client.post("/v2/models/tiny/infer", json=body)
@@ -148,12 +136,12 @@ def test_unknown_model_and_version_raise_in_the_client(triton):
     ("inputs", "outputs", "status", "code"),
     [
         (lambda: [bytes_input("text", [b"fine", b"   "])], None, "422", "empty_text: row 1"),
-        (lambda: [bytes_input("image", [png_bytes(6), b"not an image"])], None, "415",
+        (lambda: [bytes_input("image", [encoded_image(6), b"not an image"])], None, "415",
          "unsupported_image_format: row 1"),
         (lambda: [bytes_input("text", [b"\xff\xfe"])], None, "400", "invalid_text_encoding: row 0"),
         (lambda: [bytes_input("text", [b"x"])], ["score"], "400", "output_not_available"),
         (lambda: [bytes_input("prompt", [b"x"])], None, "400", "unknown_input"),
-        (lambda: [bytes_input("text", [b"a", b"b"]), bytes_input("image", [png_bytes(7)])], None, "400",
+        (lambda: [bytes_input("text", [b"a", b"b"]), bytes_input("image", [encoded_image(7)])], None, "400",
          "invalid_tensor_shape"),
     ],
 )

@@ -3,27 +3,16 @@
 from __future__ import annotations
 
 import base64
-import io
 import re
 
 import httpx
 import numpy as np
 import openai
 import pytest
-from PIL import Image
+
+from encoded_images import b64, encoded_image
 
 TOLERANCE = 1e-5
-
-
-def png_bytes(seed: int, width: int = 40, height: int = 30) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, size=(height, width, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
 
 
 def data_uri(image: bytes) -> str:
@@ -64,7 +53,7 @@ def test_text_list_equals_v1_infer_with_token_usage(client, tiny_server):
 
 
 def test_data_uri_image_gives_the_image_embedding(client, tiny_server):
-    image = png_bytes(1)
+    image = encoded_image(1)
     answer = client.embeddings.create(model="tiny", input=["a caption", data_uri(image)], encoding_format="float")
     image_reference = native(tiny_server, {"image": {"b64": b64(image)}})["image_embedding"]
     text_reference = native(tiny_server, {"text": "a caption"})

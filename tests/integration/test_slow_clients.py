@@ -27,15 +27,6 @@ def _connect(url: str, receive_buffer_bytes: int | None = None) -> socket.socket
     return sock
 
 
-def _read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection, and when it closed."""
-    sock.settimeout(timeout_s)
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    return received, time.monotonic()
-
-
 def _timed_requests(url: str, num_requests: int) -> list[tuple[int, float]]:
     """Status and latency of requests sent meanwhile by well-behaved clients, in parallel."""
     def one(i: int) -> tuple[int, float]:
@@ -53,7 +44,7 @@ def _requests_total(url: str, code: str) -> float:
                                             text, re.M))
 
 
-def test_a_trickling_body_gets_408_while_others_are_served(live_server_factory):
+def test_a_trickling_body_gets_408_while_others_are_served(live_server_factory, read_until_closed):
     with live_server_factory(body_timeout_s=1.0) as server:
         router = server.app.state.mmserve.router
         sock = _connect(server.url)
@@ -74,7 +65,7 @@ def test_a_trickling_body_gets_408_while_others_are_served(live_server_factory):
         try:
             served = _timed_requests(server.url, 8)
             in_flight_meanwhile = router.num_in_flight
-            answer, closed_at = _read_until_closed(sock, timeout_s=10)
+            answer, closed_at = read_until_closed(sock, timeout_s=10)
         finally:
             stop.set()
             trickler.join(timeout=5)
@@ -142,14 +133,14 @@ def _served_like_mmserve_serve(settings: Settings, bundle: object) -> Iterator[s
         sock.close()
 
 
-def test_an_idle_keep_alive_connection_is_closed_after_the_setting(tiny_bundle):
+def test_an_idle_keep_alive_connection_is_closed_after_the_setting(tiny_bundle, read_until_closed):
     settings = Settings(preset="tiny", device="cpu", keep_alive_timeout_s=0.5, log_level="warning")
     with _served_like_mmserve_serve(settings, tiny_bundle) as url:
         sock = _connect(url)
         try:
             sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: mmserve\r\n\r\n")
             answered_at = time.monotonic()
-            answer, closed_at = _read_until_closed(sock, timeout_s=10)
+            answer, closed_at = read_until_closed(sock, timeout_s=10)
         finally:
             sock.close()
         assert answer.startswith(b"HTTP/1.1 200")

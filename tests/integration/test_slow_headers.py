@@ -31,15 +31,6 @@ def _connect(url: str) -> socket.socket:
     return socket.create_connection((host, int(port)))
 
 
-def _read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes the connection, and when it closed."""
-    sock.settimeout(timeout_s)
-    received = b""
-    while chunk := sock.recv(65536):
-        received += chunk
-    return received, time.monotonic()
-
-
 def _read_one_answer(sock: socket.socket) -> bytes:
     """One complete answer (head and Content-Length body) from a keep-alive connection."""
     sock.settimeout(10)
@@ -54,7 +45,8 @@ def _read_one_answer(sock: socket.socket) -> bytes:
     return head
 
 
-def test_trickled_headers_get_408_and_a_silent_connection_is_closed(live_server_factory, parser):
+def test_trickled_headers_get_408_and_a_silent_connection_is_closed(live_server_factory, parser,
+                                                                   read_until_closed):
     with live_server_factory(header_timeout_s=1.0) as live:
         trickler, silent = _connect(live.url), _connect(live.url)
         started = time.monotonic()
@@ -71,8 +63,8 @@ def test_trickled_headers_get_408_and_a_silent_connection_is_closed(live_server_
         thread = threading.Thread(target=trickle, daemon=True)
         thread.start()
         try:
-            answer, trickler_closed_at = _read_until_closed(trickler, timeout_s=5)
-            silence, silent_closed_at = _read_until_closed(silent, timeout_s=5)
+            answer, trickler_closed_at = read_until_closed(trickler, timeout_s=5)
+            silence, silent_closed_at = read_until_closed(silent, timeout_s=5)
         finally:
             stop.set()
             thread.join(timeout=5)
@@ -91,7 +83,8 @@ def test_trickled_headers_get_408_and_a_silent_connection_is_closed(live_server_
             assert _read_one_answer(sock).startswith(b"HTTP/1.1 200")
 
 
-def test_keep_alive_idle_time_does_not_count_against_the_next_requests_headers(live_server_factory, parser):
+def test_keep_alive_idle_time_does_not_count_against_the_next_requests_headers(live_server_factory, parser,
+                                                                              read_until_closed):
     with live_server_factory(header_timeout_s=0.6, keep_alive_timeout_s=1.2) as live, _connect(live.url) as sock:
         sock.sendall(REQUEST_HEAD + REQUEST_BODY)
         assert _read_one_answer(sock).startswith(b"HTTP/1.1 200")
@@ -103,6 +96,6 @@ def test_keep_alive_idle_time_does_not_count_against_the_next_requests_headers(l
         sock.sendall(REQUEST_BODY)
         assert _read_one_answer(sock).startswith(b"HTTP/1.1 200")
         answered_at = time.monotonic()
-        rest, closed_at = _read_until_closed(sock, timeout_s=10)
+        rest, closed_at = read_until_closed(sock, timeout_s=10)
         assert rest == b""  # closed as an idle keep-alive connection: no 408
         assert 1.1 < closed_at - answered_at < 2.5

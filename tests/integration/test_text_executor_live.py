@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 import sys
 import threading
@@ -11,17 +9,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
+
+from encoded_images import encoded_image_b64
 
 STALL_MS = 1500
-
-
-def _png() -> str:
-    buffer = io.BytesIO()
-    Image.fromarray(np.full((32, 32, 3), 90, dtype=np.uint8)).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
+IMAGE_B64 = encoded_image_b64(0, (32, 32))
 
 
 def _text_latency_during_a_stalled_vision_batch(server) -> tuple[float, bool]:
@@ -30,7 +23,7 @@ def _text_latency_during_a_stalled_vision_batch(server) -> tuple[float, bool]:
         drill = client.post("/v1/admin/faults", json={"stage": "vision", "delay_ms": STALL_MS, "duration_s": 60})
         assert drill.status_code == 200, drill.text
         with httpx.Client(base_url=server.url, timeout=30) as other:
-            vision = pool.submit(other.post, "/v1/infer", json={"image": {"b64": _png()}})
+            vision = pool.submit(other.post, "/v1/infer", json={"image": {"b64": IMAGE_B64}})
             time.sleep(0.3)  # the vision batch is on its thread now, stalled
             started = time.monotonic()
             text = client.post("/v1/infer", json={"text": "not behind the images"})
@@ -58,7 +51,7 @@ def test_with_one_shared_executor_the_text_request_waits_for_the_vision_batch(li
 def test_image_work_runs_at_the_configured_lower_priority(live_server_factory):
     base_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     with live_server_factory(image_work_nice=4, decode_threads=1) as server, server.client() as client:
-        assert client.post("/v1/infer", json={"image": {"b64": _png()}}).status_code == 200  # starts a decode thread
+        assert client.post("/v1/infer", json={"image": {"b64": IMAGE_B64}}).status_code == 200  # starts a decode thread
         threads = {thread.name: thread.native_id for thread in threading.enumerate()}
         names = ("mmserve-text", "mmserve-image", "mmserve-decode_0")
         nice = {name: os.getpriority(os.PRIO_PROCESS, threads[name]) for name in names}

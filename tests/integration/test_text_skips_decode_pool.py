@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import base64
-import io
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
-from PIL import Image
 
+from encoded_images import encoded_image_b64
 import server.inputs
 from router.intake import INLINE_TEXT_MAX_CHARS
 
 DECODE_STALL_S = 1.5
-
-
-def _png() -> str:
-    buffer = io.BytesIO()
-    Image.fromarray(np.full((32, 32, 3), 40, dtype=np.uint8)).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _slow_decode(monkeypatch) -> None:
@@ -35,7 +26,7 @@ def _slow_decode(monkeypatch) -> None:
 
 def _latency_behind_a_stalled_decode(live, text: str) -> float:
     with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=live.url, timeout=30) as client:
-        image = pool.submit(client.post, "/v1/infer", json={"image": {"b64": _png()}})
+        image = pool.submit(client.post, "/v1/infer", json={"image": {"b64": encoded_image_b64(0, (32, 32))}})
         time.sleep(0.3)  # the only decode thread is now busy with the image
         started = time.monotonic()
         with httpx.Client(base_url=live.url, timeout=30) as other:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,3 +39,33 @@ def test_ci_runs_the_readme_commands():
     assert "pip install -e '.[test]'" in readme and "pip install -q -e '.[test]'" in ci
     assert "python -m pytest" in readme and "python -m pytest" in ci
     assert '"$status" -eq 5' in ci  # "no tests collected" fails CI
+
+
+def test_ci_requires_the_prometheus_binaries():
+    ci = (ROOT / ".ci" / "run").read_text()
+    install = ci.index("apt-get install -y -qq prometheus")
+    require = ci.index("export MMSERVE_REQUIRE_PROMETHEUS=1")
+    assert install < require < ci.index("python -m pytest")
+
+
+def test_a_missing_prometheus_binary_skips_with_the_install_hint(prometheus_binary, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("MMSERVE_REQUIRE_PROMETHEUS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y prometheus"):
+        prometheus_binary("promtool")
+
+
+def test_a_missing_prometheus_binary_fails_when_required(prometheus_binary, monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("MMSERVE_REQUIRE_PROMETHEUS", "1")
+    with pytest.raises(pytest.fail.Exception, match="promtool is not on PATH"):
+        prometheus_binary("promtool")
+
+
+def test_a_present_prometheus_binary_is_found(prometheus_binary, monkeypatch, tmp_path):
+    fake = tmp_path / "promtool"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("MMSERVE_REQUIRE_PROMETHEUS", "1")
+    assert prometheus_binary("promtool") == str(fake)

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 import textwrap
+import tomllib
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 import torch
 
 from kernels import Backend, BackendUnavailableError, KernelInputError, lowrank_cross_attention, preprocess_uint8
-from kernels.backend import resolve_backend
+from kernels.backend import LAUNCH_TABLE, device_arch, launch_config, resolve_backend
 
 
 @pytest.mark.parametrize(
@@ -85,3 +88,41 @@ def test_interpreter_mode_is_decided_at_first_launch_not_at_import() -> None:
     assert lines[0] == "refused-before"
     assert lines[1] == "max-error"
     assert float(lines[2]) <= 1e-5
+
+
+def test_the_private_triton_combines_exist_and_the_interpreter_runs_them_in_numpy() -> None:
+    """The one private Triton API the kernels use: a Triton without it fails here, not in serving."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    from kernels.backend import row_max_combine, row_sum_combine
+
+    assert row_max_combine is tl.standard._elementwise_max
+    assert row_sum_combine is tl.standard._sum_combine
+    fast_paths = inspect.getsource(interpreter.ReduceOps.apply_impl)
+    assert "tl.standard._elementwise_max" in fast_paths and "tl.standard._sum_combine" in fast_paths
+
+
+def test_triton_is_pinned_below_the_next_untested_minor_version() -> None:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[3] / "pyproject.toml").read_text())
+    (requirement,) = [dep for dep in pyproject["project"]["dependencies"] if dep.startswith("triton")]
+    upper = requirement.split(";")[0].split("<")[1]  # "3.9"
+    major, minor = (int(part) for part in version("triton").split(".")[:2])
+    assert (major, minor) < tuple(int(part) for part in upper.split("."))
+
+
+def test_every_kernel_has_an_interpreter_and_a_gpu_launch_entry() -> None:
+    for kernel, by_arch in LAUNCH_TABLE.items():
+        assert {"interpreter", "sm80", "sm90"} <= set(by_arch), kernel
+        for config in by_arch.values():
+            assert config.num_warps in (1, 2, 4, 8, 16)
+            assert all(size & (size - 1) == 0 for size in config.tiles.values()), (kernel, config)
+
+
+def test_a_device_takes_the_highest_listed_architecture_at_or_below_its_own() -> None:
+    table = LAUNCH_TABLE["preprocess_uint8"]
+    assert launch_config("preprocess_uint8", "sm86") is table["sm80"]
+    assert launch_config("preprocess_uint8", "sm90") is table["sm90"]
+    assert launch_config("preprocess_uint8", "sm100") is table["sm90"]
+    assert launch_config("preprocess_uint8", "sm75") is table["sm80"]
+    assert device_arch(torch.device("cpu")) == "interpreter"

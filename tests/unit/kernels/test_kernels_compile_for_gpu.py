@@ -16,8 +16,14 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from kernels.lowrank_cross_attention import _AttentionShape, _launch_meta, _lowrank_cross_attention_kernel
-from kernels.preprocess_uint8 import BLOCK_PIXELS, _preprocess_uint8_kernel
+from kernels.backend import launch_config
+from kernels.lowrank_cross_attention import (
+    _AttentionShape,
+    _launch_meta,
+    _lowrank_cross_attention_kernel,
+    _table_key,
+)
+from kernels.preprocess_uint8 import _preprocess_uint8_kernel
 
 # Below the 99 KB an sm_86 block may use, the smallest of the targets we serve on.
 MAX_SHARED_BYTES = 99 * 1024
@@ -36,10 +42,10 @@ def _signature(fn: object, pointers: dict[str, str], floats: set[str], constexpr
     return signature
 
 
-def _compile(fn: object, signature: dict[str, str], constexprs: dict[str, object], arch: int) -> int:
+def _compile(fn: object, signature: dict[str, str], constexprs: dict[str, object], arch: int, num_warps: int) -> int:
     jitted = triton.runtime.JITFunction(fn)
     source = ASTSource(jitted, signature, constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": 4})
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
     return int(compiled.metadata.shared)
 
 
@@ -56,16 +62,18 @@ def compiler_mode(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
 )
 def test_attention_kernel_compiles_at_serving_shape(dtype: torch.dtype, rank: int, arch: int) -> None:
     shape = _AttentionShape(num_items=64, seqlen_k=197, rank=rank, value_dim=1024, seqlens_q=(77, 5))
-    meta = _launch_meta(dtype, shape, is_interpret=False)
+    config = launch_config(_table_key(dtype), f"sm{arch}")
+    meta = _launch_meta(dtype, shape, False, config)
     assert meta["DOT_DTYPE"] == getattr(tl, str(dtype).removeprefix("torch."))
     ty = _TORCH_TO_TRITON[dtype]
     pointers = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}", "Out": f"*{ty}", "CuSeqlensQ": "*i32"}
     signature = _signature(_lowrank_cross_attention_kernel, pointers, {"scale_log2"}, meta)
-    assert _compile(_lowrank_cross_attention_kernel, signature, meta, arch) <= MAX_SHARED_BYTES
+    assert _compile(_lowrank_cross_attention_kernel, signature, meta, arch, config.num_warps) <= MAX_SHARED_BYTES
 
 
 def test_preprocess_kernel_compiles() -> None:
-    constexprs = {"BLOCK": BLOCK_PIXELS}
+    config = launch_config("preprocess_uint8", "sm90")
+    constexprs = dict(config.tiles)
     floats = {f"{name}_{c}" for name in ("scale", "shift") for c in range(3)}
     signature = _signature(_preprocess_uint8_kernel, {"Images": "*u8", "Out": "*bf16"}, floats, constexprs)
-    assert _compile(_preprocess_uint8_kernel, signature, constexprs, 90) <= MAX_SHARED_BYTES
+    assert _compile(_preprocess_uint8_kernel, signature, constexprs, 90, config.num_warps) <= MAX_SHARED_BYTES

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -23,10 +21,6 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_DIR = REPO_ROOT / "docker" / "prometheus"
 GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
 METRIC_NAME = re.compile(r"\bmmserve_[a-zA-Z0-9_]+")
-PROMTOOL_MISSING = (
-    "promtool is not on PATH; the alert rules cannot be checked without it. "
-    "Install it with `apt-get update && apt-get install -y prometheus` (CI does the same)."
-)
 
 
 def exported_sample_names() -> set[str]:
@@ -47,10 +41,7 @@ def exported_sample_names() -> set[str]:
     return names
 
 
-def run_promtool(*args: str) -> str:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail(PROMTOOL_MISSING)
+def run_promtool(promtool: str, *args: str) -> str:
     result = subprocess.run(
         [promtool, *args], cwd=PROMETHEUS_DIR, capture_output=True, text=True, timeout=60, check=False
     )
@@ -59,17 +50,17 @@ def run_promtool(*args: str) -> str:
     return output
 
 
-def test_promtool_accepts_the_config() -> None:
-    output = run_promtool("check", "config", "prometheus.yml")
+def test_promtool_accepts_the_config(prometheus_binary) -> None:
+    output = run_promtool(prometheus_binary("promtool"), "check", "config", "prometheus.yml")
     assert "SUCCESS" in output and "1 rule files found" in output
 
 
-def test_promtool_accepts_the_rules() -> None:
-    assert "SUCCESS: 5 rules found" in run_promtool("check", "rules", "alerts.yml")
+def test_promtool_accepts_the_rules(prometheus_binary) -> None:
+    assert "SUCCESS: 5 rules found" in run_promtool(prometheus_binary("promtool"), "check", "rules", "alerts.yml")
 
 
-def test_promtool_rule_unit_tests_pass() -> None:
-    assert "SUCCESS" in run_promtool("test", "rules", "alerts_test.yml")
+def test_promtool_rule_unit_tests_pass(prometheus_binary) -> None:
+    assert "SUCCESS" in run_promtool(prometheus_binary("promtool"), "test", "rules", "alerts_test.yml")
 
 
 def test_scrape_config_targets_mmserve() -> None:

@@ -9,26 +9,22 @@ the API's batch path directly.
 from __future__ import annotations
 
 import base64
-import io
+import dataclasses
 from collections.abc import Iterator
 
 import httpx
 import numpy as np
 import pytest
-from PIL import Image
+from fastapi import HTTPException
 
 from benchmarks.peer_litserve_app import MultimodalLitAPI, PeerOutput
+from benchmarks.peer_request import PeerLimits
 from benchmarks.serving_processes import ServerProcess, litserve_command, running
+from encoded_images import encoded_image_b64
 from server.settings import Settings
 
 EMBEDDING_KEYS = ("image_embedding", "text_embedding", "fused_embedding")
-
-
-def _jpeg_b64(seed: int, width: int = 96, height: int = 64) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)  # (H, W, 3)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
+JPEG = {"size_px": (96, 64), "fmt": "JPEG", "quality": 90}  # the photos both servers get
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +35,7 @@ def litserve_server() -> Iterator[ServerProcess]:
 
 
 def test_litserve_app_answers_the_embeddings_mmserve_answers(tiny_server, litserve_server: ServerProcess):
-    body = {"text": "a red boat on a quiet lake", "image": {"b64": _jpeg_b64(1)}}
+    body = {"text": "a red boat on a quiet lake", "image": {"b64": encoded_image_b64(1, **JPEG)}}
     mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
     litserve = httpx.post(f"{litserve_server.url}/v1/infer", json=body, timeout=60.0, trust_env=False)
     assert mmserve.status_code == 200, mmserve.text
@@ -55,7 +51,7 @@ def test_litserve_app_answers_the_embeddings_mmserve_answers(tiny_server, litser
 
 
 def test_a_truncated_image_is_refused_with_mmserves_status_and_code(tiny_server, litserve_server: ServerProcess):
-    data = base64.b64decode(_jpeg_b64(2))
+    data = base64.b64decode(encoded_image_b64(2, **JPEG))
     body = {"text": "cut short", "image": {"b64": base64.b64encode(data[: len(data) // 2]).decode("ascii")}}
     mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
     litserve = httpx.post(f"{litserve_server.url}/v1/infer", json=body, timeout=60.0, trust_env=False)
@@ -70,12 +66,12 @@ def _host(output: PeerOutput) -> dict[str, np.ndarray | float | None]:
 
 
 def test_a_batch_mixing_routes_gives_each_item_what_it_gets_alone():
-    api = MultimodalLitAPI("tiny", 0, Settings(preset="tiny", device="cpu"), max_batch_size=8, batch_timeout_s=0.005)
+    api = MultimodalLitAPI("tiny", 0, PeerLimits(), max_batch_size=8, batch_timeout_s=0.005)
     api.setup("cpu")
     requests = [
         {"text": "only words here"},
-        {"image": {"b64": _jpeg_b64(3)}},
-        {"text": "a longer text that pads the others in its batch", "image": {"b64": _jpeg_b64(4)}},
+        {"image": {"b64": encoded_image_b64(3, **JPEG)}},
+        {"text": "a longer text that pads the others in its batch", "image": {"b64": encoded_image_b64(4, **JPEG)}},
     ]
     items = [api.decode_request(request) for request in requests]
     batched = api.unbatch(api.predict(api.batch(items)))
@@ -87,3 +83,38 @@ def test_a_batch_mixing_routes_gives_each_item_what_it_gets_alone():
             assert (value is None) == (alone[key] is None), key
             if value is not None:
                 np.testing.assert_allclose(value, alone[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def test_the_peers_limits_are_mmserves_defaults_and_environment():
+    settings = Settings()
+    defaults = PeerLimits()
+    for field in dataclasses.fields(PeerLimits):
+        assert getattr(defaults, field.name) == getattr(settings, field.name), field.name
+    environ = {"MMSERVE_MAX_TEXT_CHARS": "12", "MMSERVE_MAX_IMAGE_PIXELS": "34", "MMSERVE_MAX_BATCH_SIZE": "3",
+               "MMSERVE_MAX_QUEUE_DELAY_MS": "2.5", "MMSERVE_DEFAULT_TIMEOUT_MS": "700"}
+    assert PeerLimits.from_environment(environ) == PeerLimits(12, 34, 3, 2.5, 700)
+
+
+_RAW_2x2 = base64.b64encode(bytes(2 * 2 * 3)).decode("ascii")
+
+
+@pytest.mark.parametrize("body", [
+    {"text": "x", "image": {"b64": "not base64!"}},
+    {"text": "   "},
+    {"text": "x" * 100_001},
+    {"text": "x", "colour": "red"},
+    {},
+    {"image": {"uint8": {"shape": [2, 2, 4], "b64": _RAW_2x2}}},
+    {"image": {"uint8": {"shape": [2, 3, 3], "b64": _RAW_2x2}}},
+    {"image": {"b64": base64.b64encode(b"not an image at all").decode("ascii")}},
+], ids=["base64", "empty-text", "long-text", "extra-key", "empty", "raw-shape", "raw-length", "unknown-format"])
+def test_the_peer_refuses_what_mmserve_refuses_with_the_same_status_and_code(tiny_server, body):
+    api = MultimodalLitAPI("tiny", 0, PeerLimits(), max_batch_size=8, batch_timeout_s=0.005)
+    api.setup("cpu")
+    mmserve = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=60.0)
+    assert 400 <= mmserve.status_code < 500, mmserve.text
+    with pytest.raises(HTTPException) as refused:
+        api.decode_request(body)
+    assert refused.value.status_code == mmserve.status_code
+    assert refused.value.detail["code"] == mmserve.json()["error"]["code"]
+    assert refused.value.detail["field"] == mmserve.json()["error"]["field"]
