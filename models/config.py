@@ -13,6 +13,9 @@ from models.errors import ModelRepositoryError
 
 SUPPORTED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 SUPPORTED_INTERPOLATIONS: tuple[str, ...] = ("bicubic", "bilinear", "nearest")
+SUPPORTED_RESIZE_MODES: tuple[str, ...] = ("crop_box", "shortest_edge", "squash")
+SUPPORTED_CROP_ROUNDINGS: tuple[str, ...] = ("round", "floor")
+MODEL_FAMILIES: tuple[str, ...] = ("mmserve", "siglip", "clip", "open_clip")
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,17 @@ class VisionConfig:
 class PreprocessConfig:
     """How an image becomes model input; the one place that decides it.
 
-    Mirrors timm's eval transform: resize the shorter side to
-    ``resize_size`` (``input_size / crop_pct``), centre-crop ``input_size``,
-    then normalise with ``mean``/``std`` on the device.
+    ``resize_mode`` says how the geometry is done (``models.preprocessing``):
+
+        crop_box       timm's eval transform (shorter side to ``resize_size``,
+                       centre crop ``input_size``) read straight from the source
+                       box: the presets' path, cheap for any aspect ratio
+        shortest_edge  the same transform done as the reference libraries do it
+                       (whole image resized, then cropped; ``crop_rounding``
+                       "round" is torchvision/timm, "floor" is Hugging Face)
+        squash         resize to ``input_size`` x ``input_size``, no crop (SigLIP)
+
+    Normalisation with ``mean``/``std`` then happens on the device.
     """
 
     input_size: int = 224
@@ -41,12 +52,15 @@ class PreprocessConfig:
     interpolation: str = "bicubic"
     mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    resize_mode: str = "crop_box"
+    crop_rounding: str = "round"
 
     def identity(self) -> str:
         """A canonical string naming this preprocessing (part of cache keys)."""
         return (
             f"size={self.input_size};resize={self.resize_size};interp={self.interpolation};"
-            f"mean={','.join(repr(m) for m in self.mean)};std={','.join(repr(s) for s in self.std)}"
+            f"mean={','.join(repr(m) for m in self.mean)};std={','.join(repr(s) for s in self.std)};"
+            f"mode={self.resize_mode};crop={self.crop_rounding}"
         )
 
 
@@ -85,6 +99,9 @@ class ModelConfig:
     fusion: FusionConfig
     preprocess: PreprocessConfig
     dtype: str = "float32"
+    # Which library defines the towers: "mmserve" (timm ViT + BERT-style text,
+    # this file's numbers) or a pretrained family loaded by ``models.pretrained``.
+    family: str = "mmserve"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -106,6 +123,7 @@ class ModelConfig:
                 fusion=FusionConfig(**data.get("fusion", {})),
                 preprocess=PreprocessConfig(**preprocess),
                 dtype=str(data.get("dtype", "float32")),
+                family=str(data.get("family", "mmserve")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ModelRepositoryError(f"model.yaml is malformed: {e!r}") from e
@@ -122,6 +140,18 @@ class ModelConfig:
                 f"model.yaml: preprocess.interpolation {self.preprocess.interpolation!r} "
                 f"is not one of {SUPPORTED_INTERPOLATIONS}"
             )
+        if self.preprocess.resize_mode not in SUPPORTED_RESIZE_MODES:
+            raise ModelRepositoryError(
+                f"model.yaml: preprocess.resize_mode {self.preprocess.resize_mode!r} "
+                f"is not one of {SUPPORTED_RESIZE_MODES}"
+            )
+        if self.preprocess.crop_rounding not in SUPPORTED_CROP_ROUNDINGS:
+            raise ModelRepositoryError(
+                f"model.yaml: preprocess.crop_rounding {self.preprocess.crop_rounding!r} "
+                f"is not one of {SUPPORTED_CROP_ROUNDINGS}"
+            )
+        if self.family not in MODEL_FAMILIES:
+            raise ModelRepositoryError(f"model.yaml: family {self.family!r} is not one of {MODEL_FAMILIES}")
         if self.preprocess.resize_size < self.preprocess.input_size:
             raise ModelRepositoryError(
                 "model.yaml: preprocess.resize_size must be >= preprocess.input_size"

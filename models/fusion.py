@@ -4,8 +4,15 @@
     K = image_tokens @ Wk   (d_v -> r)
     V = image_tokens @ Wv   (d_v -> d_v)
     A = softmax(Q K^T / sqrt(r)) V          per item, only its own text rows
-    fused = LayerNorm(mean_t(A) @ Wo + text_pooled)      (B, d_t)
-    score = cos(fused, image_pooled @ Wi)                (B,)
+    fused = LayerNorm(mean_t(A) @ Wo + text_embedding)       (B, E_t)
+    score = cos(fused, image_embedding @ Wi)                 (B,)
+    match_score = sigmoid(match_logit_scale * score + match_logit_bias)
+
+Token widths (d_t, d_v) and embedding widths (E_t, E_v) are equal for the
+presets; a pretrained tower's embedding is often a projection of another
+width (CLIP). ``match_score`` is a probability that the text describes the
+image once the head is trained (``mmserve train-fusion``); an untrained head's
+numbers mean nothing, and the server says so instead of serving them.
 
 The attention itself is ``kernels.lowrank_cross_attention``: a fused,
 variable-length Triton kernel on CUDA and its torch reference on CPU, chosen by
@@ -34,23 +41,29 @@ BACKENDS: tuple[str, ...] = tuple(backend.value for backend in Backend)
 class FusionOutput:
     fused: torch.Tensor  # (B, d_t)
     score: torch.Tensor  # (B,)
+    match_score: torch.Tensor  # (B,)
 
 
 class LowRankCrossAttention(nn.Module):
     """Cross-modal attention of rank ``rank`` plus a pooled fusion head."""
 
-    def __init__(self, text_dim: int, image_dim: int, rank: int = 16, backend: str = "auto") -> None:
+    def __init__(self, text_dim: int, image_dim: int, rank: int = 16, backend: str = "auto", *,
+                 text_embedding_dim: int | None = None, image_embedding_dim: int | None = None) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        text_embedding_dim = text_dim if text_embedding_dim is None else text_embedding_dim
+        image_embedding_dim = image_dim if image_embedding_dim is None else image_embedding_dim
         self.rank = rank
         self.backend = backend
         self.q_proj = nn.Linear(text_dim, rank, bias=False)
         self.k_proj = nn.Linear(image_dim, rank, bias=False)
         self.v_proj = nn.Linear(image_dim, image_dim, bias=False)
-        self.out_proj = nn.Linear(image_dim, text_dim)
-        self.norm = nn.LayerNorm(text_dim)
-        self.image_proj = nn.Linear(image_dim, text_dim, bias=False)
+        self.out_proj = nn.Linear(image_dim, text_embedding_dim)
+        self.norm = nn.LayerNorm(text_embedding_dim)
+        self.image_proj = nn.Linear(image_embedding_dim, text_embedding_dim, bias=False)
+        self.match_logit_scale = nn.Parameter(torch.tensor(10.0))
+        self.match_logit_bias = nn.Parameter(torch.tensor(0.0))
 
     def project_text(self, text_tokens: torch.Tensor) -> torch.Tensor:
         """Packed text tokens (T, d_t) -> queries (T, r)."""
@@ -80,4 +93,5 @@ class LowRankCrossAttention(nn.Module):
         pooled = summed / lengths.clamp_min(1).unsqueeze(1).to(summed.dtype)  # (B, d_v)
         fused = self.norm(self.out_proj(pooled) + text_pooled)  # (B, d_t)
         score = F.cosine_similarity(fused, self.image_proj(image_pooled), dim=-1)  # (B,)
-        return FusionOutput(fused=fused, score=score)
+        match_score = torch.sigmoid(self.match_logit_scale * score + self.match_logit_bias)  # (B,)
+        return FusionOutput(fused=fused, score=score, match_score=match_score)

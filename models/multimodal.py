@@ -7,6 +7,11 @@ on the model's device.
     encode_images: (B, S, S, 3) uint8           -> [ImageSegment] * B
     encode_texts:  B token-id sequences         -> [TextSegment]  * B
     fuse:          [ImageSegment], [TextSegment] -> [FusedOutput] * B
+
+A segment's ``pooled`` is the embedding the server answers with: the tower's
+own, L2-normalised when ``normalize_embeddings`` is set (the convention of the
+pretrained families). ``fuse`` gives the fusion head's outputs and, for models
+that have one, the model's own calibrated score (``models.scores``).
 """
 
 from __future__ import annotations
@@ -15,13 +20,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from models.config import ModelConfig
 from models.fusion import LowRankCrossAttention
 from models.graphs import TraceOutcome
+from models.scores import CalibratedScore
 from models.text import TextEncoder
-from models.vision import VisionEncoder
+from models.vision import UInt8VisionEncoder
 
 
 @dataclass(frozen=True)
@@ -68,24 +75,34 @@ class TextSegment:
 
 @dataclass(frozen=True)
 class FusedOutput:
-    fused: torch.Tensor  # (d_t,)
-    score: torch.Tensor  # ()
+    fused: torch.Tensor  # (E_t,)
+    match_score: torch.Tensor  # (), the fusion head's; meaningful only once trained
+    score: torch.Tensor | None  # (), the model's calibrated score; None when it has none
 
 
 class MultimodalModel(nn.Module):
     """Vision + text encoders and the low-rank cross-modal attention."""
 
-    def __init__(self, config: ModelConfig, vision: VisionEncoder, text: TextEncoder) -> None:
+    def __init__(self, config: ModelConfig, vision: UInt8VisionEncoder, text: TextEncoder, *,
+                 score: CalibratedScore | None = None, normalize_embeddings: bool = False) -> None:
         super().__init__()
         self.config = config
         self.vision = vision
         self.text = text
+        self.score = score
+        self.normalize_embeddings = normalize_embeddings
         self.fusion = LowRankCrossAttention(
             text_dim=text.hidden_size,
             image_dim=vision.embed_dim,
             rank=config.fusion.rank,
             backend=config.fusion.backend,
+            text_embedding_dim=text.embedding_dim,
+            image_embedding_dim=vision.embedding_dim,
         )
+
+    def _served(self, embedding: torch.Tensor) -> torch.Tensor:
+        """(B, E) -> (B, E), L2-normalised if this model serves normalised embeddings."""
+        return F.normalize(embedding, dim=-1) if self.normalize_embeddings else embedding
 
     @property
     def device(self) -> torch.device:
@@ -109,7 +126,8 @@ class MultimodalModel(nn.Module):
         """``images``: (B, S, S, 3) uint8 on any device; moved to the model's."""
         out = self.vision(images.to(self.device, non_blocking=True))
         k, v = self.fusion.project_image(out.tokens)  # (B, Lv, r), (B, Lv, d_v)
-        return [ImageSegment(pooled=out.pooled[i], k=k[i], v=v[i]) for i in range(images.shape[0])]
+        pooled = self._served(out.pooled)  # (B, E_v)
+        return [ImageSegment(pooled=pooled[i], k=k[i], v=v[i]) for i in range(images.shape[0])]
 
     @torch.inference_mode()
     def encode_texts(self, token_ids: Sequence[Sequence[int]], pad_to: int | None = None,
@@ -126,8 +144,9 @@ class MultimodalModel(nn.Module):
             attention_mask[row, : len(ids)] = 1
         out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
         q = self.fusion.project_text(out.tokens)  # (B, Lt, r)
+        pooled = self._served(out.pooled)  # (B, E_t)
         return [
-            TextSegment(pooled=out.pooled[i], q=q[i, : lengths[i]]) for i in range(len(token_ids))
+            TextSegment(pooled=pooled[i], q=q[i, : lengths[i]]) for i in range(len(token_ids))
         ]
 
     @torch.inference_mode()
@@ -141,12 +160,9 @@ class MultimodalModel(nn.Module):
         cu_seqlens_q[1:] = torch.cumsum(lengths, dim=0)
         k = torch.stack([s.k for s in images])  # (B, Lv, r)
         v = torch.stack([s.v for s in images])  # (B, Lv, d_v)
-        out = self.fusion(
-            q,
-            cu_seqlens_q.to(q.device),
-            k,
-            v,
-            torch.stack([t.pooled for t in texts]),  # (B, d_t)
-            torch.stack([s.pooled for s in images]),  # (B, d_v)
-        )
-        return [FusedOutput(fused=out.fused[i], score=out.score[i]) for i in range(len(texts))]
+        text_embeddings = torch.stack([t.pooled for t in texts])  # (B, E_t)
+        image_embeddings = torch.stack([s.pooled for s in images])  # (B, E_v)
+        out = self.fusion(q, cu_seqlens_q.to(q.device), k, v, text_embeddings, image_embeddings)
+        score = None if self.score is None else self.score(image_embeddings, text_embeddings)  # (B,)
+        return [FusedOutput(fused=out.fused[i], match_score=out.match_score[i],
+                            score=None if score is None else score[i]) for i in range(len(texts))]

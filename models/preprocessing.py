@@ -1,14 +1,21 @@
 """Host-side image geometry: resize and centre-crop to the model's input size.
 
 This is the one place where an image's geometry becomes model input, and it
-follows the model's ``PreprocessConfig`` (timm's eval transform: resize the
-shorter side to ``resize_size``, centre-crop ``input_size``). Normalisation is
-not done here: images stay uint8 through batching and the host-to-device copy,
+follows the model's ``PreprocessConfig.resize_mode``. Normalisation is not
+done here: images stay uint8 through batching and the host-to-device copy,
 and the vision encoder normalises on the device (``kernels.preprocess_uint8``).
 
-The crop is computed in source coordinates and handed to Pillow's
-``resize(box=...)``, so an extreme aspect ratio (1 x 10000) never materialises
-a huge intermediate image.
+``crop_box`` (the presets) computes the crop in source coordinates and hands
+it to Pillow's ``resize(box=...)``, so an extreme aspect ratio (1 x 10000)
+never materialises a huge intermediate image.
+
+``shortest_edge`` and ``squash`` (pretrained models) do what the reference
+libraries do, step for step: Pillow resizes the whole image (the size computed
+as torchvision and Hugging Face compute it), then the centre crop is sliced
+out. The uint8 result is then byte-identical to theirs, so pixel values and
+embeddings match the reference within float rounding. Where the whole-image
+resize would exceed ``MAX_EXACT_RESIZE_PIXELS`` (a 1 x 10000 strip) the crop
+is read from the source box instead, as ``crop_box`` does.
 """
 
 from __future__ import annotations
@@ -29,13 +36,9 @@ def crop_box(width: int, height: int, config: PreprocessConfig) -> tuple[float, 
     """The source-image box that ends up as the centre crop, as (left, top, right, bottom)."""
     short_side = min(width, height)
     scale = config.resize_size / short_side
-    # Size after the shorter-side resize, as torchvision computes it.
-    if width <= height:
-        resized_w, resized_h = config.resize_size, int(config.resize_size * height / width)
-    else:
-        resized_w, resized_h = int(config.resize_size * width / height), config.resize_size
-    left = int(round((resized_w - config.input_size) / 2.0))
-    top = int(round((resized_h - config.input_size) / 2.0))
+    resized_w, resized_h = shortest_edge_size(width, height, config.resize_size)
+    left = _centre_offset(resized_w, config.input_size, config.crop_rounding)
+    top = _centre_offset(resized_h, config.input_size, config.crop_rounding)
     return (
         left / scale,
         top / scale,
@@ -44,14 +47,55 @@ def crop_box(width: int, height: int, config: PreprocessConfig) -> tuple[float, 
     )
 
 
-def resize_to_model_input(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
-    """An RGB Pillow image -> the model's (S, S, 3) uint8 input, S = ``input_size``."""
-    if image.mode != "RGB":
-        raise ValueError(f"expected an RGB image, got mode {image.mode!r}")
+# A whole-image resize larger than this (a strip of extreme aspect ratio) is
+# done from the crop's source box instead: 64 MP of RGB is 192 MB.
+MAX_EXACT_RESIZE_PIXELS = 64_000_000
+
+
+def shortest_edge_size(width: int, height: int, shortest_edge: int) -> tuple[int, int]:
+    """(width, height) after resizing the shorter side to ``shortest_edge``, as torchvision and HF compute it."""
+    if width <= height:
+        return shortest_edge, int(shortest_edge * height / width)
+    return int(shortest_edge * width / height), shortest_edge
+
+
+def _centre_offset(resized: int, crop: int, rounding: str) -> int:
+    if rounding == "floor":  # Hugging Face's center_crop
+        return (resized - crop) // 2
+    return int(round((resized - crop) / 2.0))  # torchvision's CenterCrop (timm)
+
+
+def _resize_box(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
     box = crop_box(image.width, image.height, config)
     size = (config.input_size, config.input_size)
     resized = image.resize(size, resample=_RESAMPLE[config.interpolation], box=box)
     return np.array(resized, dtype=np.uint8)  # (S, S, 3), writable
+
+
+def _resize_then_crop(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
+    resized_w, resized_h = shortest_edge_size(image.width, image.height, config.resize_size)
+    if resized_w * resized_h > MAX_EXACT_RESIZE_PIXELS:
+        return _resize_box(image, config)
+    resized = np.asarray(image.resize((resized_w, resized_h), resample=_RESAMPLE[config.interpolation]))
+    top = _centre_offset(resized_h, config.input_size, config.crop_rounding)
+    left = _centre_offset(resized_w, config.input_size, config.crop_rounding)
+    crop = resized[top: top + config.input_size, left: left + config.input_size]  # (S, S, 3)
+    return np.ascontiguousarray(crop, dtype=np.uint8)
+
+
+def _squash(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
+    size = (config.input_size, config.input_size)
+    return np.array(image.resize(size, resample=_RESAMPLE[config.interpolation]), dtype=np.uint8)  # (S, S, 3)
+
+
+_BY_MODE = {"crop_box": _resize_box, "shortest_edge": _resize_then_crop, "squash": _squash}
+
+
+def resize_to_model_input(image: Image.Image, config: PreprocessConfig) -> np.ndarray:
+    """An RGB Pillow image -> the model's (S, S, 3) uint8 input, S = ``input_size``."""
+    if image.mode != "RGB":
+        raise ValueError(f"expected an RGB image, got mode {image.mode!r}")
+    return _BY_MODE[config.resize_mode](image, config)
 
 
 def pixels_to_model_input(pixels: np.ndarray, config: PreprocessConfig) -> np.ndarray:

@@ -33,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 
 from models.config import ModelConfig
 from models.errors import ModelRepositoryError
+from models.fusion_head_file import FusionHeadInfo
 from models.multimodal import MultimodalModel
 from models.presets import preset_config
 from models.text import TextEncoder
@@ -52,6 +53,18 @@ TEXT_PREFIX = "text."
 
 
 @dataclass(frozen=True)
+class ModelDescription:
+    """What clients are told about the served model, in every answer and in ``/v1/models``."""
+
+    name: str
+    fingerprint: str
+    family: str  # "mmserve", "siglip", "clip", "open_clip"
+    score: str | None  # the ``score`` an answer carries (``models.scores.ScoreKind``); None: no score
+    normalized_embeddings: bool
+    fusion_head: str  # "trained" (``match_score`` served) or "untrained" (no ``match_score``)
+
+
+@dataclass(frozen=True)
 class ModelBundle:
     """A ready model with its tokenizer, config and identity."""
 
@@ -59,8 +72,18 @@ class ModelBundle:
     tokenizer: TextTokenizer
     config: ModelConfig
     fingerprint: str
-    source: str  # "preset:<name> seed=<n>" or the repository path
+    source: str  # "preset:<name> seed=<n>", the repository path, or the pretrained model's directory
     has_random_weights: bool
+    fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False)
+
+    def describe(self) -> ModelDescription:
+        score = self.model.score
+        return ModelDescription(
+            name=self.config.name, fingerprint=self.fingerprint, family=self.config.family,
+            score=None if score is None else score.kind.value,
+            normalized_embeddings=self.model.normalize_embeddings,
+            fusion_head="trained" if self.fusion_head.is_trained else "untrained",
+        )
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -74,28 +97,42 @@ def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEn
     return MultimodalModel(config, vision, text)
 
 
-def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig) -> str:
-    """BLAKE2b-256 over config, tokenizer and every tensor (name, dtype, shape, bytes)."""
+def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig, *,
+                skip_prefix: str | None = None) -> str:
+    """BLAKE2b-256 over config, tokenizer and every tensor (name, dtype, shape, bytes).
+
+    A tensor two towers share (a pretrained model's one set of weights) is
+    hashed once, under its first name. ``skip_prefix`` leaves out a part of
+    the model: ``"fusion."`` gives the towers' fingerprint, which a fusion
+    head file names as the towers it was trained on.
+    """
     digest = hashlib.blake2b(digest_size=32)
     config_data = config.to_dict()
     config_data["text"]["hf_dir"] = None  # where the files sit is not what the model is
     config_data["fusion"]["backend"] = None  # which kernel runs it is not either
+    config_data["normalize_embeddings"] = model.normalize_embeddings
     digest.update(json.dumps(config_data, sort_keys=True).encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    digest.update((backend.to_str() if backend is not None else repr(tokenizer.get_vocab())).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().to("cpu").contiguous()
-        digest.update(f"{name}|{flat.dtype}|{tuple(flat.shape)}".encode())
+    digest.update((backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))).encode())
+    seen: set[int] = set()
+    for name, tensor in sorted(model.state_dict(keep_vars=True).items()):
+        if (skip_prefix is not None and name.startswith(skip_prefix)) or id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # (N,): a 0-d tensor has no byte view
         digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
     return digest.hexdigest()
 
 
-def _finish(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig,
-            device: str, source: str, has_random_weights: bool) -> ModelBundle:
+def finish_bundle(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig,
+                  device: str, source: str, has_random_weights: bool,
+                  fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False)) -> ModelBundle:
+    """Fingerprint ``model`` as loaded, then move it to its device and dtype: the servable bundle."""
     model.eval()
     model_fingerprint = fingerprint(model, tokenizer, config)
     model.to(device=device, dtype=_torch_dtype(config.dtype))
-    max_tokens = min(model.text.max_tokens, int(getattr(tokenizer, "model_max_length", 10**9)))
+    max_tokens = min(model.text.max_tokens, int(getattr(tokenizer, "model_max_length", 10**9) or 10**9))
     return ModelBundle(
         model=model,
         tokenizer=TextTokenizer(tokenizer, max_tokens),
@@ -103,6 +140,7 @@ def _finish(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: 
         fingerprint=model_fingerprint,
         source=source,
         has_random_weights=has_random_weights,
+        fusion_head=fusion_head,
     )
 
 
@@ -114,7 +152,7 @@ def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str 
     tokenizer = build_byte_level_tokenizer(config.text.max_position_embeddings)
     torch.manual_seed(seed)
     model = _build(config, tokenizer, text=None)
-    return _finish(model, tokenizer, config, device, f"preset:{name} seed={seed}", True)
+    return finish_bundle(model, tokenizer, config, device, f"preset:{name} seed={seed}", True)
 
 
 def _with_backend(config: ModelConfig, backend: str) -> ModelConfig:
@@ -202,4 +240,4 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     state = load_file(str(weights_path))
     model.load_state_dict(state, strict=text is None)
     logger.info("loaded model repository %s (%s)", directory, config.name)
-    return _finish(model, tokenizer, config, device, str(directory), False)
+    return finish_bundle(model, tokenizer, config, device, str(directory), False)

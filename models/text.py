@@ -43,13 +43,26 @@ def bert_config(config: TextConfig, vocab_size: int, pad_token_id: int) -> BertC
 
 
 class TextEncoder(nn.Module):
-    """A transformers encoder returning token states and a masked-mean embedding."""
+    """A transformers encoder returning token states and a masked-mean embedding.
 
-    def __init__(self, model: nn.Module) -> None:
+    ``fixed_length`` is set for towers that must see every text padded to one
+    length (SigLIP was trained on texts padded to 64 tokens and pools the last
+    position; OpenCLIP adds a positional table of its full context): the
+    batch runner then pads every text to it. Subclasses for pretrained
+    families (``models.pretrained_towers``) override ``encode``.
+    """
+
+    def __init__(self, model: nn.Module, *, hidden_size: int | None = None, embedding_dim: int | None = None,
+                 max_tokens: int | None = None, fixed_length: int | None = None,
+                 vocab_size: int | None = None) -> None:
         super().__init__()
         self.model = model
-        self.hidden_size: int = int(model.config.hidden_size)
-        self.max_tokens: int = int(model.config.max_position_embeddings)
+        config = getattr(model, "config", None)
+        self.hidden_size: int = int(hidden_size if hidden_size is not None else config.hidden_size)
+        self.embedding_dim: int = int(embedding_dim if embedding_dim is not None else self.hidden_size)
+        self.max_tokens: int = int(max_tokens if max_tokens is not None else config.max_position_embeddings)
+        self.fixed_length = fixed_length
+        self.vocab_size: int = int(vocab_size if vocab_size is not None else config.vocab_size)
         self.graph: EncoderGraph | None = None  # set by trace_graph
 
     @classmethod
@@ -88,7 +101,7 @@ class TextEncoder(nn.Module):
         device in its dtype.
         """
         parameter = next(self.model.parameters())
-        vocab_size = int(self.model.config.vocab_size)
+        vocab_size = self.vocab_size
         generator = torch.Generator().manual_seed(0)
 
         def texts(batch_size: int, length: int, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,8 +109,8 @@ class TextEncoder(nn.Module):
             attention_mask = (torch.arange(length)[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, Lt)
             return input_ids.to(parameter.device), attention_mask.to(parameter.device)
 
-        length = min(8, self.max_tokens)
-        probe_length = min(16, self.max_tokens)
+        length = self.fixed_length or min(8, self.max_tokens)
+        probe_length = self.fixed_length or min(16, self.max_tokens)
         outcome = trace("text", self, self.encode, texts(2, length, [length, max(1, length - 3)]),
                         [texts(1, length, [length]), texts(3, probe_length, [probe_length, 1, probe_length // 2])],
                         parameter.dtype)

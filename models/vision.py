@@ -1,16 +1,18 @@
-"""The vision encoder: a timm Vision Transformer fed uint8 images.
+"""The vision encoder: an image tower fed uint8 images (timm ViT for the presets).
 
 Input stays uint8 until it is on the model's device (4x fewer bytes through
 batching and the host-to-device copy than float32); normalisation happens on
 the device in one pass (``kernels.preprocess_uint8``). The encoder returns
 every token (class token + patches) for the cross-modal attention, and the
-pooled embedding the ViT's own head would see. After ``trace_graph`` the ViT
+image embedding its library defines (timm's pre-logits for the presets;
+``models.pretrained_towers`` for SigLIP, CLIP and OpenCLIP). After ``trace_graph`` the ViT
 part runs as a TorchScript graph (``models.graphs``); normalisation stays
 outside it, a Triton kernel on GPU.
 """
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import timm
@@ -28,39 +30,37 @@ class VisionOutput:
     pooled: torch.Tensor  # (B, d_v)
 
 
-class VisionEncoder(nn.Module):
-    """timm ViT without its classifier head, normalising uint8 input on device."""
+class UInt8VisionEncoder(nn.Module, abc.ABC):
+    """An image tower fed uint8 images: normalisation on device, then ``features``.
 
-    def __init__(self, config: VisionConfig, preprocess: PreprocessConfig) -> None:
+    Subclasses hold the tower and say what it gives: ``features`` maps
+    normalised pixels to every token (the cross-modal layer's keys and values)
+    and the image embedding the tower's own library defines.
+    """
+
+    def __init__(self, preprocess: PreprocessConfig, embed_dim: int, embedding_dim: int, num_tokens: int) -> None:
         super().__init__()
-        self.backbone = timm.create_model(
-            config.architecture, pretrained=False, num_classes=0, **config.timm_kwargs
-        )
-        image_size = self.backbone.patch_embed.img_size
-        if tuple(image_size) != (preprocess.input_size, preprocess.input_size):
-            raise ValueError(
-                f"vision backbone expects {tuple(image_size)} input but preprocessing "
-                f"produces {preprocess.input_size}x{preprocess.input_size}"
-            )
         self.input_size = preprocess.input_size
         self.mean = tuple(preprocess.mean)
         self.std = tuple(preprocess.std)
-        self.embed_dim: int = self.backbone.num_features
-        self.num_tokens: int = self.backbone.patch_embed.num_patches + self.backbone.num_prefix_tokens
+        self.embed_dim = embed_dim  # width of each token
+        self.embedding_dim = embedding_dim  # width of the image embedding
+        self.num_tokens = num_tokens
         self.graph: EncoderGraph | None = None  # set by trace_graph
 
     def forward(self, images: torch.Tensor) -> VisionOutput:
         """``images``: (B, S, S, 3) uint8 on the model's device."""
-        dtype = self.backbone.patch_embed.proj.weight.dtype
+        dtype = self.parameter_dtype()
         pixels = preprocess_uint8(images, self.mean, self.std, dtype)  # (B, 3, S, S)
         tokens, pooled = (self.graph or self.features)(pixels)
         return VisionOutput(tokens=tokens, pooled=pooled)
 
+    def parameter_dtype(self) -> torch.dtype:
+        return next(self.parameters()).dtype
+
+    @abc.abstractmethod
     def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The eager ViT: normalised ``pixels`` (B, 3, S, S) -> every token and the pooled embedding."""
-        tokens = self.backbone.forward_features(pixels)  # (B, Lv, d_v)
-        pooled = self.backbone.forward_head(tokens, pre_logits=True)  # (B, d_v)
-        return tokens, pooled
+        """Normalised ``pixels`` (B, 3, S, S) -> every token (B, Lv, d_v) and the embedding (B, E_v)."""
 
     def trace_graph(self) -> TraceOutcome:
         """Run ``features`` as a TorchScript graph from now on, if its trace matches eager.
@@ -68,7 +68,7 @@ class VisionEncoder(nn.Module):
         Call it once the model is on its device in its dtype: the graph is
         traced there, on a batch of 2, and checked on batches of 1 and 3.
         """
-        weight = self.backbone.patch_embed.proj.weight
+        weight = next(self.parameters())
         generator = torch.Generator().manual_seed(0)
 
         def pixels(batch_size: int) -> tuple[torch.Tensor]:
@@ -78,3 +78,25 @@ class VisionEncoder(nn.Module):
         outcome = trace("vision", self, self.features, pixels(2), [pixels(1), pixels(3)], weight.dtype)
         self.graph = outcome.graph
         return outcome
+
+
+class VisionEncoder(UInt8VisionEncoder):
+    """timm ViT without its classifier head (the presets' image tower)."""
+
+    def __init__(self, config: VisionConfig, preprocess: PreprocessConfig) -> None:
+        backbone = timm.create_model(config.architecture, pretrained=False, num_classes=0, **config.timm_kwargs)
+        image_size = backbone.patch_embed.img_size
+        if tuple(image_size) != (preprocess.input_size, preprocess.input_size):
+            raise ValueError(
+                f"vision backbone expects {tuple(image_size)} input but preprocessing "
+                f"produces {preprocess.input_size}x{preprocess.input_size}"
+            )
+        super().__init__(preprocess, backbone.num_features, backbone.num_features,
+                         backbone.patch_embed.num_patches + backbone.num_prefix_tokens)
+        self.backbone = backbone
+
+    def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager ViT: every token and the pooled embedding (timm's pre-logits)."""
+        tokens = self.backbone.forward_features(pixels)  # (B, Lv, d_v)
+        pooled = self.backbone.forward_head(tokens, pre_logits=True)  # (B, d_v)
+        return tokens, pooled

@@ -24,7 +24,7 @@ def run_model(bundle, seed: int = 0):
     text_segments = bundle.model.encode_texts(token_ids)
     fused = bundle.model.fuse(image_segments, text_segments)
     return (torch.stack([s.pooled for s in image_segments]), torch.stack([s.pooled for s in text_segments]),
-            torch.stack([f.fused for f in fused]), torch.stack([f.score for f in fused]))
+            torch.stack([f.fused for f in fused]), torch.stack([f.match_score for f in fused]))
 
 
 def test_round_trip_gives_identical_outputs_and_fingerprint(tmp_path: Path, tiny_bundle):
