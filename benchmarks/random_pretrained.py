@@ -1,0 +1,130 @@
+"""Small random image–text models written as their libraries write them, for tests and benchmarks.
+
+Weights cannot be downloaded here, so the loading code is exercised on models
+built with each library's own constructors and saved with its own
+``save_pretrained``: the same files a Hub repository holds, only small and
+random. Nothing of a model's code is copied; the tokenizers are real ones
+(a SentencePiece model trained on a few lines for SigLIP, a byte-level BPE
+for CLIP) so CJK text, truncation and padding behave as they do for users.
+
+    write_siglip(dir)    SiglipModel + SiglipTokenizer + SiglipImageProcessor (squash to S px)
+    write_clip(dir)      CLIPModel + CLIPTokenizer + CLIPImageProcessor (shortest edge, centre crop)
+    write_hub_cache(cache_dir, repo_id, model_dir)   the directory laid out as the Hub cache holds it
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SENTENCES = (
+    "a photo of a cat", "two dogs playing on the grass", "a red bicycle leaning on a wall",
+    "a bowl of fruit on a wooden table", "the city skyline at night", "a person riding a horse",
+    "a plate of pasta with tomato sauce", "a blue car parked on the street", "snow on the mountains",
+    "一只猫坐在窗台上", "两只狗在草地上玩耍", "桌子上有一碗水果", "夜晚的城市天际线",
+)
+
+
+@dataclass(frozen=True)
+class TowerSize:
+    """Widths and depths of a random model: tiny for tests, larger for benchmarks."""
+
+    image_size: int = 32
+    patch_size: int = 8
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    intermediate_size: int = 128
+    projection_dim: int = 48
+
+
+def _sentencepiece_model(vocab_size: int) -> bytes:
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES * 4), model_writer=model, vocab_size=vocab_size,
+        character_coverage=1.0, model_type="unigram", hard_vocab_limit=False, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+        pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def write_siglip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) -> Path:
+    """A random ``SiglipModel`` with its tokenizer and image processor, as ``save_pretrained`` writes them."""
+    from transformers import (
+        SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTextConfig, SiglipTokenizer, SiglipVisionConfig,
+    )
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    spiece = directory / "spiece.model"
+    spiece.write_bytes(_sentencepiece_model(vocab_size=64))
+    tokenizer = SiglipTokenizer(vocab_file=str(spiece), model_max_length=16)
+    text = SiglipTextConfig(vocab_size=len(tokenizer), hidden_size=size.hidden_size,
+                            intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,
+                            num_attention_heads=size.num_heads, max_position_embeddings=16,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    vision = SiglipVisionConfig(image_size=size.image_size, patch_size=size.patch_size, hidden_size=size.hidden_size,
+                                intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,
+                                num_attention_heads=size.num_heads)
+    torch.manual_seed(seed)
+    model = SiglipModel(SiglipConfig(text_config=text.to_dict(), vision_config=vision.to_dict())).eval()
+    with torch.no_grad():  # the constructor leaves them at 0; the score should depend on both
+        model.logit_scale.fill_(2.3)
+        model.logit_bias.fill_(-1.5)
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    SiglipImageProcessorPil(size={"height": size.image_size, "width": size.image_size}).save_pretrained(str(directory))
+    return directory
+
+
+def _clip_vocab() -> dict[str, int]:
+    """Every byte-level character, alone and ending a word, plus CLIP's special tokens: BPE without merges."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate(alphabet + [c + "</w>" for c in alphabet])}
+    for special in ("<|startoftext|>", "<|endoftext|>"):
+        vocab[special] = len(vocab)
+    return vocab
+
+
+def write_clip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) -> Path:
+    """A random ``CLIPModel`` with a byte-level BPE tokenizer and a shortest-edge + crop processor."""
+    from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPTextConfig, CLIPTokenizer, CLIPVisionConfig
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = CLIPTokenizer(vocab=_clip_vocab(), merges=[], model_max_length=77)
+    text = CLIPTextConfig(vocab_size=len(tokenizer), hidden_size=size.hidden_size,
+                          intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,
+                          num_attention_heads=size.num_heads, max_position_embeddings=77,
+                          projection_dim=size.projection_dim, bos_token_id=tokenizer.bos_token_id,
+                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    vision = CLIPVisionConfig(image_size=size.image_size, patch_size=size.patch_size, hidden_size=size.hidden_size,
+                              intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,
+                              num_attention_heads=size.num_heads, projection_dim=size.projection_dim)
+    torch.manual_seed(seed)
+    config = CLIPConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=size.projection_dim)
+    model = CLIPModel(config).eval()
+    model.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    resize = size.image_size + size.image_size // 8
+    CLIPImageProcessorPil(size={"shortest_edge": resize},
+                          crop_size={"height": size.image_size, "width": size.image_size}).save_pretrained(str(directory))
+    return directory
+
+
+def write_hub_cache(cache_dir: Path, repo_id: str, model_dir: Path, revision: str = "0" * 40) -> Path:
+    """Lay ``model_dir`` out as the Hub cache holds ``repo_id`` (refs/main -> snapshots/<rev>); returns the snapshot."""
+    repo = Path(cache_dir) / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / revision
+    shutil.copytree(model_dir, snapshot)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
