@@ -29,6 +29,8 @@ import), so one environment configures both servers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import argparse
 import sys
 from collections.abc import Sequence
@@ -170,7 +172,7 @@ class MultimodalLitAPI(ls.LitAPI):
                 image_embedding=_to_host(images[i].pooled) if i in images else None,
                 text_embedding=_to_host(texts[i].pooled) if i in texts else None,
                 fused_embedding=_to_host(fused[i].fused) if i in fused else None,
-                score=float(fused[i].score) if i in fused else None,
+                score=float(fused[i].score) if i in fused and fused[i].score is not None else None,
                 batch_size=len(items),
             )
             for i, item in enumerate(items)
@@ -185,7 +187,7 @@ class MultimodalLitAPI(ls.LitAPI):
         bundle = self.bundle
         body: dict = {
             "route": output.item.route,
-            "model": {"name": bundle.config.name, "fingerprint": bundle.fingerprint},
+            "model": dataclasses.asdict(bundle.describe()),
         }
         for key, value in (
             ("image_embedding", output.image_embedding),

@@ -93,7 +93,8 @@ class InferenceResult:
     image_embedding: np.ndarray | None = None  # (d_v,)
     text_embedding: np.ndarray | None = None  # (d_t,)
     fused_embedding: np.ndarray | None = None  # (d_t,)
-    score: float | None = None
+    score: float | None = None  # the model's calibrated score (``models.scores``); None when it has none
+    match_score: float | None = None  # the trained fusion head's; None while the head is untrained
     batch_size: int = 1
     stage_ns: dict[str, int] = field(default_factory=dict)
     image_segment: ImageSegment | None = None

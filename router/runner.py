@@ -51,7 +51,9 @@ class BatchRunner:
         self.bundle = bundle
         self.model = bundle.model
         self.lane_settings = lane_settings
-        self.text_buckets = text_length_buckets(bundle.tokenizer.max_tokens)
+        fixed_length = self.model.text.fixed_length  # a tower trained on one padded length sees only it
+        self.text_buckets = (fixed_length,) if fixed_length else text_length_buckets(bundle.tokenizer.max_tokens)
+        self._serves_match_score = bundle.fusion_head.is_trained
         self.pad_token_id = bundle.tokenizer.pad_token_id
         # Called with a stage name after that stage ran (fault drills delay here).
         self._stage_hook = stage_hook
@@ -158,7 +160,9 @@ class BatchRunner:
                 image_embedding=_to_host(image.pooled) if image is not None else None,
                 text_embedding=_to_host(text.pooled) if text is not None else None,
                 fused_embedding=_to_host(fusion.fused) if fusion is not None else None,
-                score=float(fusion.score) if fusion is not None else None,
+                score=float(fusion.score) if fusion is not None and fusion.score is not None else None,
+                match_score=(float(fusion.match_score) if fusion is not None and self._serves_match_score
+                             else None),
                 batch_size=len(requests),
                 stage_ns={stage: ns for stage, ns in stage_ns.items()
                           if (stage != "vision" or request.needs_vision) and (stage != "text" or request.needs_text)

@@ -1,6 +1,6 @@
 """The ``mmserve`` command line.
 
-    mmserve serve [--preset vit-l16|vit-b16|tiny | --model-repo DIR] [--host H] [--port P]
+    mmserve serve [--preset vit-l16|vit-b16|tiny | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
                   [--device auto|cpu|cuda] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve bench URL ...           (the load generator; see `mmserve bench --help`)
@@ -22,6 +22,8 @@ examples:
   mmserve serve --preset tiny --port 8080        # a tiny model that starts in seconds
   mmserve init-model-repo ./my-model --preset vit-b16
   mmserve serve --model-repo ./my-model
+  mmserve serve --model google/siglip-large-patch16-256   # from the local Hugging Face cache
+  mmserve serve --model ./my-clip                          # a save_pretrained directory
   curl -s localhost:8000/v1/infer -H 'content-type: application/json' -d '{"text": "a red bicycle"}'
 
 Every setting can also come from the environment as MMSERVE_<NAME> (e.g. MMSERVE_MAX_BATCH_SIZE=16)
@@ -39,6 +41,11 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"model preset with seeded random weights (default {DEFAULT_PRESET})")
     source.add_argument("--model-repo", type=Path, metavar="DIR",
                         help="serve the model repository in DIR (see init-model-repo)")
+    source.add_argument("--model", metavar="DIR_OR_HUB_ID",
+                        help="serve a pretrained SigLIP or CLIP model: a local directory, or a Hugging Face Hub id "
+                             "found in the local Hub cache (HF_HOME / HF_HUB_CACHE; HF_HUB_OFFLINE=1 never downloads)")
+    serve.add_argument("--fusion-head", type=Path, metavar="FILE",
+                       help="a trained fusion head (default: fusion_head.safetensors beside the model)")
     serve.add_argument("--seed", type=int, help="seed of a preset's random weights (default 0)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
@@ -96,7 +103,8 @@ def _serve(args: argparse.Namespace) -> int:
     from server.settings import load_settings
 
     settings = load_settings(
-        args.config, preset=args.preset, model_repo=args.model_repo, seed=args.seed,
+        args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
+        fusion_head=args.fusion_head, seed=args.seed,
         host=args.host, port=args.port, device=args.device,
         enable_fault_injection=args.enable_fault_injection,
     )

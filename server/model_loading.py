@@ -1,4 +1,4 @@
-"""Which model the server runs: a repository if one is named, else a seeded preset."""
+"""Which model the server runs: a pretrained model (``--model``), a repository, else a seeded preset."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from models.pretrained import load_pretrained
 from models.repository import ModelBundle, build_preset, load_repository
 from server.settings import Settings
 
@@ -21,7 +22,11 @@ def resolve_device(setting: str) -> str:
 
 def load_model(settings: Settings) -> ModelBundle:
     device = resolve_device(settings.device)
-    if settings.model_repo is not None:
+    if settings.model is not None:
+        bundle = load_pretrained(settings.model, device=device, backend=settings.fusion_backend, seed=settings.seed,
+                                 fusion_head=settings.fusion_head,
+                                 normalize_embeddings=settings.normalize_embeddings)
+    elif settings.model_repo is not None:
         bundle = load_repository(settings.model_repo, device=device, backend=settings.fusion_backend)
     else:
         bundle = build_preset(settings.preset, seed=settings.seed, device=device,

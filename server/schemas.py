@@ -42,6 +42,13 @@ class InferRequest(BaseModel):
 class ModelInfo(BaseModel):
     name: str
     fingerprint: str
+    family: str = Field(description="Which library defines the towers: mmserve (presets), siglip, clip, open_clip.")
+    score: str | None = Field(
+        description="What the answer's `score` is: siglip_sigmoid (a probability), clip_logit (a logit), or null "
+                    "when the model has no calibrated image-text score (no `score` is sent).")
+    normalized_embeddings: bool = Field(description="Whether the embeddings are L2-normalised.")
+    fusion_head: Literal["trained", "untrained"] = Field(
+        description="An untrained fusion head sends no `match_score`; `fused_embedding` is then not meaningful.")
 
 
 class TextInfo(BaseModel):
@@ -59,7 +66,8 @@ class InferResponse(BaseModel):
     image_embedding: list[float] | None = None
     text_embedding: list[float] | None = None
     fused_embedding: list[float] | None = None
-    score: float | None = None
+    score: float | None = Field(None, description="The model's own calibrated score (see model.score).")
+    match_score: float | None = Field(None, description="The trained fusion head's match probability.")
     text: TextInfo | None = None
     cache: dict[str, str] = Field(default_factory=dict)
     timings_ms: dict[str, float]

@@ -28,6 +28,15 @@ class Settings(BaseSettings):
     # -- model ----------------------------------------------------------------
     preset: str = Field("vit-l16", description="Model preset served when no model repository is given.")
     model_repo: Path | None = Field(None, description="Model repository directory (mmserve init-model-repo).")
+    model: str | None = Field(
+        None, description="A pretrained model to serve: a local directory or a Hugging Face Hub id (SigLIP, CLIP, or "
+                          "an mmserve model repository), resolved through the local Hub cache.")
+    fusion_head: Path | None = Field(
+        None, description="A trained fusion head (mmserve train-fusion); default: fusion_head.safetensors beside "
+                          "the model, if there is one.")
+    normalize_embeddings: bool | None = Field(
+        None, description="L2-normalise the served embeddings; default: the model family's convention (true for "
+                          "SigLIP and CLIP, false for the presets).")
     seed: int = Field(0, description="Seed for a preset's random weights.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
     fusion_backend: Literal["auto", "triton", "torch"] = Field(

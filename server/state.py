@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,3 +29,8 @@ class ServerState:
     monitor: Monitor  # stage-latency digests and drift (server.monitoring_setup)
     intake: RequestIntake  # every protocol's way in: tokenize, plan, decode, submit, settle
     faults: FaultInjector | None = None  # only with enable_fault_injection
+
+    @functools.cached_property
+    def model_description(self) -> dict:
+        """The ``model`` object of every answer: name, fingerprint, family, score, normalisation, head."""
+        return dataclasses.asdict(self.bundle.describe())

@@ -3,10 +3,12 @@
     inputs   text             BYTES [N] or [N, 1]    UTF-8 texts
              image            BYTES [N] or [N, 1]    encoded image files (in the JSON form: base64 strings)
              image_uint8      UINT8 [N, H, W, 3]     raw RGB pixels, row-major
-    outputs  image_embedding  FP32  [N, d_v]         needs an image input
-             text_embedding   FP32  [N, d_t]         needs a text input
-             fused_embedding  FP32  [N, d_t]         needs both
-             score            FP32  [N]              needs both
+    outputs  image_embedding  FP32  [N, E_v]         needs an image input
+             text_embedding   FP32  [N, E_t]         needs a text input
+             fused_embedding  FP32  [N, E_t]         needs both
+             score            FP32  [N]              needs both; only models with a calibrated score
+                                                     (SigLIP: a probability, CLIP: a logit)
+             match_score      FP32  [N]              needs both; only with a trained fusion head
 
 Row ``i`` of every input is one item: text and image rows with the same index
 are fused. Without an ``outputs`` list every output the inputs allow is sent.
@@ -41,8 +43,9 @@ from server.settings import Settings
 MODEL_VERSION = "1"
 PLATFORM = "mmserve"
 TEXT, IMAGE, IMAGE_UINT8 = "text", "image", "image_uint8"
-IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE = (
-    "image_embedding", "text_embedding", "fused_embedding", "score")
+IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE, MATCH_SCORE = (
+    "image_embedding", "text_embedding", "fused_embedding", "score", "match_score")
+_PAIR_OUTPUTS = (FUSED_EMBEDDING, SCORE, MATCH_SCORE)
 _MAX_TIMEOUT_US = 3_600_000_000
 _PRIORITY_NAMES = ("high", "normal", "low")
 
@@ -67,14 +70,20 @@ INPUT_SPECS: tuple[TensorSpec, ...] = (
 
 
 def output_specs(bundle: ModelBundle) -> tuple[TensorSpec, ...]:
-    image_dim = bundle.model.vision.embed_dim
-    text_dim = bundle.model.text.hidden_size
-    return (
+    """The outputs this model gives: ``score`` and ``match_score`` only where they mean something."""
+    image_dim = bundle.model.vision.embedding_dim
+    text_dim = bundle.model.text.embedding_dim
+    described = bundle.describe()
+    specs = [
         TensorSpec(IMAGE_EMBEDDING, "FP32", (-1, image_dim)),
         TensorSpec(TEXT_EMBEDDING, "FP32", (-1, text_dim)),
         TensorSpec(FUSED_EMBEDDING, "FP32", (-1, text_dim)),
-        TensorSpec(SCORE, "FP32", (-1,)),
-    )
+    ]
+    if described.score is not None:
+        specs.append(TensorSpec(SCORE, "FP32", (-1,)))
+    if described.fusion_head == "trained":
+        specs.append(TensorSpec(MATCH_SCORE, "FP32", (-1,)))
+    return tuple(specs)
 
 
 def model_metadata(bundle: ModelBundle) -> dict:
@@ -202,29 +211,30 @@ def rows_from_request(request: V2InferRequest, settings: Settings) -> list[Parse
 # -- results -> outputs ----------------------------------------------------------------
 
 
-def applicable_outputs(has_text: bool, has_image: bool) -> tuple[str, ...]:
+def applicable_outputs(has_text: bool, has_image: bool, served: Sequence[str]) -> tuple[str, ...]:
+    """Of the ``served`` outputs (``output_specs``), those these inputs give."""
     names = [IMAGE_EMBEDDING] if has_image else []
     if has_text:
         names.append(TEXT_EMBEDDING)
     if has_text and has_image:
-        names += [FUSED_EMBEDDING, SCORE]
-    return tuple(names)
+        names += list(_PAIR_OUTPUTS)
+    return tuple(name for name in names if name in served)
 
 
-def choose_outputs(request: V2InferRequest) -> tuple[RequestedOutput, ...]:
+def choose_outputs(request: V2InferRequest, bundle: ModelBundle) -> tuple[RequestedOutput, ...]:
     """The outputs to send, checked before any compute: all applicable ones when none are named."""
     names = {tensor.name for tensor in request.inputs}
-    available = applicable_outputs(TEXT in names, IMAGE in names or IMAGE_UINT8 in names)
+    known = tuple(spec.name for spec in output_specs(bundle))
+    available = applicable_outputs(TEXT in names, IMAGE in names or IMAGE_UINT8 in names, known)
     if request.outputs is None:
         return tuple(RequestedOutput(name, request.is_binary_output_default) for name in available)
-    known = (IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE)
     for output in request.outputs:
         if output.name not in known:
             raise _bad("unknown_output", f"unknown output {output.name!r}; the model gives {list(known)}",
                        output.name)
         if output.name not in available:
             raise _bad("output_not_available", f"output {output.name} needs "
-                       f"{'a text and an image' if output.name in (FUSED_EMBEDDING, SCORE) else 'its modality'}"
+                       f"{'a text and an image' if output.name in _PAIR_OUTPUTS else 'its modality'}"
                        f" input; these inputs give {list(available)}", output.name)
     return request.outputs
 
@@ -233,8 +243,8 @@ def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[Inferenc
     """Stack the rows' results into one FP32 tensor per chosen output."""
     tensors = []
     for output in chosen:
-        if output.name == SCORE:
-            data = np.array([result.score for result in results], dtype=np.float32)  # (N,)
+        if output.name in (SCORE, MATCH_SCORE):
+            data = np.array([getattr(result, output.name) for result in results], dtype=np.float32)  # (N,)
         else:
             # The embedding outputs are named after ``InferenceResult``'s fields.
             data = np.stack([getattr(result, output.name) for result in results]).astype(np.float32)  # (N, D)

@@ -154,8 +154,12 @@ def embeddings_response(request: EmbeddingsRequest, model_name: str, outcomes: S
             "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens}}
 
 
-def model_card(model_name: str, created_unix_s: int) -> dict:
-    return {"id": model_name, "object": "model", "created": created_unix_s, "owned_by": OWNER}
+def model_card(model_name: str, created_unix_s: int, description: dict | None = None) -> dict:
+    """OpenAI's model object; ``description`` (family, score, normalisation, head) rides along as ``mmserve``."""
+    card = {"id": model_name, "object": "model", "created": created_unix_s, "owned_by": OWNER}
+    if description is not None:
+        card["mmserve"] = description
+    return card
 
 
 def error_body(error: ApiError, param: str | None) -> dict:

@@ -89,13 +89,14 @@ def _response_body(request_id: str, state: ServerState, result: InferenceResult,
     body: dict = {
         "id": request_id,
         "route": result.route.value,
-        "model": {"name": state.bundle.config.name, "fingerprint": state.bundle.fingerprint},
+        "model": state.model_description,
     }
     for key, value in (
         ("image_embedding", result.image_embedding),
         ("text_embedding", result.text_embedding),
         ("fused_embedding", result.fused_embedding),
         ("score", result.score),
+        ("match_score", result.match_score),
     ):
         if value is not None:
             body[key] = value

@@ -54,7 +54,7 @@ def _created_unix_s(request: Request) -> int:
 @router.get("/v1/models", summary="The served model, as OpenAI's model list.")
 async def list_models(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
-    card = model_card(state.bundle.config.name, _created_unix_s(request))
+    card = model_card(state.bundle.config.name, _created_unix_s(request), state.model_description)
     return JSONResponse({"object": "list", "data": [card]})
 
 
@@ -65,7 +65,7 @@ async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
         check_model(model_id, state.bundle.config.name)
     except ApiError as e:
         return _error_response(Failure(e, None), is_single_input=False)
-    return JSONResponse(model_card(model_id, _created_unix_s(request)))
+    return JSONResponse(model_card(model_id, _created_unix_s(request), state.model_description))
 
 
 @router.post(

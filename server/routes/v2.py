@@ -140,7 +140,7 @@ async def _infer(request: Request, model_name: str, model_version: str | None) -
         _check_model(state, model_name, model_version)
         v2_request = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
         rows = rows_from_request(v2_request, state.settings)
-        chosen = choose_outputs(v2_request)
+        chosen = choose_outputs(v2_request, state.bundle)
         outcomes = await infer_rows(state, rows, request_id, started_ns)
         encoded = encode_infer_response(V2InferResponse(
             model_name=state.bundle.config.name,

@@ -37,7 +37,6 @@ def direct_outputs(bundle: ModelBundle, text: str | None, image: torch.Tensor | 
     if images is not None and texts is not None:
         fused = model.fuse(images, texts)[0]
         out["fused_embedding"] = fused.fused.numpy()
-        out["score"] = float(fused.score)
     return out
 
 
@@ -53,7 +52,8 @@ def test_text_only_is_routed_text_and_equals_the_model(tiny_server, tiny_bundle)
     assert answer["route"] == "text"
     assert set(answer) >= {"id", "model", "text_embedding", "timings_ms", "cache"}
     assert "image_embedding" not in answer and "fused_embedding" not in answer
-    assert answer["model"] == {"name": "tiny", "fingerprint": tiny_bundle.fingerprint}
+    assert answer["model"] == {"name": "tiny", "fingerprint": tiny_bundle.fingerprint, "family": "mmserve",
+                               "score": None, "normalized_embeddings": False, "fusion_head": "untrained"}
     assert_matches_direct(answer, direct_outputs(tiny_bundle, "a red bicycle", None))
 
 
@@ -73,7 +73,9 @@ def test_image_and_text_are_fused_and_equal_the_model(tiny_server, tiny_bundle):
     assert answer["route"] == "fusion"
     expected = direct_outputs(tiny_bundle, "what is this?", direct_image_input(tiny_bundle, encoded))
     assert_matches_direct(answer, expected)
-    assert -1.0 <= answer["score"] <= 1.0
+    # The preset has no calibrated score and an untrained head: neither number is sent.
+    assert "score" not in answer and "match_score" not in answer
+    assert answer["model"]["score"] is None and answer["model"]["fusion_head"] == "untrained"
     assert {"decode", "queue", "vision", "text", "fusion", "respond", "total"} <= set(answer["timings_ms"])
 
 
@@ -84,7 +86,7 @@ def test_multipart_equals_json(tiny_server):
         as_form = client.post("/v1/infer", files={"image": ("dog.png", encoded, "image/png")},
                               data={"text": "a dog"}).json()
     assert as_form["route"] == "fusion"
-    for key in ("image_embedding", "text_embedding", "fused_embedding", "score"):
+    for key in ("image_embedding", "text_embedding", "fused_embedding"):
         np.testing.assert_allclose(as_form[key], as_json[key], atol=TOLERANCE)
 
 
@@ -103,7 +105,7 @@ def test_the_same_input_twice_gives_the_same_output(tiny_server):
     with tiny_server.client() as client:
         first, second = (client.post("/v1/infer", json=body).json() for _ in range(2))
     assert first["id"] != second["id"]
-    for key in ("image_embedding", "text_embedding", "fused_embedding", "score"):
+    for key in ("image_embedding", "text_embedding", "fused_embedding"):
         assert first[key] == second[key]
 
 

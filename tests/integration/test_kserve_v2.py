@@ -58,8 +58,7 @@ def test_health_server_and_model_metadata(triton, tiny_server, tiny_bundle):
         "image_embedding": ("FP32", [-1, len(answer["image_embedding"])]),
         "text_embedding": ("FP32", [-1, len(answer["text_embedding"])]),
         "fused_embedding": ("FP32", [-1, len(answer["fused_embedding"])]),
-        "score": ("FP32", [-1]),
-    }
+    }  # no score: the preset has no calibrated score; no match_score: its head is untrained
 
 
 def test_binary_image_and_text_rows_are_fused_and_equal_v1_infer(triton, tiny_server):
@@ -71,7 +70,7 @@ def test_binary_image_and_text_rows_are_fused_and_equal_v1_infer(triton, tiny_se
         expected = native(tiny_server, {"text": text.decode(), "image": {"b64": b64(image)}})
         for name in ("image_embedding", "text_embedding", "fused_embedding"):
             np.testing.assert_allclose(result.as_numpy(name)[row], expected[name], rtol=0, atol=TOLERANCE)
-        np.testing.assert_allclose(result.as_numpy("score")[row], expected["score"], rtol=0, atol=TOLERANCE)
+        assert result.as_numpy("score") is None and "score" not in expected
 
 
 def test_json_texts_batch_with_json_outputs_equals_v1_infer(triton, tiny_server):
@@ -99,13 +98,13 @@ def test_uint8_pixels_equal_v1_infer_raw_pixels(triton, tiny_server):
 
 def test_only_the_requested_outputs_come_back(triton, tiny_server):
     image = encoded_image(4)
-    outputs = [triton_http.InferRequestedOutput("score")]
-    result = triton.infer("tiny", [bytes_input("text", [b"just the score"]), bytes_input("image", [image])],
+    outputs = [triton_http.InferRequestedOutput("fused_embedding")]
+    result = triton.infer("tiny", [bytes_input("text", [b"just the fusion"]), bytes_input("image", [image])],
                           outputs=outputs)
-    assert [output["name"] for output in result.get_response()["outputs"]] == ["score"]
-    assert result.as_numpy("fused_embedding") is None
-    expected = native(tiny_server, {"text": "just the score", "image": {"b64": b64(image)}})["score"]
-    np.testing.assert_allclose(result.as_numpy("score"), [expected], rtol=0, atol=TOLERANCE)
+    assert [output["name"] for output in result.get_response()["outputs"]] == ["fused_embedding"]
+    assert result.as_numpy("image_embedding") is None
+    expected = native(tiny_server, {"text": "just the fusion", "image": {"b64": b64(image)}})["fused_embedding"]
+    np.testing.assert_allclose(result.as_numpy("fused_embedding"), [expected], rtol=0, atol=TOLERANCE)
 
 
 def test_json_images_are_base64_strings(tiny_server):
@@ -139,7 +138,8 @@ def test_unknown_model_and_version_raise_in_the_client(triton):
         (lambda: [bytes_input("image", [encoded_image(6), b"not an image"])], None, "415",
          "unsupported_image_format: row 1"),
         (lambda: [bytes_input("text", [b"\xff\xfe"])], None, "400", "invalid_text_encoding: row 0"),
-        (lambda: [bytes_input("text", [b"x"])], ["score"], "400", "output_not_available"),
+        (lambda: [bytes_input("text", [b"x"])], ["fused_embedding"], "400", "output_not_available"),
+        (lambda: [bytes_input("text", [b"x"])], ["score"], "400", "unknown_output"),  # the preset has none
         (lambda: [bytes_input("prompt", [b"x"])], None, "400", "unknown_input"),
         (lambda: [bytes_input("text", [b"a", b"b"]), bytes_input("image", [encoded_image(7)])], None, "400",
          "invalid_tensor_shape"),

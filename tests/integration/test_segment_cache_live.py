@@ -53,7 +53,6 @@ def test_a_repeated_image_with_a_new_text_hits_and_equals_the_uncached_answer(li
     assert len(decodes) == 2, "a hit must skip decoding the image"
     np.testing.assert_allclose(second["fused_embedding"], uncached["fused_embedding"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(second["image_embedding"], first["image_embedding"], rtol=0, atol=0)
-    assert abs(second["score"] - uncached["score"]) <= 1e-5
 
 
 def test_a_repeated_text_with_a_new_image_hits_the_text_segment(tiny_server):
