@@ -108,7 +108,8 @@ def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, conf
     """
     digest = hashlib.blake2b(digest_size=32)
     config_data = config.to_dict()
-    config_data["text"]["hf_dir"] = None  # where the files sit is not what the model is
+    config_data["name"] = None  # what it is called is not what the model is,
+    config_data["text"]["hf_dir"] = None  # nor where its files sit
     config_data["fusion"]["backend"] = None  # which kernel runs it is not either
     config_data["normalize_embeddings"] = model.normalize_embeddings
     digest.update(json.dumps(config_data, sort_keys=True).encode())
