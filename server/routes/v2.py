@@ -7,6 +7,11 @@ shedding load, 504 past a deadline); the named code leads the message.
 Inference requests count in ``mmserve_requests_total{route="v2"}``: one
 request may hold rows of several lanes, and its latency is that of a whole
 batch, so it gets its own label instead of skewing a lane's histogram.
+
+A model served from a Hub id is named like it (``org/name``): the routes take
+the name as a path, so ``/v2/models/org/name/infer`` works as tritonclient
+sends it; the routes with a version come before those without, and metadata
+last, so a longer path is never read as a model name.
 """
 
 from __future__ import annotations
@@ -102,16 +107,6 @@ async def _model_metadata(request: Request, model_name: str, model_version: str 
     return JSONResponse(model_metadata(state.bundle))
 
 
-@router.get("/v2/models/{model_name}", summary="Model metadata: inputs and outputs with datatypes and shapes.")
-async def model(request: Request, model_name: str) -> JSONResponse:
-    return await _model_metadata(request, model_name, None)
-
-
-@router.get("/v2/models/{model_name}/versions/{model_version}", summary="Model metadata of one version.")
-async def model_version(request: Request, model_name: str, model_version: str) -> JSONResponse:
-    return await _model_metadata(request, model_name, model_version)
-
-
 async def _model_ready(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
     try:
@@ -122,14 +117,14 @@ async def _model_ready(request: Request, model_name: str, model_version: str | N
     return JSONResponse({"name": model_name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
 
-@router.get("/v2/models/{model_name}/ready", summary="200 when the model serves.")
-async def model_ready(request: Request, model_name: str) -> JSONResponse:
-    return await _model_ready(request, model_name, None)
-
-
-@router.get("/v2/models/{model_name}/versions/{model_version}/ready", summary="200 when this version serves.")
+@router.get("/v2/models/{model_name:path}/versions/{model_version}/ready", summary="200 when this version serves.")
 async def model_version_ready(request: Request, model_name: str, model_version: str) -> JSONResponse:
     return await _model_ready(request, model_name, model_version)
+
+
+@router.get("/v2/models/{model_name:path}/ready", summary="200 when the model serves.")
+async def model_ready(request: Request, model_name: str) -> JSONResponse:
+    return await _model_ready(request, model_name, None)
 
 
 async def _infer(request: Request, model_name: str, model_version: str | None) -> Response:
@@ -162,13 +157,24 @@ async def _infer(request: Request, model_name: str, model_version: str | None) -
     return response
 
 
-@router.post("/v2/models/{model_name}/infer", summary="Run rows of text and/or images through the model.",
+@router.post("/v2/models/{model_name:path}/versions/{model_version}/infer", summary="Inference on one version.",
+             openapi_extra=_INFER_BODY)
+async def infer_version(request: Request, model_name: str, model_version: str) -> Response:
+    return await _infer(request, model_name, model_version)
+
+
+@router.post("/v2/models/{model_name:path}/infer", summary="Run rows of text and/or images through the model.",
              openapi_extra=_INFER_BODY)
 async def infer(request: Request, model_name: str) -> Response:
     return await _infer(request, model_name, None)
 
 
-@router.post("/v2/models/{model_name}/versions/{model_version}/infer", summary="Inference on one version.",
-             openapi_extra=_INFER_BODY)
-async def infer_version(request: Request, model_name: str, model_version: str) -> Response:
-    return await _infer(request, model_name, model_version)
+# Metadata last: "/v2/models/{name}" would otherwise take ".../ready" and ".../versions/1/ready".
+@router.get("/v2/models/{model_name:path}/versions/{model_version}", summary="Model metadata of one version.")
+async def model_version(request: Request, model_name: str, model_version: str) -> JSONResponse:
+    return await _model_metadata(request, model_name, model_version)
+
+
+@router.get("/v2/models/{model_name:path}", summary="Model metadata: inputs and outputs with datatypes and shapes.")
+async def model(request: Request, model_name: str) -> JSONResponse:
+    return await _model_metadata(request, model_name, None)

@@ -1,0 +1,118 @@
+"""A live server for ``--model`` answers what transformers computes, on every protocol.
+
+SigLIP runs as ``mmserve serve --model acme/tiny-siglip`` in its own process,
+resolved offline from a Hub cache laid out by the test; CLIP runs in-process
+from its directory. The reference is computed in the test process with the
+library's own classes read from the same files.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import tritonclient.http as triton_http
+from openai import OpenAI
+from PIL import Image
+from transformers import AutoModel, AutoTokenizer, CLIPImageProcessorPil, SiglipImageProcessorPil
+
+from benchmarks.random_pretrained import write_clip, write_hub_cache, write_siglip
+from server.settings import Settings
+from tests.encoded_images import encoded_image
+
+TOLERANCE = 1e-5
+
+
+def _reference(directory: Path, processor_class, text: str, image_png: bytes, text_kwargs: dict) -> dict:
+    model = AutoModel.from_pretrained(str(directory)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    image = Image.open(io.BytesIO(image_png)).convert("RGB")
+    pixel_values = processor_class.from_pretrained(str(directory))(images=image, return_tensors="pt")["pixel_values"]
+    text_inputs = tokenizer([text], return_tensors="pt", **text_kwargs)
+    with torch.no_grad():
+        out = model(pixel_values=pixel_values, **text_inputs)
+        image_embedding = F.normalize(model.get_image_features(pixel_values=pixel_values).pooler_output, dim=-1)
+        text_embedding = F.normalize(model.get_text_features(**text_inputs).pooler_output, dim=-1)
+    return {"image_embedding": image_embedding[0].numpy(), "text_embedding": text_embedding[0].numpy(),
+            "logit": float(out.logits_per_image[0, 0])}
+
+
+@pytest.fixture(scope="module")
+def siglip_hub(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("siglip")
+    snapshot = write_hub_cache(root / "hub", "acme/tiny-siglip", write_siglip(root / "model"))
+    return root / "hub", snapshot
+
+
+def _data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def test_siglip_from_the_hub_cache_answers_as_transformers_on_every_protocol(siglip_hub, serve_process):
+    cache, snapshot = siglip_hub
+    image, text = encoded_image(3, (48, 40)), "a photo of a cat"
+    want = _reference(snapshot, SiglipImageProcessorPil, text, image, {"padding": "max_length"})
+    env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    with serve_process(["--model", "acme/tiny-siglip", "--device", "cpu"], env) as served:
+        answer = httpx.post(f"{served.url}/v1/infer", timeout=60,
+                            json={"text": text, "image": {"b64": base64.b64encode(image).decode()}}).json()
+        assert answer["model"]["name"] == "acme/tiny-siglip"
+        assert {k: answer["model"][k] for k in ("family", "score", "normalized_embeddings", "fusion_head")} == {
+            "family": "siglip", "score": "siglip_sigmoid", "normalized_embeddings": True, "fusion_head": "untrained"}
+        np.testing.assert_allclose(answer["image_embedding"], want["image_embedding"], rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(answer["text_embedding"], want["text_embedding"], rtol=0, atol=TOLERANCE)
+        assert answer["score"] == pytest.approx(1 / (1 + np.exp(-want["logit"])), abs=TOLERANCE)
+        assert "match_score" not in answer
+
+        client = OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0)
+        embedded = client.embeddings.create(model="acme/tiny-siglip", input=[text, _data_uri(image)])
+        np.testing.assert_allclose(embedded.data[0].embedding, want["text_embedding"], rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(embedded.data[1].embedding, want["image_embedding"], rtol=0, atol=TOLERANCE)
+        card = httpx.get(f"{served.url}/v1/models", timeout=10).json()["data"][0]
+        assert card["id"] == "acme/tiny-siglip" and card["mmserve"]["score"] == "siglip_sigmoid"
+
+        triton = triton_http.InferenceServerClient(served.url.removeprefix("http://"))
+        inputs = [triton_http.InferInput("text", [1], "BYTES"), triton_http.InferInput("image", [1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([text.encode()], dtype=object))
+        inputs[1].set_data_from_numpy(np.array([image], dtype=object))
+        result = triton.infer("acme/tiny-siglip", inputs)
+        np.testing.assert_allclose(result.as_numpy("score"), [answer["score"]], rtol=0, atol=TOLERANCE)
+        assert result.as_numpy("match_score") is None  # untrained head: not an output at all
+        served.process.kill()
+        log = served.process.communicate()[0]
+    assert "fusion head of acme/tiny-siglip is untrained" in log
+
+
+def test_a_hub_id_missing_from_the_cache_offline_stops_with_the_id_and_the_cache(tmp_path: Path):
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--model", "acme/absent", "--port", "0"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode != 0
+    assert "acme/absent" in done.stderr and str(tmp_path / "hub") in done.stderr
+
+
+def test_clip_from_a_directory_answers_as_transformers_on_each_route(tmp_path: Path, live_server_runner):
+    directory = write_clip(tmp_path / "tiny-clip")
+    image, text = encoded_image(4, (70, 50)), "two dogs playing on the grass"
+    want = _reference(directory, CLIPImageProcessorPil, text, image, {})
+    image_b64 = base64.b64encode(image).decode()
+    with live_server_runner(Settings(model=str(directory), device="cpu")) as server, server.client() as client:
+        fused = client.post("/v1/infer", json={"text": text, "image": {"b64": image_b64}}).json()
+        vision = client.post("/v1/infer", json={"image": {"b64": image_b64}}).json()
+        words = client.post("/v1/infer", json={"text": text}).json()
+    assert fused["model"]["family"] == "clip" and fused["model"]["score"] == "clip_logit"
+    assert (vision["route"], words["route"]) == ("vision", "text")
+    for answer in (fused, vision):
+        np.testing.assert_allclose(answer["image_embedding"], want["image_embedding"], rtol=0, atol=TOLERANCE)
+    for answer in (fused, words):
+        np.testing.assert_allclose(answer["text_embedding"], want["text_embedding"], rtol=0, atol=TOLERANCE)
+    assert fused["score"] == pytest.approx(want["logit"], abs=1e-4)  # a logit: exp(logit_scale) ~ 14 times a cosine
+    assert fused["text"]["num_tokens"] == len(AutoTokenizer.from_pretrained(str(directory))(text)["input_ids"])
