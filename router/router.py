@@ -286,6 +286,6 @@ class Router:
             if isinstance(outcome, Exception):
                 pending.plan.fail(outcome)
             else:
-                pending.plan.publish(outcome.image_segment, outcome.text_segment, runner.wait_for_device)
+                pending.plan.publish(outcome.image_segment, outcome.text_segment, runner.device_work.wait)
         if self.metrics is not None:
             self.metrics.batch_size.labels(lane=lane.route.value).observe(len(batch))

@@ -8,15 +8,15 @@ and the others still get their answers.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
+from models.device import DeviceWork
 from models.multimodal import FusedOutput, ImageSegment, TextSegment
 from models.repository import ModelBundle
 from router.errors import ItemFailedError
@@ -57,7 +57,8 @@ class BatchRunner:
         self.pad_token_id = bundle.tokenizer.pad_token_id
         # Called with a stage name after that stage ran (fault drills delay here).
         self._stage_hook = stage_hook
-        self._is_cuda = self.model.device.type == "cuda"
+        # Streams, pinned copies and waiting are the model side's (models/device.py).
+        self.device_work = DeviceWork(self.model.device)
         # Real (unpadded) rows through each encoder since start-up, warm-up excluded.
         self.num_images_encoded = 0
         self.num_texts_encoded = 0
@@ -65,30 +66,10 @@ class BatchRunner:
     # -- timing -------------------------------------------------------------
 
     def _stage_done(self, stage: str, started_ns: int, stage_ns: dict[str, int]) -> None:
-        self.wait_for_device()
+        self.device_work.wait()
         if self._stage_hook is not None:
             self._stage_hook(stage)
         stage_ns[stage] = time.perf_counter_ns() - started_ns
-
-    def wait_for_device(self) -> None:
-        """Wait for the work this thread queued on the device (its stream only, not the others')."""
-        if self._is_cuda:
-            torch.cuda.current_stream(self.model.device).synchronize()
-
-    @contextlib.contextmanager
-    def device_stream(self, high_priority: bool = False) -> Iterator[None]:
-        """Run the calling thread's batches on a stream of its own (CUDA; nothing on CPU).
-
-        Two executors on the default stream would serialise on the device
-        exactly as one thread does; their own streams let a text batch run
-        beside a vision batch, and a high-priority stream lets it go first.
-        """
-        if not self._is_cuda:
-            yield
-            return
-        stream = torch.cuda.Stream(self.model.device, priority=-1 if high_priority else 0)
-        with torch.cuda.stream(stream):
-            yield
 
     # -- one padded batch -------------------------------------------------------
 
@@ -104,10 +85,7 @@ class BatchRunner:
         pixels = np.stack([r.image for r in requests])  # (B, S, S, 3) uint8
         if padded > len(requests):
             pixels = np.concatenate([pixels, np.repeat(pixels[-1:], padded - len(requests), axis=0)])
-        images = torch.from_numpy(pixels)
-        if self._is_cuda:
-            images = images.pin_memory()
-        segments = self.model.encode_images(images)[: len(requests)]
+        segments = self.model.encode_images(self.device_work.host_tensor(pixels))[: len(requests)]
         self._stage_done("vision", started, stage_ns)
         self.num_images_encoded += len(requests)
         return segments

@@ -93,7 +93,7 @@ class ComputeWorker:
         try:
             # Before the first torch call: the OpenMP workers it starts inherit the priority.
             lower_current_thread_priority(self.plan.nice)
-            with self.runner.device_stream(self.plan.high_priority_stream):
+            with self.runner.device_work.stream(self.plan.high_priority_stream):
                 self._warm_up()
                 self.ready.set()
                 self._serve()
