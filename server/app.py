@@ -30,20 +30,20 @@ from router.intake import RequestIntake
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
-from server.body_limit import BodySizeLimit
-from server.decode_pool import BoundedDecodePool
+from server.http.body_limit import BodySizeLimit
+from server.ingest.decode_pool import BoundedDecodePool
 from server.errors import ApiError
-from server.garbage_collection import freeze_start_up_objects
-from server.inputs import image_decoder
-from server.middleware import add_request_guards
-from server.model_loading import load_model, trace_encoders
-from server.monitoring_setup import build_monitor, mark_ready_when_ready
-from server.ops_port import serve_ops_port
+from server.runtime.garbage_collection import freeze_start_up_objects
+from server.ingest.inputs import image_decoder
+from server.http.middleware import add_request_guards
+from server.runtime.model_loading import load_model, trace_encoders
+from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
+from server.runtime.ops_port import serve_ops_port
 from server.routes import admin, health, infer, monitoring, openai, v2
 from server.schemas import InferRequest
 from server.settings import Settings
 from server.state import ServerState
-from server.watchdog import watch_compute
+from server.runtime.watchdog import watch_compute
 
 logger = logging.getLogger(__name__)
 

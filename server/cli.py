@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     from server.app import create_app
-    from server.lifecycle import DrainingServer, uvicorn_config
+    from server.runtime.lifecycle import DrainingServer, uvicorn_config
     from server.settings import load_settings
 
     settings = load_settings(
@@ -134,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "quantiles":
-        from server.quantiles_command import run_quantiles
+        from clients.quantiles import run_quantiles
 
         return run_quantiles(args.urls, source=args.source, timeout_s=args.timeout_s,
                              api_key_file=args.api_key_file)
     from models.errors import ModelError
-    from server.auth import ApiKeyConfigError
+    from server.http.auth import ApiKeyConfigError
 
     try:
         if args.command == "serve":

@@ -26,7 +26,7 @@ class ServerState:
     registry: CollectorRegistry
     metrics: ServingMetrics
     decode_pool: ThreadPoolExecutor
-    monitor: Monitor  # stage-latency digests and drift (server.monitoring_setup)
+    monitor: Monitor  # stage-latency digests and drift (server.runtime.monitoring_setup)
     intake: RequestIntake  # every protocol's way in: tokenize, plan, decode, submit, settle
     faults: FaultInjector | None = None  # only with enable_fault_injection
 

@@ -23,7 +23,7 @@ import uvicorn
 
 from models.repository import ModelBundle, build_preset
 from server.app import create_app
-from server.lifecycle import uvicorn_config
+from server.runtime.lifecycle import uvicorn_config
 from server.settings import Settings
 
 

@@ -33,9 +33,9 @@ import numpy as np
 
 from models.repository import ModelBundle
 from router.request import InferenceResult
-from server.decoding import decode_base64
+from server.ingest.decoding import decode_base64
 from server.errors import ApiError
-from server.inputs import ParsedInput, parsed_input
+from server.ingest.inputs import ParsedInput, parsed_input
 from server.protocols.errors import RowFailedError
 from server.protocols.kserve_v2_codec import BYTES, RequestedOutput, Tensor, V2InferRequest
 from server.settings import Settings

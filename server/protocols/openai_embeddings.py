@@ -27,9 +27,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.repository import ModelBundle
-from server.decoding import decode_base64
+from server.ingest.decoding import decode_base64
 from server.errors import ApiError
-from server.inputs import ParsedInput, parsed_input
+from server.ingest.inputs import ParsedInput, parsed_input
 from server.protocols.errors import RowFailedError
 from server.protocols.rows import RowOutcome
 from server.settings import Settings

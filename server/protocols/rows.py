@@ -22,10 +22,10 @@ from typing import cast
 from router.errors import IntakeItemError
 from router.intake import IntakeOutcome
 from router.request import InferenceResult
-from server.error_mapping import api_error_from
+from server.http.error_mapping import api_error_from
 from server.errors import ApiError
-from server.inputs import ParsedInput, intake_item
-from server.monitoring_setup import cache_hit_of
+from server.ingest.inputs import ParsedInput, intake_item
+from server.runtime.monitoring_setup import cache_hit_of
 from server.protocols.errors import RowFailedError
 from server.settings import LaneName
 from server.state import ServerState

@@ -14,11 +14,11 @@ from fastapi.responses import Response
 
 from router.intake import IntakeOutcome
 from router.request import InferenceResult
-from server import json_body
-from server.error_mapping import api_error_from
+from server.ingest import json_body
+from server.http.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
-from server.inputs import ParsedInput, intake_item, parse_json, parse_multipart
-from server.monitoring_setup import cache_hit_of
+from server.ingest.inputs import ParsedInput, intake_item, parse_json, parse_multipart
+from server.runtime.monitoring_setup import cache_hit_of
 from server.schemas import InferResponse
 from server.state import ServerState
 

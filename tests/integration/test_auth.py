@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 
 from encoded_images import encoded_image
 from server.app import create_app
-from server.auth import ApiKeyConfigError, is_valid_key
+from server.http.auth import ApiKeyConfigError, is_valid_key
 from server.cli import main as mmserve_main
 from server.settings import Settings
 
@@ -203,7 +203,7 @@ def test_logs_carry_ids_sizes_and_digests_never_texts_or_image_bytes(tiny_server
     logged = "\n".join(record.getMessage() + (record.exc_text or "") for record in caplog.records)
     for fragment in ("Zebra-quartz", "my-home-address", image_b64[:40], image_b64[-40:]):
         assert fragment not in logged
-    access = [record.getMessage() for record in caplog.records if record.name == "server.access_log"]
+    access = [record.getMessage() for record in caplog.records if record.name == "server.http.access_log"]
     assert any(served.headers["X-Request-ID"] in line and "POST /v1/infer -> 200" in line and "blake2b" in line
                for line in access), access
     assert any(refused.headers["X-Request-ID"] in line and "-> 422" in line for line in access)

@@ -33,7 +33,7 @@ from PIL import Image
 
 from encoded_images import b64, encode, encoded_image, noise_image
 from models.preprocessing import resize_to_model_input
-from server.decoding import decode_image
+from server.ingest.decoding import decode_image
 from server.protocols.kserve_v2_codec import Tensor, V2InferRequest, encode_infer_request
 
 PROTOCOLS = ("infer_json", "infer_multipart", "v2_json", "v2_binary", "openai")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from server.lifecycle import EXIT_COMPUTE_FAULT
+from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
 
 
 

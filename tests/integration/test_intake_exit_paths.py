@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-import server.inputs
+import server.ingest.inputs
 
 DECODE_STALL_S = 0.6
 WAITER_DELAY_S = 0.2  # the owner has planned (it holds the claim) and is still decoding
@@ -42,13 +42,13 @@ def _body(image: bytes, **options: object) -> dict:
 @pytest.fixture
 def slow_decode(monkeypatch) -> None:
     """Every image decode takes ``DECODE_STALL_S`` first, so the owner's claim stays in flight."""
-    real_decode = server.inputs.decode_image
+    real_decode = server.ingest.inputs.decode_image
 
     def stalled(*args: object, **kwargs: object):
         time.sleep(DECODE_STALL_S)
         return real_decode(*args, **kwargs)
 
-    monkeypatch.setattr(server.inputs, "decode_image", stalled)
+    monkeypatch.setattr(server.ingest.inputs, "decode_image", stalled)
 
 
 def _coalesced_images(client: httpx.Client) -> float:

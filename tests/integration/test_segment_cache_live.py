@@ -11,7 +11,7 @@ import numpy as np
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-import server.inputs
+import server.ingest.inputs
 
 
 def png(seed: int) -> str:
@@ -37,8 +37,8 @@ def router_of(server):
 
 def test_a_repeated_image_with_a_new_text_hits_and_equals_the_uncached_answer(live_server_factory, monkeypatch):
     decodes = []
-    real_decode = server.inputs.decode_image
-    monkeypatch.setattr(server.inputs, "decode_image", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
+    real_decode = server.ingest.inputs.decode_image
+    monkeypatch.setattr(server.ingest.inputs, "decode_image", lambda *a, **k: decodes.append(1) or real_decode(*a, **k))
     image = png(1)
     with live_server_factory() as live, live.client() as client:
         first = client.post("/v1/infer", json={"text": "what colour is it?", "image": {"b64": image}}).json()

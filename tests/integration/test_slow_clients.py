@@ -14,7 +14,7 @@ import httpx
 import uvicorn
 
 from server.app import create_app
-from server.lifecycle import uvicorn_config
+from server.runtime.lifecycle import uvicorn_config
 from server.settings import Settings
 
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-import server.header_timeout
+import server.http.header_timeout
 
 REQUEST_BODY = b'{"text": "a prompt client"}'
 REQUEST_HEAD = (b"POST /v1/infer HTTP/1.1\r\nHost: mmserve\r\nContent-Type: application/json\r\n"
@@ -22,7 +22,7 @@ REQUEST_HEAD = (b"POST /v1/infer HTTP/1.1\r\nHost: mmserve\r\nContent-Type: appl
 @pytest.fixture(params=["httptools", "h11"])
 def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "h11":
-        monkeypatch.setattr(server.header_timeout, "_httptools_protocol", lambda: None)
+        monkeypatch.setattr(server.http.header_timeout, "_httptools_protocol", lambda: None)
     return request.param  # httptools comes with uvicorn[standard], a dependency
 
 

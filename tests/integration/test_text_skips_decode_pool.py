@@ -8,20 +8,20 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from encoded_images import encoded_image_b64
-import server.inputs
+import server.ingest.inputs
 from router.intake import INLINE_TEXT_MAX_CHARS
 
 DECODE_STALL_S = 1.5
 
 
 def _slow_decode(monkeypatch) -> None:
-    real_decode = server.inputs.decode_image
+    real_decode = server.ingest.inputs.decode_image
 
     def stalled(*args, **kwargs):
         time.sleep(DECODE_STALL_S)
         return real_decode(*args, **kwargs)
 
-    monkeypatch.setattr(server.inputs, "decode_image", stalled)
+    monkeypatch.setattr(server.ingest.inputs, "decode_image", stalled)
 
 
 def _latency_behind_a_stalled_decode(live, text: str) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gc
 
-from server.garbage_collection import freeze_start_up_objects
+from server.runtime.garbage_collection import freeze_start_up_objects
 
 
 def test_objects_alive_at_start_up_are_frozen_and_later_ones_are_not():

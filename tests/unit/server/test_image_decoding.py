@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from server.decoding import decode_base64, decode_image, decode_pixels
+from server.ingest.decoding import decode_base64, decode_image, decode_pixels
 from server.errors import ApiError
 
 MAX_PIXELS = 10_000_000

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from server import json_body
+from server.ingest import json_body
 
 
 def test_float32_embeddings_read_back_to_the_same_float32_values():

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from monitoring import BaselinePhase, InvalidMonitorConfigError, ManualClock, Monitor, MonitorConfig
 from server.errors import ApiError
-from server.monitoring_setup import cache_hit_of, mark_ready_when_ready, monitor_config
+from server.runtime.monitoring_setup import cache_hit_of, mark_ready_when_ready, monitor_config
 from server.routes import monitoring as monitoring_routes
 from server.settings import Settings
 

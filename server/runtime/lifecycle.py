@@ -29,7 +29,7 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from server.header_timeout import header_timeout_protocol
+from server.http.header_timeout import header_timeout_protocol
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ EXIT_COMPUTE_FAULT = 3
 
 
 def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
-    """uvicorn's settings from ours; no access log of its own (``server.access_log`` writes one), and
-    uvicorn's HTTP parser with a header deadline (``server.header_timeout``), which uvicorn lacks."""
+    """uvicorn's settings from ours; no access log of its own (``server.http.access_log`` writes one), and
+    uvicorn's HTTP parser with a header deadline (``server.http.header_timeout``), which uvicorn lacks."""
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                           http=header_timeout_protocol(settings.header_timeout_s),
                           timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]

@@ -23,8 +23,8 @@ from starlette.datastructures import FormData, UploadFile
 from router.intake import IntakeItem
 from router.request import Priority
 from router.segments import ImageContent
-from server import json_body
-from server.decoding import check_pixels_length, decode_base64, decode_image
+from server.ingest import json_body
+from server.ingest.decoding import check_pixels_length, decode_base64, decode_image
 from server.errors import ApiError
 from server.schemas import EncodedImage, InferRequest, RawImage
 from server.settings import Settings

@@ -19,10 +19,10 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from server.access_log import AccessLog
-from server.auth import ApiKeyAuth, load_api_keys
-from server.body_timeout import BodyTimeout
-from server.content_types import ContentTypeCheck
+from server.http.access_log import AccessLog
+from server.http.auth import ApiKeyAuth, load_api_keys
+from server.http.body_timeout import BodyTimeout
+from server.http.content_types import ContentTypeCheck
 from server.settings import Settings
 
 CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
