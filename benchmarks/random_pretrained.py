@@ -9,6 +9,11 @@ for CLIP) so CJK text, truncation and padding behave as they do for users.
 
     write_siglip(dir)    SiglipModel + SiglipTokenizer + SiglipImageProcessor (squash to S px)
     write_clip(dir)      CLIPModel + CLIPTokenizer + CLIPImageProcessor (shortest edge, centre crop)
+    write_open_clip(dir) open_clip CLIP (its bundled SimpleTokenizer), as open_clip's save_for_hf lays it out;
+                         sigmoid=True adds a logit_bias (a SigLIP-style open_clip model) and squashes
+    write_timm_vit(dir)  a timm ViT as timm's save_for_hf writes it (config.json + model.safetensors)
+    write_bert(dir)      BertModel + a WordPiece BertTokenizer (Latin letters and the CJK of SENTENCES)
+    write_timm_bert_repository(dir)   model.yaml pairing the two (vision.timm_dir + text.hf_dir)
     write_hub_cache(cache_dir, repo_id, model_dir)   the directory laid out as the Hub cache holds it
 """
 
@@ -117,6 +122,91 @@ def write_clip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) ->
     resize = size.image_size + size.image_size // 8
     CLIPImageProcessorPil(size={"shortest_edge": resize},
                           crop_size={"height": size.image_size, "width": size.image_size}).save_pretrained(str(directory))
+    return directory
+
+
+def write_open_clip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0, sigmoid: bool = False) -> Path:
+    """A random open_clip ``CLIP`` in the layout of open_clip's ``save_for_hf`` (safetensors weights).
+
+    The architecture is a model config dict in ``open_clip_config.json``;
+    open_clip builds it from there (``create_model("local-dir:DIR")``, no
+    weights yet), then its own ``save_config_for_hf`` rewrites the config
+    and the weights go to ``open_clip_model.safetensors``. The tokenizer is
+    open_clip's bundled CLIP BPE (``SimpleTokenizer``), which needs no files.
+    """
+    import json
+
+    import open_clip
+    from open_clip.push_to_hf_hub import save_config_for_hf
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model_cfg = {
+        "embed_dim": size.projection_dim,
+        "vision_cfg": {"image_size": size.image_size, "patch_size": size.patch_size, "width": size.hidden_size,
+                       "layers": size.num_layers, "head_width": size.hidden_size // size.num_heads,
+                       "mlp_ratio": size.intermediate_size / size.hidden_size},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": size.hidden_size, "heads": size.num_heads,
+                     "layers": size.num_layers, "mlp_ratio": size.intermediate_size / size.hidden_size},
+    }
+    preprocess_cfg = {"mean": [0.48145466, 0.4578275, 0.40821073], "std": [0.26862954, 0.26130258, 0.27577711],
+                      "interpolation": "bicubic", "resize_mode": "shortest"}
+    if sigmoid:
+        model_cfg["init_logit_bias"] = -2.0
+        preprocess_cfg.update(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5], interpolation="bilinear",
+                              resize_mode="squash")
+    config_path = directory / "open_clip_config.json"
+    config_path.write_text(json.dumps({"model_cfg": model_cfg, "preprocess_cfg": preprocess_cfg}))
+    torch.manual_seed(seed)
+    model = open_clip.create_model(f"local-dir:{directory}", load_weights=False, pretrained_text=False).eval()
+    save_config_for_hf(model, config_path, model_config=model_cfg)
+    save_file(model.state_dict(), str(directory / "open_clip_model.safetensors"))
+    return directory
+
+
+def write_timm_vit(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) -> Path:
+    """A random timm ViT (a 10-class head, as a fine-tuned checkpoint has) saved by timm's ``save_for_hf``."""
+    import timm
+    from timm.models import save_for_hf
+
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=size.image_size,
+                              patch_size=size.patch_size, embed_dim=size.hidden_size, depth=size.num_layers,
+                              num_heads=size.num_heads, mlp_ratio=size.intermediate_size / size.hidden_size,
+                              num_classes=10)
+    save_for_hf(model, str(directory), safe_serialization=True)
+    return Path(directory)
+
+
+def write_bert(directory: Path, size: TowerSize = TowerSize(), seed: int = 0, max_tokens: int = 256) -> Path:
+    """A random ``BertModel`` with a WordPiece tokenizer whose vocabulary covers the CJK of ``SENTENCES``."""
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    directory = Path(directory)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    cjk = sorted({c for sentence in SENTENCES for c in sentence if ord(c) > 0x2E80})
+    words = sorted({w for sentence in SENTENCES for w in sentence.split() if w.isascii()})
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters, *("##" + c for c in letters), *cjk, *words]
+    tokenizer = BertTokenizer(vocab={token: i for i, token in enumerate(vocab)}, model_max_length=max_tokens)
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=size.hidden_size, num_hidden_layers=size.num_layers,
+                        num_attention_heads=size.num_heads, intermediate_size=size.intermediate_size,
+                        max_position_embeddings=max_tokens, pad_token_id=tokenizer.pad_token_id)
+    BertModel(config).eval().save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
+
+
+def write_timm_bert_repository(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) -> Path:
+    """An mmserve model repository pairing ``write_timm_vit`` and ``write_bert`` (no weights file: head untrained)."""
+    import yaml
+
+    directory = Path(directory)
+    write_timm_vit(directory / "vit", size, seed)
+    write_bert(directory / "bert", size, seed)
+    (directory / "model.yaml").write_text(yaml.safe_dump(
+        {"name": directory.name, "vision": {"timm_dir": "vit"}, "text": {"hf_dir": "bert"}, "fusion": {"rank": 8}}))
     return directory
 
 

@@ -24,10 +24,15 @@ class VisionConfig:
 
     ``timm_kwargs`` are passed to ``timm.create_model`` (e.g. ``img_size``,
     ``embed_dim``) so small test models are real timm ViTs, not look-alikes.
+    ``timm_dir`` (relative to the repository, or absolute) names a timm
+    checkpoint in the Hub layout (``config.json`` + ``model.safetensors``, as
+    timm's ``save_for_hf`` writes it); the architecture, weights and
+    preprocessing then come from there (``models.timm_checkpoint``).
     """
 
     architecture: str = "vit_large_patch16_224"
     timm_kwargs: dict[str, Any] = field(default_factory=dict)
+    timm_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,12 +118,15 @@ class ModelConfig:
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         """Build a config from ``model.yaml`` content, naming any bad key."""
         try:
-            preprocess = dict(data["preprocess"])
+            vision = VisionConfig(**data["vision"])
+            # A timm checkpoint brings its own preprocessing; the loader fills it in (and checks one given here).
+            preprocess = dict(data["preprocess"] if vision.timm_dir is None or "preprocess" in data
+                              else asdict(PreprocessConfig()))
             preprocess["mean"] = tuple(float(m) for m in preprocess["mean"])
             preprocess["std"] = tuple(float(s) for s in preprocess["std"])
             config = cls(
                 name=str(data["name"]),
-                vision=VisionConfig(**data["vision"]),
+                vision=vision,
                 text=TextConfig(**data["text"]),
                 fusion=FusionConfig(**data.get("fusion", {})),
                 preprocess=PreprocessConfig(**preprocess),

@@ -80,7 +80,9 @@ def _resize_then_crop(image: Image.Image, config: PreprocessConfig) -> np.ndarra
     top = _centre_offset(resized_h, config.input_size, config.crop_rounding)
     left = _centre_offset(resized_w, config.input_size, config.crop_rounding)
     crop = resized[top: top + config.input_size, left: left + config.input_size]  # (S, S, 3)
-    return np.ascontiguousarray(crop, dtype=np.uint8)
+    # A copy, always: when nothing is cropped (resize_size == input_size, open_clip's "shortest") the slice is
+    # Pillow's read-only buffer itself, and torch.from_numpy warns on it.
+    return np.array(crop, dtype=np.uint8, order="C")
 
 
 def _squash(image: Image.Image, config: PreprocessConfig) -> np.ndarray:

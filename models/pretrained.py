@@ -1,14 +1,29 @@
 """Serve a pretrained image–text model from where users keep it (``mmserve serve --model``).
 
     --model DIR_OR_HUB_ID
-        model.yaml                 an mmserve model repository (models.repository)
-        config.json  siglip        transformers SiglipModel    score: siglip_sigmoid
-        config.json  clip          transformers CLIPModel      score: clip_logit
+        model.yaml                 an mmserve model repository (models.repository), also
+                                   vision.timm_dir + text.hf_dir: a timm ViT with a
+                                   transformers text encoder                   score: none
+        config.json  siglip        transformers SiglipModel                    score: siglip_sigmoid
+        config.json  clip          transformers CLIPModel                      score: clip_logit
+        open_clip_config.json      open_clip CLIP (models.open_clip_model)     score: clip_logit,
+                                   or siglip_sigmoid when it has a logit_bias
 
 Each family is loaded by the library that defines it (``from_pretrained``,
-local files only, safetensors only) with its own tokenizer and image
-processor settings; nothing of its code is copied. On top of its towers sits
-mmserve's low-rank cross-modal head, read from ``fusion_head.safetensors``
+``open_clip.create_model("local-dir:...")``, ``timm.create_model
+("local-dir:...")``; local files only, safetensors only) with its own
+tokenizer and preprocessing settings; nothing of its code is copied. A
+directory with both a servable transformers ``config.json`` and an
+``open_clip_config.json`` (some Hub repositories carry both) is served
+through transformers. SigLIP 2 (``model_type`` siglip2, NaFlex) is refused
+with the reason; fixed-resolution SigLIP 2 checkpoints that declare
+``siglip`` are served as SigLIP.
+
+Over-long texts follow the reference library: SigLIP (the transformers
+pipeline truncates to its length) and open_clip (its tokenizers always cut)
+truncate by default, CLIP is refused unless the request says ``truncate``.
+
+On top of its towers sits mmserve's low-rank cross-modal head, read from ``fusion_head.safetensors``
 beside the model when one was trained (``mmserve train-fusion``), else
 initialised from the seed and reported as untrained.
 """
@@ -27,22 +42,37 @@ from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.hub import require_safetensors, resolve_model_directory
 from models.multimodal import MultimodalModel
+from models.open_clip_model import is_open_clip_checkpoint, load_open_clip
 from models.pretrained_towers import TransformersTextEncoder, TransformersVisionEncoder
 from models.processor_settings import preprocess_from_hf_processor
 from models.repository import CONFIG_FILE, ModelBundle, finish_bundle, fingerprint, load_repository
 from models.scores import CalibratedScore, ScoreKind
+from models.timm_checkpoint import is_timm_checkpoint
+from models.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
 
 _TRANSFORMERS_SCORES = {"siglip": ScoreKind.SIGLIP_SIGMOID, "clip": ScoreKind.CLIP_LOGIT}
-SUPPORTED_FAMILIES = ("mmserve model repository (model.yaml)", "siglip", "clip")
+# Families whose reference library cuts an over-long text rather than refusing it (module docstring).
+_TRUNCATING_FAMILIES = frozenset({"siglip"})
+SUPPORTED_FAMILIES = ("mmserve model repository (model.yaml, optionally vision.timm_dir + text.hf_dir)", "siglip",
+                      "clip", "open_clip (open_clip_config.json)")
+_NOT_YET_SERVED = {
+    "siglip2": "SigLIP 2 NaFlex (Siglip2Model) takes a variable number of patches per image with its own "
+               "resize to a patch budget and a pixel attention mask; mmserve's vision lane batches fixed-size "
+               "square uint8 images, so it is not served yet. Fixed-resolution SigLIP 2 checkpoints published "
+               "as model_type 'siglip' are served",
+}
 
 
 def detect_family(directory: Path) -> str:
-    """``mmserve``, or the transformers ``model_type`` of a supported family; names what it found otherwise."""
+    """``mmserve``, ``open_clip``, or the transformers ``model_type`` of a supported family; names what it found
+    otherwise."""
     if (directory / CONFIG_FILE).is_file():
         return "mmserve"
     config_path = directory / "config.json"
+    if is_open_clip_checkpoint(directory) and not _is_servable_transformers(config_path):
+        return "open_clip"
     if not config_path.is_file():
         raise ModelRepositoryError(f"{directory} has neither {CONFIG_FILE} nor config.json; supported: "
                                    f"{', '.join(SUPPORTED_FAMILIES)}")
@@ -53,12 +83,22 @@ def detect_family(directory: Path) -> str:
     model_type = config.get("model_type")
     if model_type in _TRANSFORMERS_SCORES:
         return model_type
-    if "architecture" in config and model_type is None:
+    if model_type in _NOT_YET_SERVED:
+        raise ModelRepositoryError(f"{directory}: model_type {model_type!r} is not served yet: "
+                                   f"{_NOT_YET_SERVED[model_type]}")
+    if is_timm_checkpoint(config):
         raise ModelRepositoryError(
             f"{directory} is a timm checkpoint: an image tower only. Pair it with a text encoder in a model "
             f"repository ({CONFIG_FILE} with vision.timm_dir and text.hf_dir)")
     raise ModelRepositoryError(f"{directory}: model_type {model_type!r} is not served; supported: "
                                f"{', '.join(SUPPORTED_FAMILIES)}")
+
+
+def _is_servable_transformers(config_path: Path) -> bool:
+    try:
+        return json.loads(config_path.read_text()).get("model_type") in _TRANSFORMERS_SCORES
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _served_name(name_or_path: str, directory: Path) -> str:
@@ -67,12 +107,11 @@ def _served_name(name_or_path: str, directory: Path) -> str:
 
 
 def _load_transformers(directory: Path, family: str, name: str, rank: int, backend: str,
-                       normalize_embeddings: bool | None) -> tuple[MultimodalModel, object]:
-    require_safetensors(directory)
+                       normalize_embeddings: bool | None) -> tuple[MultimodalModel, TextTokenizer]:
     try:
         model = AutoModel.from_pretrained(str(directory), local_files_only=True, use_safetensors=True,
                                           dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        hf_tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
         processor = AutoImageProcessor.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelRepositoryError(f"cannot load the {family} model in {directory}: {e}") from e
@@ -89,12 +128,14 @@ def _load_transformers(directory: Path, family: str, name: str, rank: int, backe
         preprocess=preprocess,
         family=family,
     )
+    text = TransformersTextEncoder(model)
     multimodal = MultimodalModel(
-        config, TransformersVisionEncoder(model, preprocess), TransformersTextEncoder(model),
+        config, TransformersVisionEncoder(model, preprocess), text,
         score=CalibratedScore(_TRANSFORMERS_SCORES[family], model),
         normalize_embeddings=True if normalize_embeddings is None else normalize_embeddings,
     )
-    return multimodal, tokenizer
+    return multimodal, TextTokenizer.for_encoder(hf_tokenizer, text.max_tokens,
+                                                 truncates_by_default=family in _TRUNCATING_FAMILIES)
 
 
 def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "auto", rank: int = 16,
@@ -111,8 +152,12 @@ def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "a
     if family == "mmserve":
         return load_repository(directory, device=device, backend=backend)
     torch.manual_seed(seed)  # the head's initial weights, when no trained head is found
-    model, tokenizer = _load_transformers(directory, family, _served_name(name_or_path, directory), rank,
-                                          backend, normalize_embeddings)
+    name = _served_name(name_or_path, directory)
+    if family == "open_clip":
+        model, tokenizer = load_open_clip(directory, name, rank, backend, normalize_embeddings)
+    else:
+        require_safetensors(directory)
+        model, tokenizer = _load_transformers(directory, family, name, rank, backend, normalize_embeddings)
     head_info = FusionHeadInfo(is_trained=False)
     head_path = fusion_head if fusion_head is not None else directory / FUSION_HEAD_FILE
     if head_path.is_file():

@@ -8,7 +8,16 @@
 ``model.yaml`` may instead point ``text.hf_dir`` at a local Hugging Face
 directory (``save_pretrained`` output, relative to the repository or
 absolute); the text encoder and its tokenizer then come from there and
-``weights.safetensors`` holds the vision and fusion tensors only.
+``weights.safetensors`` holds the vision and fusion tensors only. Likewise
+``vision.timm_dir`` names a timm checkpoint in the Hub layout
+(``models.timm_checkpoint``): the image tower, its architecture and its
+preprocessing come from there. With both, each tower is loaded by its own
+library and ``weights.safetensors`` (the fusion head) is optional:
+
+    vision:  {timm_dir: my-vit}        # config.json + model.safetensors (timm save_for_hf)
+    text:    {hf_dir: my-bert}         # any transformers text encoder + its tokenizer
+    fusion:  {rank: 16}
+    name:    vit-bert
 
 Loading checks every tensor's name and shape against the architecture that
 ``model.yaml`` describes and names each mismatch. The fingerprint is a BLAKE2b
@@ -27,6 +36,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from torch import nn
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
@@ -37,6 +47,7 @@ from models.fusion_head_file import FusionHeadInfo
 from models.multimodal import MultimodalModel
 from models.presets import preset_config
 from models.text import TextEncoder
+from models.timm_checkpoint import load_timm_checkpoint
 from models.tokenizer import (
     TextTokenizer,
     build_byte_level_tokenizer,
@@ -50,6 +61,7 @@ CONFIG_FILE = "model.yaml"
 WEIGHTS_FILE = "weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
 TEXT_PREFIX = "text."
+VISION_PREFIX = "vision."
 
 
 @dataclass(frozen=True)
@@ -90,14 +102,15 @@ def _torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None) -> MultimodalModel:
-    vision = VisionEncoder(config.vision, config.preprocess)
+def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None,
+           backbone: nn.Module | None = None) -> MultimodalModel:
+    vision = VisionEncoder(config.vision, config.preprocess, backbone)
     if text is None:
         text = TextEncoder.from_config(config.text, len(tokenizer), int(tokenizer.pad_token_id or 0))
     return MultimodalModel(config, vision, text)
 
 
-def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig, *,
+def fingerprint(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelConfig, *,
                 skip_prefix: str | None = None) -> str:
     """BLAKE2b-256 over config, tokenizer and every tensor (name, dtype, shape, bytes).
 
@@ -110,11 +123,11 @@ def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, conf
     config_data = config.to_dict()
     config_data["name"] = None  # what it is called is not what the model is,
     config_data["text"]["hf_dir"] = None  # nor where its files sit
+    config_data["vision"]["timm_dir"] = None
     config_data["fusion"]["backend"] = None  # which kernel runs it is not either
     config_data["normalize_embeddings"] = model.normalize_embeddings
     digest.update(json.dumps(config_data, sort_keys=True).encode())
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    digest.update((backend.to_str() if backend is not None else repr(sorted(tokenizer.get_vocab().items()))).encode())
+    digest.update(tokenizer.identity().encode())
     seen: set[int] = set()
     for name, tensor in sorted(model.state_dict(keep_vars=True).items()):
         if (skip_prefix is not None and name.startswith(skip_prefix)) or id(tensor) in seen:
@@ -126,17 +139,16 @@ def fingerprint(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, conf
     return digest.hexdigest()
 
 
-def finish_bundle(model: MultimodalModel, tokenizer: PreTrainedTokenizerBase, config: ModelConfig,
+def finish_bundle(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelConfig,
                   device: str, source: str, has_random_weights: bool,
                   fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False)) -> ModelBundle:
     """Fingerprint ``model`` as loaded, then move it to its device and dtype: the servable bundle."""
     model.eval()
     model_fingerprint = fingerprint(model, tokenizer, config)
     model.to(device=device, dtype=_torch_dtype(config.dtype))
-    max_tokens = min(model.text.max_tokens, int(getattr(tokenizer, "model_max_length", 10**9) or 10**9))
     return ModelBundle(
         model=model,
-        tokenizer=TextTokenizer(tokenizer, max_tokens),
+        tokenizer=tokenizer,
         config=config,
         fingerprint=model_fingerprint,
         source=source,
@@ -153,7 +165,8 @@ def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str 
     tokenizer = build_byte_level_tokenizer(config.text.max_position_embeddings)
     torch.manual_seed(seed)
     model = _build(config, tokenizer, text=None)
-    return finish_bundle(model, tokenizer, config, device, f"preset:{name} seed={seed}", True)
+    return finish_bundle(model, TextTokenizer.for_encoder(tokenizer, model.text.max_tokens), config, device,
+                         f"preset:{name} seed={seed}", True)
 
 
 def _with_backend(config: ModelConfig, backend: str) -> ModelConfig:
@@ -171,12 +184,14 @@ def write_repository(directory: Path, bundle: ModelBundle) -> None:
     state = {name: t.detach().to("cpu").contiguous() for name, t in bundle.model.state_dict().items()}
     if config.text.hf_dir is not None:
         state = {name: t for name, t in state.items() if not name.startswith(TEXT_PREFIX)}
+    if config.vision.timm_dir is not None:
+        state = {name: t for name, t in state.items() if not name.startswith(VISION_PREFIX)}
     save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
     if config.text.hf_dir is None:
         bundle.tokenizer.tokenizer.save_pretrained(str(directory / TOKENIZER_DIR))
 
 
-def _resolve_inside(repository: Path, relative: str) -> Path:
+def _resolve_inside(repository: Path, relative: str, key: str) -> Path:
     """A path from model.yaml: absolute as written, relative ones may not leave the repository."""
     candidate = Path(relative)
     if candidate.is_absolute():
@@ -184,7 +199,7 @@ def _resolve_inside(repository: Path, relative: str) -> Path:
     resolved = (repository / candidate).resolve()
     if not resolved.is_relative_to(repository.resolve()):
         raise ModelRepositoryError(
-            f"{CONFIG_FILE}: text.hf_dir {relative!r} points outside the repository {repository}"
+            f"{CONFIG_FILE}: {key} {relative!r} points outside the repository {repository}"
         )
     return resolved
 
@@ -207,14 +222,32 @@ def _check_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> Non
         raise ModelRepositoryError(f"{weights_path} does not match {CONFIG_FILE}: " + "; ".join(problems))
 
 
+def _timm_tower(directory: Path, config: ModelConfig, raw: dict) -> tuple[ModelConfig, nn.Module]:
+    """``vision.timm_dir``'s model, and ``config`` with its architecture and preprocessing (checked if written)."""
+    backbone, preprocess, architecture = load_timm_checkpoint(
+        _resolve_inside(directory, config.vision.timm_dir, "vision.timm_dir"))
+    written = raw["vision"].get("architecture")
+    if written not in (None, architecture):
+        raise ModelRepositoryError(f"{CONFIG_FILE}: vision.architecture {written!r} is not the timm checkpoint's "
+                                   f"{architecture!r}; leave it out")
+    if "preprocess" in raw and config.preprocess != preprocess:
+        raise ModelRepositoryError(f"{CONFIG_FILE}: preprocess {config.preprocess} is not the timm checkpoint's "
+                                   f"own eval transform {preprocess}; leave it out to use the checkpoint's")
+    return replace(config, vision=replace(config.vision, architecture=architecture), preprocess=preprocess), backbone
+
+
 def load_repository(directory: Path, *, device: str = "cpu", backend: str | None = None) -> ModelBundle:
-    """Load and verify a model repository written by ``write_repository`` (or by hand)."""
+    """Load and verify a model repository written by ``write_repository`` (or by hand).
+
+    With ``vision.timm_dir`` and ``text.hf_dir`` both towers come from their
+    directories and ``weights.safetensors`` (the fusion head's tensors) is
+    optional: without it the head starts from seed 0, untrained.
+    """
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
     weights_path = directory / WEIGHTS_FILE
-    for path in (config_path, weights_path):
-        if not path.is_file():
-            raise ModelRepositoryError(f"model repository {directory} has no {path.name}")
+    if not config_path.is_file():
+        raise ModelRepositoryError(f"model repository {directory} has no {CONFIG_FILE}")
     try:
         raw = yaml.safe_load(config_path.read_text())
     except yaml.YAMLError as e:
@@ -225,20 +258,27 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     if backend is not None:
         config = _with_backend(config, backend)
 
+    backbone: nn.Module | None = None
+    if config.vision.timm_dir is not None:
+        config, backbone = _timm_tower(directory, config, raw)
     text: TextEncoder | None = None
     if config.text.hf_dir is not None:
-        hf_dir = _resolve_inside(directory, config.text.hf_dir)
+        hf_dir = _resolve_inside(directory, config.text.hf_dir, "text.hf_dir")
         tokenizer = load_tokenizer(hf_dir)
         text = TextEncoder.from_pretrained(hf_dir)
     else:
-        tokenizer = load_tokenizer(_resolve_inside(directory, TOKENIZER_DIR))
+        tokenizer = load_tokenizer(_resolve_inside(directory, TOKENIZER_DIR, TOKENIZER_DIR))
+    is_weights_optional = backbone is not None and text is not None
+    if not weights_path.is_file() and not is_weights_optional:
+        raise ModelRepositoryError(f"model repository {directory} has no {WEIGHTS_FILE}")
 
-    model = _build(config, tokenizer, text)
-    expected = model.state_dict()
-    if text is not None:
-        expected = {name: t for name, t in expected.items() if not name.startswith(TEXT_PREFIX)}
-    _check_tensors(weights_path, expected)
-    state = load_file(str(weights_path))
-    model.load_state_dict(state, strict=text is None)
+    torch.manual_seed(0)  # the fusion head's initial weights when no weights file holds them
+    model = _build(config, tokenizer, text, backbone)
+    external = tuple(prefix for prefix, tower in ((VISION_PREFIX, backbone), (TEXT_PREFIX, text)) if tower is not None)
+    if weights_path.is_file():
+        expected = {name: t for name, t in model.state_dict().items() if not name.startswith(external)}
+        _check_tensors(weights_path, expected)
+        model.load_state_dict(load_file(str(weights_path)), strict=not external)
     logger.info("loaded model repository %s (%s)", directory, config.name)
-    return finish_bundle(model, tokenizer, config, device, str(directory), False)
+    return finish_bundle(model, TextTokenizer.for_encoder(tokenizer, model.text.max_tokens), config, device,
+                         str(directory), False)

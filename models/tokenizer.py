@@ -93,28 +93,58 @@ class TextTokenizer:
     Called from the server's decode threads, and on the event loop for short
     text-only inputs (a few hundred characters: cheaper than a hop to the
     pool); safe from several threads at once.
+
+    ``truncates_by_default`` is the family's own policy for a text over the
+    limit. Where the reference library always cuts it (SigLIP, whose
+    transformers pipeline tokenizes with ``truncation=True, max_length=64``;
+    every open_clip tokenizer), mmserve cuts it too, whatever the request's
+    ``truncate`` says, and the answer's ``text.truncated`` tells the client;
+    elsewhere a too-long text is refused unless the request asks to truncate.
+    Subclasses for other libraries (``models.open_clip_tokenizer``) override
+    ``token_ids`` and ``identity``; the limit and the cut stay here.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int, *,
+                 truncates_by_default: bool = False) -> None:
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
+        self.truncates_by_default = truncates_by_default
         self.pad_token_id: int = int(tokenizer.pad_token_id or 0)
         turn_off_whole_text_cache(tokenizer)
 
+    @classmethod
+    def for_encoder(cls, tokenizer: PreTrainedTokenizerBase, encoder_max_tokens: int, *,
+                    truncates_by_default: bool = False) -> "TextTokenizer":
+        """The tokenizer limited to what both it (``model_max_length``) and the encoder take."""
+        model_max_length = int(getattr(tokenizer, "model_max_length", 10**9) or 10**9)
+        return cls(tokenizer, min(encoder_max_tokens, model_max_length), truncates_by_default=truncates_by_default)
+
+    def token_ids(self, text: str) -> list[int]:
+        """Every token id of ``text`` with the special tokens, untruncated."""
+        return self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+
+    def identity(self) -> str:
+        """A canonical string naming this tokenization (part of the model's fingerprint)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return backend.to_str()
+        return repr(sorted(self.tokenizer.get_vocab().items()))
+
     def encode(self, text: str, *, truncate: bool) -> TokenizedText:
-        """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate``.
+        """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate`` or the family truncates.
 
         Several decode threads call this at once. A fast tokenizer's truncation
         is a setting on the shared Rust tokenizer, so asking it to truncate
         from one thread changes what another thread gets. Every call therefore
         tokenizes the same way (no truncation) and truncation cuts the ids
-        here: the first ``max_tokens - 1`` ids and the closing special token.
+        here: the first ``max_tokens - 1`` ids and the closing special token,
+        which is what the reference libraries' truncation gives.
         """
-        token_ids = self.tokenizer(text, add_special_tokens=True, verbose=False)["input_ids"]
+        token_ids = self.token_ids(text)
         num_tokens = len(token_ids)
         if num_tokens <= self.max_tokens:
             return TokenizedText(tuple(token_ids), False, num_tokens)
-        if not truncate:
+        if not (truncate or self.truncates_by_default):
             raise TextTooLongError(num_tokens, self.max_tokens)
         truncated = (*token_ids[: self.max_tokens - 1], token_ids[-1])
         return TokenizedText(truncated, True, num_tokens)

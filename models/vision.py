@@ -81,10 +81,17 @@ class UInt8VisionEncoder(nn.Module, abc.ABC):
 
 
 class VisionEncoder(UInt8VisionEncoder):
-    """timm ViT without its classifier head (the presets' image tower)."""
+    """timm ViT without its classifier head: the presets' image tower, and a timm checkpoint's (``from_timm_dir``).
 
-    def __init__(self, config: VisionConfig, preprocess: PreprocessConfig) -> None:
-        backbone = timm.create_model(config.architecture, pretrained=False, num_classes=0, **config.timm_kwargs)
+    The embedding is timm's pre-logits (``forward_head(..., pre_logits=True)``:
+    the pooled feature the classifier would read), the tokens are
+    ``forward_features``' output, both from the one forward.
+    """
+
+    def __init__(self, config: VisionConfig, preprocess: PreprocessConfig,
+                 backbone: nn.Module | None = None) -> None:
+        if backbone is None:
+            backbone = timm.create_model(config.architecture, pretrained=False, num_classes=0, **config.timm_kwargs)
         image_size = backbone.patch_embed.img_size
         if tuple(image_size) != (preprocess.input_size, preprocess.input_size):
             raise ValueError(

@@ -21,7 +21,7 @@ from transformers import AutoModel, AutoTokenizer, CLIPImageProcessorPil, Siglip
 
 from benchmarks.random_pretrained import write_clip, write_hub_cache, write_siglip
 from kernels import preprocess_uint8
-from models.errors import ModelRepositoryError
+from models.errors import ModelRepositoryError, TextTooLongError
 from models.preprocessing import resize_to_model_input
 from models.pretrained import load_pretrained
 
@@ -147,3 +147,22 @@ def test_an_unsupported_model_type_is_named(tmp_path: Path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(ModelRepositoryError, match="'llama' is not served"):
         load_pretrained(str(tmp_path))
+
+
+def test_siglip2_is_refused_with_the_reason(tmp_path: Path):
+    (tmp_path / "config.json").write_text('{"model_type": "siglip2"}')
+    with pytest.raises(ModelRepositoryError, match="not served yet: SigLIP 2 NaFlex"):
+        load_pretrained(str(tmp_path))
+
+
+def test_an_over_long_text_is_cut_like_the_siglip_pipeline_and_refused_by_clip(family):
+    name, directory = family
+    bundle = load_pretrained(str(directory))
+    text = "猫" * 200
+    if name == "clip":
+        with pytest.raises(TextTooLongError):
+            bundle.tokenizer.encode(text, truncate=False)
+        return
+    tokenized = bundle.tokenizer.encode(text, truncate=False)  # the transformers pipeline's truncation=True
+    want = AutoTokenizer.from_pretrained(str(directory))(text, truncation=True, max_length=bundle.tokenizer.max_tokens)
+    assert tokenized.is_truncated and list(tokenized.token_ids) == want["input_ids"]
