@@ -11,28 +11,19 @@ get an answer within its client timeout, and no claim may be left in flight.
 from __future__ import annotations
 
 import base64
-import io
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 import server.ingest.inputs
+from tests.encoded_images import encoded_image
 
 DECODE_STALL_S = 0.6
 WAITER_DELAY_S = 0.2  # the owner has planned (it holds the claim) and is still decoding
 ANSWER_TIMEOUT_S = 20.0  # a waiter left hanging fails the test with a read timeout
-
-
-def _png(seed: int) -> bytes:
-    pixels = np.random.default_rng(seed).integers(0, 256, (40, 36, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def _body(image: bytes, **options: object) -> dict:
@@ -91,7 +82,7 @@ def _check_coalesced_and_settled(live, coalesced_before: float) -> None:
 
 
 def test_a_bad_image_fails_its_owner_and_its_waiter_without_a_hang(live_server_factory, slow_decode):
-    broken = _png(1)[:90]
+    broken = encoded_image(1)[:90]
     with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
@@ -102,7 +93,7 @@ def test_a_bad_image_fails_its_owner_and_its_waiter_without_a_hang(live_server_f
 
 
 def test_an_owner_past_its_deadline_hands_the_image_to_its_waiter(live_server_factory, slow_decode):
-    image = _png(2)
+    image = encoded_image(2)
     with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
@@ -117,7 +108,7 @@ def test_an_owner_past_its_deadline_hands_the_image_to_its_waiter(live_server_fa
 
 
 def test_an_owner_whose_client_disconnects_hands_the_image_to_its_waiter(live_server_factory, slow_decode):
-    image = _png(3)
+    image = encoded_image(3)
     with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
@@ -132,7 +123,7 @@ def test_an_owner_whose_client_disconnects_hands_the_image_to_its_waiter(live_se
 
 
 def test_a_draining_server_answers_owner_and_waiter_and_keeps_no_claim(live_server_factory, slow_decode):
-    image = _png(4)
+    image = encoded_image(4)
     with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
@@ -146,7 +137,7 @@ def test_a_draining_server_answers_owner_and_waiter_and_keeps_no_claim(live_serv
 
 def test_a_model_error_reaches_owner_and_waiter_and_keeps_no_claim(live_server_factory, slow_decode, tiny_bundle,
                                                                    monkeypatch):
-    image = _png(5)
+    image = encoded_image(5)
     with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
