@@ -1,29 +1,46 @@
-"""Low-rank cross-modal attention over packed (variable-length) text queries.
+"""Low-rank cross-modal attention over packed (variable-length) text queries and image keys.
 
-    out[t] = softmax(q[t] . k[b]^T * scale) . v[b]      for every text row t of item b
+    out[t] = softmax(q[t] . K_b^T * scale) . V_b      for every text row t of item b
+
+where K_b, V_b are item b's own keys and values: the image tokens of all its
+images, concatenated (a request with several images attends over all of them
+at once).
 
 What is fused, and why it saves memory traffic: the unfused torch path writes
-the score matrix S = q k^T (T x Lv), reads it back for the softmax, writes the
-probabilities P and reads them again for P v -- four passes over T x Lv values
-on top of the inputs, plus a padded (B, Lt_max, r) copy of the packed queries.
-The kernel does q k^T, an online (running max / running sum) softmax and P v in
-one pass with fp32 accumulators: S and P live in registers one (BLOCK_M x
-BLOCK_N) tile at a time, the packed queries are read in place through
-``cu_seqlens_q``, and the only traffic is q, k, v once and the output once.
+the score matrix S = q k^T (T x Lk), reads it back for the softmax, writes the
+probabilities P and reads them again for P v -- four passes over T x Lk values
+on top of the inputs, plus padded (B, Lt_max, r) and (B, Lk_max, r | d) copies
+of the packed queries, keys and values. The kernel does q k^T, an online
+(running max / running sum) softmax and P v in one pass with fp32
+accumulators: S and P live in registers one (BLOCK_M x BLOCK_N) tile at a
+time, queries, keys and values are read in place through ``cu_seqlens_q`` and
+``cu_seqlens_k``, and the only traffic is q, k, v once and the output once.
 The value width d (up to 1024) is split over a third grid axis; each d-tile
 recomputes its q k^T tiles, which adds r/BLOCK_D of the P v work (16/128 at
 serving shapes) and buys parallelism when the batch is small.
 
-Layout (T = total text tokens, B items, Lv image tokens, r rank, d value width):
+Layout (T text tokens, Tk image tokens in all, B items, r rank, d value width):
 
     q            (T, r)     rows of item b are q[cu_seqlens_q[b] : cu_seqlens_q[b + 1]]
     cu_seqlens_q (B + 1,)   int32, 0 = cu[0] <= cu[1] <= ... <= cu[B] = T
-    k            (B, Lv, r)
-    v            (B, Lv, d)
+    k            (Tk, r)    keys of item b are k[cu_seqlens_k[b] : cu_seqlens_k[b + 1]]
+    v            (Tk, d)    values, the same rows as k
+    cu_seqlens_k (B + 1,)   int32, 0 = cu[0] <= ... <= cu[B] = Tk
     out          (T, d)     same dtype as q
 
-Keys are never ragged (every image has Lv tokens), so only the queries are
-packed; an item with no text rows simply produces no output rows.
+Without ``cu_seqlens_k`` the keys are dense, k (B, Lv, r) and v (B, Lv, d):
+every item has Lv keys, which is the packed layout with offsets b * Lv (the
+launcher passes it to the kernel so).
+
+Empty items: an item with no text rows produces no output rows; an item with
+no keys (a text with no image) attends over the empty set, which outputs zeros
+(the empty sum of values; the softmax's normaliser is empty too, and the
+kernel divides by 1 instead of 0).
+
+Each item's key count is read inside the kernel from ``cu_seqlens_k``, and its
+last key tile is masked; no key length is a kernel argument or a tile size, so
+however ragged the keys, they compile no new variant. Only the query tile
+BLOCK_M follows the call's longest text, in powers of two up to the table's.
 """
 
 from __future__ import annotations
@@ -57,13 +74,16 @@ MAX_NUM_ITEMS = 65535  # the CUDA grid's second axis
 
 @dataclass(frozen=True)
 class _AttentionShape:
-    """Sizes of one validated call; ``seqlens_q`` comes from one host read of ``cu_seqlens_q``."""
+    """Sizes of one validated call; the lengths come from one host read of each offsets tensor."""
 
-    num_items: int
-    seqlen_k: int
     rank: int
     value_dim: int
     seqlens_q: tuple[int, ...]
+    seqlens_k: tuple[int, ...]
+
+    @property
+    def num_items(self) -> int:
+        return len(self.seqlens_q)
 
     @property
     def max_seqlen_q(self) -> int:
@@ -76,53 +96,97 @@ def lowrank_cross_attention_ref(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    cu_seqlens_k: torch.Tensor | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Torch reference, and the CPU serving path: pad the queries, two ``bmm``s, unpack.
+    """Torch reference, and the CPU serving path: pad, two ``bmm``s, unpack.
 
     Computes in the inputs' dtype (pass float64 tensors for a high-precision
     reference). Inputs are assumed valid; ``lowrank_cross_attention`` checks them.
-    Padded query rows attend over complete key sets, so no mask is needed: their
-    outputs are computed and dropped.
+    Padded query rows are computed and dropped. Dense keys, and packed keys of
+    one length, need no mask; ragged keys are padded to the longest and the
+    padding is masked out of the softmax.
     """
     seqlens_q = _seqlens_from_offsets(cu_seqlens_q.tolist())
     scale = k.shape[-1] ** -0.5 if scale is None else scale
-    return _attention_padded(q, seqlens_q, k, v, scale)
+    if cu_seqlens_k is None:
+        return _attention_dense(q, seqlens_q, k, v, scale)
+    return _attention_packed(q, seqlens_q, k, v, _seqlens_from_offsets(cu_seqlens_k.tolist()), scale)
 
 
-def _attention_padded(
+def _pack_index(seqlens: tuple[int, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each packed row: its item and its position in the item, both (total,)."""
+    lengths = torch.tensor(seqlens, dtype=torch.long, device=device)  # (B,)
+    item_of_row = torch.repeat_interleave(torch.arange(len(seqlens), device=device), lengths)  # (total,)
+    starts = torch.cumsum(lengths, 0) - lengths  # (B,)
+    pos_in_item = torch.arange(int(sum(seqlens)), device=device) - starts[item_of_row]  # (total,)
+    return item_of_row, pos_in_item
+
+
+def _padded(rows: torch.Tensor, seqlens: tuple[int, ...], index: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Packed rows (total, w) -> zero-padded (B, L_max, w)."""
+    padded = rows.new_zeros((len(seqlens), max(seqlens, default=0), rows.shape[-1]))  # (B, L_max, w)
+    padded[index] = rows
+    return padded
+
+
+def _attention_dense(
     q: torch.Tensor, seqlens_q: tuple[int, ...], k: torch.Tensor, v: torch.Tensor, scale: float
 ) -> torch.Tensor:
-    num_items, _, rank = k.shape
-    total_q = sum(seqlens_q)
-    max_seqlen_q = max(seqlens_q, default=0)
-    if total_q == 0:
+    """k (B, Lv, r), v (B, Lv, d); Lv = 0 gives zeros (softmax over nothing, then an empty sum)."""
+    if sum(seqlens_q) == 0:
         return q.new_empty((0, v.shape[-1]))  # (0, d)
-    lengths = torch.tensor(seqlens_q, dtype=torch.long, device=q.device)  # (B,)
-    item_of_row = torch.repeat_interleave(torch.arange(num_items, device=q.device), lengths)  # (T,)
-    starts = torch.cumsum(lengths, 0) - lengths  # (B,)
-    pos_in_item = torch.arange(total_q, device=q.device) - starts[item_of_row]  # (T,)
-    q_padded = q.new_zeros((num_items, max_seqlen_q, rank))  # (B, Lt_max, r)
-    q_padded[item_of_row, pos_in_item] = q
+    index_q = _pack_index(seqlens_q, q.device)
+    q_padded = _padded(q, seqlens_q, index_q)  # (B, Lt_max, r)
     scores = torch.bmm(q_padded, k.transpose(1, 2)) * scale  # (B, Lt_max, Lv)
     probs = torch.softmax(scores, dim=-1)  # (B, Lt_max, Lv)
     out_padded = torch.bmm(probs, v)  # (B, Lt_max, d)
-    return out_padded[item_of_row, pos_in_item]  # (T, d)
+    return out_padded[index_q]  # (T, d)
+
+
+def _attention_packed(
+    q: torch.Tensor,
+    seqlens_q: tuple[int, ...],
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqlens_k: tuple[int, ...],
+    scale: float,
+) -> torch.Tensor:
+    """k (Tk, r), v (Tk, d) packed by ``seqlens_k``."""
+    num_items, rank, value_dim = len(seqlens_q), k.shape[-1], v.shape[-1]
+    if len(set(seqlens_k)) <= 1:  # one key length: a dense view, the unmasked path
+        seqlen_k = seqlens_k[0] if seqlens_k else 0
+        k_dense = k.view(num_items, seqlen_k, rank)  # (B, Lk, r)
+        return _attention_dense(q, seqlens_q, k_dense, v.view(num_items, seqlen_k, value_dim), scale)
+    if sum(seqlens_q) == 0:
+        return q.new_empty((0, value_dim))  # (0, d)
+    index_q, index_k = _pack_index(seqlens_q, q.device), _pack_index(seqlens_k, q.device)
+    q_padded = _padded(q, seqlens_q, index_q)  # (B, Lt_max, r)
+    k_padded = _padded(k, seqlens_k, index_k)  # (B, Lk_max, r)
+    v_padded = _padded(v, seqlens_k, index_k)  # (B, Lk_max, d)
+    lengths_k = torch.tensor(seqlens_k, device=q.device)  # (B,)
+    is_pad = torch.arange(k_padded.shape[1], device=q.device) >= lengths_k[:, None]  # (B, Lk_max)
+    is_pad = is_pad[:, None, :]  # (B, 1, Lk_max)
+    scores = (torch.bmm(q_padded, k_padded.transpose(1, 2)) * scale).masked_fill(is_pad, float("-inf"))
+    # An item without keys has only -inf scores, hence NaN probabilities: zeroing
+    # the padding zeroes them, so it attends to nothing and outputs zeros. Where
+    # there are keys the padding's probabilities are 0 already.
+    probs = torch.softmax(scores, dim=-1).masked_fill(is_pad, 0.0)  # (B, Lt_max, Lk_max)
+    out_padded = torch.bmm(probs, v_padded)  # (B, Lt_max, d)
+    return out_padded[index_q]  # (T, d)
 
 
 def _lowrank_cross_attention_kernel(
     Q,  # (T, r) packed queries
-    K,  # (B, Lv, r)
-    V,  # (B, Lv, d)
+    K,  # (Tk, r) packed keys
+    V,  # (Tk, d) packed values
     Out,  # (T, d)
     CuSeqlensQ,  # (B + 1,) int32 row offsets of each item in Q and Out
+    CuSeqlensK,  # (B + 1,) int32 row offsets of each item in K and V
     stride_q_row,
-    stride_k_item,
     stride_k_row,
-    stride_v_item,
     stride_v_row,
     stride_out_row,
-    seqlen_k,
     rank,
     value_dim,
     scale_log2,  # scale * log2(e): the softmax runs on exp2
@@ -141,6 +205,8 @@ def _lowrank_cross_attention_kernel(
     seqlen_q = tl.load(CuSeqlensQ + item + 1) - row_start
     if pid_m * BLOCK_M >= seqlen_q:
         return
+    key_start = tl.load(CuSeqlensK + item)
+    seqlen_k = tl.load(CuSeqlensK + item + 1) - key_start  # this item's own key count, maybe 0
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_r = tl.arange(0, BLOCK_R)
@@ -154,17 +220,16 @@ def _lowrank_cross_attention_kernel(
         mask=mask_m[:, None] & mask_r[None, :],
         other=0.0,
     ).to(DOT_DTYPE)  # (BLOCK_M, BLOCK_R)
-    k_item = K + item.to(tl.int64) * stride_k_item
-    v_item = V + item.to(tl.int64) * stride_v_item
 
     row_max = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     row_sum = tl.full([BLOCK_M], 0.0, dtype=tl.float32)
     acc = tl.full([BLOCK_M, BLOCK_D], 0.0, dtype=tl.float32)
     for start_n in range(0, seqlen_k, BLOCK_N):
         cols = start_n + offs_n
-        mask_n = cols < seqlen_k  # keys past Lv are never attended
+        mask_n = cols < seqlen_k  # keys past the item's last belong to the next item: never attended
+        key_rows = (key_start + cols).to(tl.int64)
         k_t = tl.load(
-            k_item + cols[None, :] * stride_k_row + offs_r[:, None],
+            K + key_rows[None, :] * stride_k_row + offs_r[:, None],
             mask=mask_r[:, None] & mask_n[None, :],
             other=0.0,
         ).to(DOT_DTYPE)  # (BLOCK_R, BLOCK_N)
@@ -175,7 +240,7 @@ def _lowrank_cross_attention_kernel(
         probs = tl.exp2(scores - new_max[:, None])
         row_sum = row_sum * correction + tl.reduce(probs, 1, row_sum_combine)
         v = tl.load(
-            v_item + cols[:, None] * stride_v_row + offs_d[None, :],
+            V + key_rows[:, None] * stride_v_row + offs_d[None, :],
             mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         ).to(DOT_DTYPE)  # (BLOCK_N, BLOCK_D)
@@ -184,7 +249,9 @@ def _lowrank_cross_attention_kernel(
         acc = acc * correction[:, None]
         acc = tl.dot(probs, v, acc, input_precision=DOT_PRECISION)
         row_max = new_max
-    acc = acc / row_sum[:, None]
+    # row_sum >= 1 once any key was seen (the max's own term); 0 only for an item
+    # without keys, whose acc is 0: divide by 1 there, and it outputs zeros.
+    acc = acc / tl.where(row_sum > 0.0, row_sum, 1.0)[:, None]
     tl.store(
         Out + rows[:, None] * stride_out_row + offs_d[None, :],
         acc.to(Out.dtype.element_ty),
@@ -198,29 +265,41 @@ def lowrank_cross_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
+    cu_seqlens_k: torch.Tensor | None = None,
     scale: float | None = None,
     backend: Backend | str = "auto",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per item softmax(q k^T * scale) v over packed queries; returns (T, d) in q's dtype.
 
-    ``scale`` defaults to 1/sqrt(r). ``backend="auto"`` runs the Triton kernel on
-    CUDA and the torch reference elsewhere; ``"triton"`` / ``"torch"`` force one.
-    ``out`` (T, d), if given, receives the result (preallocated serving buffers).
-    ``cu_seqlens_q`` may live on the CPU or on q's device; it is read on the host
-    once to validate it and size the launch grid.
+    Keys and values are packed, k (Tk, r) and v (Tk, d) with ``cu_seqlens_k``
+    (B+1,), or dense, k (B, Lv, r) and v (B, Lv, d) without it. An item with
+    no keys outputs zeros. ``scale`` defaults to 1/sqrt(r). ``backend="auto"``
+    runs the Triton kernel on CUDA and the torch reference elsewhere;
+    ``"triton"`` / ``"torch"`` force one. ``out`` (T, d), if given, receives
+    the result (preallocated serving buffers). The offsets may live on the CPU
+    or on q's device; each is read on the host once to validate it and size
+    the launch grid.
     """
-    shape = _check_inputs(q, cu_seqlens_q, k, v, scale, out)
+    shape = _check_inputs(q, cu_seqlens_q, k, v, cu_seqlens_k, scale, out)
     scale_value = shape.rank**-0.5 if scale is None else float(scale)
     chosen = resolve_backend(backend, q.device)
     if chosen is Backend.TORCH:
-        result = _attention_padded(q, shape.seqlens_q, k, v, scale_value)
+        if cu_seqlens_k is None:
+            result = _attention_dense(q, shape.seqlens_q, k, v, scale_value)
+        else:
+            result = _attention_packed(q, shape.seqlens_q, k, v, shape.seqlens_k, scale_value)
         if out is None:
             return result
         return out.copy_(result)
     if out is None:
         out = q.new_empty((q.shape[0], shape.value_dim))  # (T, d)
-    _launch(q, cu_seqlens_q, k, v, out, shape, scale_value)
+    if cu_seqlens_k is None:  # dense as packed: item b's keys are rows b * Lv ...
+        num_items, seqlen_k = k.shape[:2]
+        k = k.reshape(num_items * seqlen_k, shape.rank)  # (B * Lv, r), a view unless k is strided per item
+        v = v.reshape(num_items * seqlen_k, shape.value_dim)  # (B * Lv, d)
+        cu_seqlens_k = torch.arange(0, num_items + 1, dtype=torch.int32) * seqlen_k  # (B + 1,)
+    _launch(q, cu_seqlens_q, k, v, cu_seqlens_k, out, shape, scale_value)
     return out
 
 
@@ -229,13 +308,15 @@ def _launch(
     cu_seqlens_q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
     out: torch.Tensor,
     shape: _AttentionShape,
     scale: float,
 ) -> None:
     if shape.max_seqlen_q == 0:
         return
-    offsets = cu_seqlens_q.to(q.device, non_blocking=True)
+    offsets_q = cu_seqlens_q.to(q.device, non_blocking=True)
+    offsets_k = cu_seqlens_k.to(q.device, non_blocking=True)
     config = launch_config(_table_key(q.dtype), device_arch(q.device))
     meta = _launch_meta(q.dtype, shape, is_interpreter_enabled(), config)
     grid = (
@@ -250,14 +331,12 @@ def _launch(
             k,
             v,
             out,
-            offsets,
+            offsets_q,
+            offsets_k,
             q.stride(0),
             k.stride(0),
-            k.stride(1),
             v.stride(0),
-            v.stride(1),
             out.stride(0),
-            shape.seqlen_k,
             shape.rank,
             shape.value_dim,
             scale * math.log2(math.e),
@@ -273,7 +352,10 @@ def _table_key(dtype: torch.dtype) -> str:
 
 def _launch_meta(dtype: torch.dtype, shape: _AttentionShape, is_interpret: bool,
                  config: LaunchConfig) -> dict[str, object]:
-    """The kernel's constexpr arguments for one call: the table's tiles, capped by the shape, and dot operands."""
+    """The kernel's constexpr arguments for one call: the table's tiles, BLOCK_M capped by the longest text.
+
+    BLOCK_N is the table's whatever the key lengths, so ragged keys never add a variant.
+    """
     tiles = config.tiles
     return {
         "DOT_DTYPE": _dot_dtype(dtype, is_interpret),
@@ -308,39 +390,32 @@ def _check_inputs(
     cu_seqlens_q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    cu_seqlens_k: torch.Tensor | None,
     scale: float | None,
     out: torch.Tensor | None,
 ) -> _AttentionShape:
     """Every shape, dtype, stride, device and offset rule, each with its own message."""
-    for name, tensor in (("q", q), ("cu_seqlens_q", cu_seqlens_q), ("k", k), ("v", v)):
+    tensors = [("q", q), ("cu_seqlens_q", cu_seqlens_q), ("k", k), ("v", v)]
+    for name, tensor in tensors + ([] if cu_seqlens_k is None else [("cu_seqlens_k", cu_seqlens_k)]):
         if not isinstance(tensor, torch.Tensor):
             raise KernelInputError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if q.dim() != 2:
         raise KernelInputError(f"q must be 2-D (total_tokens, r), got shape {tuple(q.shape)}")
-    if k.dim() != 3:
-        raise KernelInputError(f"k must be 3-D (B, Lv, r), got shape {tuple(k.shape)}")
-    if v.dim() != 3:
-        raise KernelInputError(f"v must be 3-D (B, Lv, d), got shape {tuple(v.shape)}")
+    is_packed = cu_seqlens_k is not None
+    _check_key_dims(k, v, is_packed)
     if q.dtype not in SUPPORTED_DTYPES:
         raise KernelInputError(f"q dtype must be one of {SUPPORTED_DTYPES}, got {q.dtype}")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise KernelInputError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if k.device != q.device or v.device != q.device:
         raise KernelInputError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    num_items, seqlen_k, rank = k.shape
+    rank, value_dim = k.shape[-1], v.shape[-1]
     if q.shape[1] != rank:
         raise KernelInputError(f"q has rank {q.shape[1]} but k has rank {rank}")
     if not 1 <= rank <= MAX_RANK:
         raise KernelInputError(f"rank r must be in [1, {MAX_RANK}], got {rank}")
-    if v.shape[:2] != k.shape[:2]:
-        raise KernelInputError(f"v (B, Lv) = {tuple(v.shape[:2])} must match k's {tuple(k.shape[:2])}")
-    value_dim = v.shape[2]
     if not 1 <= value_dim <= MAX_VALUE_DIM:
         raise KernelInputError(f"value width d must be in [1, {MAX_VALUE_DIM}], got {value_dim}")
-    if seqlen_k == 0:
-        raise KernelInputError("k and v need at least one image token (Lv >= 1): softmax over nothing")
-    if num_items > MAX_NUM_ITEMS:
-        raise KernelInputError(f"at most {MAX_NUM_ITEMS} items per call, got {num_items}")
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if tensor.stride(-1) != 1:
             raise KernelInputError(
@@ -349,32 +424,68 @@ def _check_inputs(
     if scale is not None:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
             raise KernelInputError(f"scale must be a finite number, got {scale!r}")
-    seqlens_q = _check_offsets(cu_seqlens_q, num_items, q)
+    if is_packed:
+        if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 1:
+            raise KernelInputError(f"cu_seqlens_q must have shape (B + 1,), got {tuple(cu_seqlens_q.shape)}")
+        num_items = cu_seqlens_q.shape[0] - 1
+    else:
+        num_items = k.shape[0]
+    if num_items > MAX_NUM_ITEMS:
+        raise KernelInputError(f"at most {MAX_NUM_ITEMS} items per call, got {num_items}")
+    seqlens_q = _check_offsets("cu_seqlens_q", cu_seqlens_q, num_items, "q", q)
+    if is_packed:
+        seqlens_k = _check_offsets("cu_seqlens_k", cu_seqlens_k, num_items, "k", k)
+    else:
+        seqlens_k = (k.shape[1],) * num_items
     if out is not None:
         _check_out(out, q, value_dim)
-    return _AttentionShape(num_items, seqlen_k, rank, value_dim, seqlens_q)
+    return _AttentionShape(rank, value_dim, seqlens_q, seqlens_k)
 
 
-def _check_offsets(cu_seqlens_q: torch.Tensor, num_items: int, q: torch.Tensor) -> tuple[int, ...]:
-    if cu_seqlens_q.dtype != torch.int32:
-        raise KernelInputError(f"cu_seqlens_q must be int32, got {cu_seqlens_q.dtype}")
-    if cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] != num_items + 1:
+def _check_key_dims(k: torch.Tensor, v: torch.Tensor, is_packed: bool) -> None:
+    if is_packed:
+        if k.dim() != 2:
+            raise KernelInputError(f"k must be 2-D (Tk, r) with cu_seqlens_k, got shape {tuple(k.shape)}")
+        if v.dim() != 2:
+            raise KernelInputError(f"v must be 2-D (Tk, d) with cu_seqlens_k, got shape {tuple(v.shape)}")
+        if v.shape[0] != k.shape[0]:
+            raise KernelInputError(f"v has {v.shape[0]} rows (Tk) but k has {k.shape[0]}")
+        return
+    if k.dim() != 3:
         raise KernelInputError(
-            f"cu_seqlens_q must have shape (B + 1,) = ({num_items + 1},), got {tuple(cu_seqlens_q.shape)}"
+            f"k must be 3-D (B, Lv, r), or 2-D (Tk, r) with cu_seqlens_k, got shape {tuple(k.shape)}"
         )
-    if cu_seqlens_q.device.type != "cpu" and cu_seqlens_q.device != q.device:
+    if v.dim() != 3:
+        raise KernelInputError(f"v must be 3-D (B, Lv, d) like k, got shape {tuple(v.shape)}")
+    if v.shape[:2] != k.shape[:2]:
+        raise KernelInputError(f"v (B, Lv) = {tuple(v.shape[:2])} must match k's {tuple(k.shape[:2])}")
+
+
+def _check_offsets(
+    name: str, offsets_tensor: torch.Tensor, num_items: int, rows_name: str, rows: torch.Tensor
+) -> tuple[int, ...]:
+    """``offsets_tensor`` splits the rows of ``rows`` into ``num_items`` items; returns their lengths."""
+    if offsets_tensor.dtype != torch.int32:
+        raise KernelInputError(f"{name} must be int32, got {offsets_tensor.dtype}")
+    if offsets_tensor.dim() != 1 or offsets_tensor.shape[0] != num_items + 1:
         raise KernelInputError(
-            f"cu_seqlens_q must be on the CPU or on q's device {q.device}, got {cu_seqlens_q.device}"
+            f"{name} must have shape (B + 1,) = ({num_items + 1},), got {tuple(offsets_tensor.shape)}"
         )
-    offsets = cu_seqlens_q.tolist()
+    if offsets_tensor.device.type != "cpu" and offsets_tensor.device != rows.device:
+        raise KernelInputError(
+            f"{name} must be on the CPU or on {rows_name}'s device {rows.device}, got {offsets_tensor.device}"
+        )
+    offsets = offsets_tensor.tolist()
     if offsets[0] != 0:
-        raise KernelInputError(f"cu_seqlens_q must start at 0, got {offsets[0]}")
-    seqlens_q = _seqlens_from_offsets(offsets)
-    if any(length < 0 for length in seqlens_q):
-        raise KernelInputError(f"cu_seqlens_q must be non-decreasing, got {offsets}")
-    if offsets[-1] != q.shape[0]:
-        raise KernelInputError(f"cu_seqlens_q must end at q's row count {q.shape[0]}, got {offsets[-1]}")
-    return seqlens_q
+        raise KernelInputError(f"{name} must start at 0, got {offsets[0]}")
+    seqlens = _seqlens_from_offsets(offsets)
+    if any(length < 0 for length in seqlens):
+        raise KernelInputError(f"{name} must be non-decreasing, got {offsets}")
+    if offsets[-1] != rows.shape[0]:
+        raise KernelInputError(
+            f"{name} must end at {rows_name}'s row count {rows.shape[0]}, got {offsets[-1]}"
+        )
+    return seqlens
 
 
 def _check_out(out: torch.Tensor, q: torch.Tensor, value_dim: int) -> None:

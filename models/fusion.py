@@ -1,12 +1,19 @@
 """Low-rank cross-modal attention: text tokens attend over image tokens.
 
     Q = text_tokens  @ Wq   (d_t -> r)      packed over the batch, no padding
-    K = image_tokens @ Wk   (d_v -> r)
+    K = image_tokens @ Wk   (d_v -> r)      packed over the batch: all of an item's images
     V = image_tokens @ Wv   (d_v -> d_v)
-    A = softmax(Q K^T / sqrt(r)) V          per item, only its own text rows
+    A = softmax(Q K^T / sqrt(r)) V          per item, only its own text rows and image tokens
     fused = LayerNorm(mean_t(A) @ Wo + text_embedding)       (B, E_t)
     score = cos(fused, image_embedding @ Wi)                 (B,)
     match_score = sigmoid(match_logit_scale * score + match_logit_bias)
+
+An item with several images attends over the concatenation of their tokens,
+and its ``image_embedding`` is whatever the caller passes for the item
+(``MultimodalModel`` passes the mean of the images' embeddings). An item with
+no image tokens attends to nothing: A is 0, so fused = LayerNorm(b_o +
+text_embedding); with a zero image embedding its score is 0 (cosine with the
+zero vector) and its match_score sigmoid(match_logit_bias).
 
 Token widths (d_t, d_v) and embedding widths (E_t, E_v) are equal for the
 presets; a pretrained tower's embedding is often a projection of another
@@ -70,7 +77,7 @@ class LowRankCrossAttention(nn.Module):
         return self.q_proj(text_tokens)
 
     def project_image(self, image_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Image tokens (B, Lv, d_v) -> keys (B, Lv, r) and values (B, Lv, d_v)."""
+        """Image tokens (..., Lv, d_v) -> keys (..., Lv, r) and values (..., Lv, d_v)."""
         return self.k_proj(image_tokens), self.v_proj(image_tokens)
 
     def forward(
@@ -81,9 +88,18 @@ class LowRankCrossAttention(nn.Module):
         v: torch.Tensor,
         text_pooled: torch.Tensor,
         image_pooled: torch.Tensor,
+        *,
+        cu_seqlens_k: torch.Tensor | None = None,
     ) -> FusionOutput:
-        """q (T, r) packed with offsets ``cu_seqlens_q`` (B+1,) int32; k (B, Lv, r); v (B, Lv, d_v)."""
-        attended = lowrank_cross_attention(q, cu_seqlens_q, k, v, backend=self.backend)  # (T, d_v)
+        """q (T, r) packed with offsets ``cu_seqlens_q`` (B+1,) int32; text_pooled (B, E_t); image_pooled (B, E_v).
+
+        Keys and values packed with ``cu_seqlens_k`` (B+1,) int32: k (Tk, r), v (Tk, d_v), item b's
+        rows ``cu_seqlens_k[b]:cu_seqlens_k[b+1]`` (all its images' tokens, maybe none); without
+        it, dense k (B, Lv, r), v (B, Lv, d_v).
+        """
+        attended = lowrank_cross_attention(
+            q, cu_seqlens_q, k, v, cu_seqlens_k=cu_seqlens_k, backend=self.backend
+        )  # (T, d_v)
         lengths = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.long)  # (B,)
         item_of_row = torch.repeat_interleave(
             torch.arange(lengths.numel(), device=q.device), lengths

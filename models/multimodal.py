@@ -6,12 +6,20 @@ on the model's device.
 
     encode_images: (B, S, S, 3) uint8           -> [ImageSegment] * B
     encode_texts:  B token-id sequences         -> [TextSegment]  * B
-    fuse:          [ImageSegment], [TextSegment] -> [FusedOutput] * B
+    fuse:          [ImageSegment], [TextSegment] -> [FusedOutput] * B     one image per text
+    fuse_multi:  [[ImageSegment]], [TextSegment] -> [FusedOutput] * B     any number of images per text
 
 A segment's ``pooled`` is the embedding the server answers with: the tower's
 own, L2-normalised when ``normalize_embeddings`` is set (the convention of the
 pretrained families). ``fuse`` gives the fusion head's outputs and, for models
 that have one, the model's own calibrated score (``models.scores``).
+
+A text with several images gets one ``FusedOutput``: its tokens attend over
+all its images' tokens at once, the fusion head compares the fused embedding
+with the mean of the images' embeddings, and the calibrated ``score`` is the
+best of the images' scores -- does the text describe any of its images (a
+mean would let unrelated images dilute a match) -- with every image's own
+score kept in ``image_scores``.
 """
 
 from __future__ import annotations
@@ -38,6 +46,10 @@ class ImageSegment:
     pooled: torch.Tensor  # (d_v,)
     k: torch.Tensor  # (Lv, r)
     v: torch.Tensor  # (Lv, d_v)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.k.shape[0])
 
     @property
     def size_bytes(self) -> int:
@@ -75,9 +87,14 @@ class TextSegment:
 
 @dataclass(frozen=True)
 class FusedOutput:
+    """One text fused with all of its images (K >= 0 of them)."""
+
     fused: torch.Tensor  # (E_t,)
     match_score: torch.Tensor  # (), the fusion head's; meaningful only once trained
-    score: torch.Tensor | None  # (), the model's calibrated score; None when it has none
+    # (), the model's calibrated score: the max of image_scores; None when it has none or K = 0
+    score: torch.Tensor | None
+    # (K,), the model's calibrated score of the text with each image, in order; None when it has none
+    image_scores: torch.Tensor | None = None
 
 
 class MultimodalModel(nn.Module):
@@ -149,20 +166,66 @@ class MultimodalModel(nn.Module):
             TextSegment(pooled=pooled[i], q=q[i, : lengths[i]]) for i in range(len(token_ids))
         ]
 
-    @torch.inference_mode()
     def fuse(self, images: Sequence[ImageSegment], texts: Sequence[TextSegment]) -> list[FusedOutput]:
-        """Pair ``images[i]`` with ``texts[i]``; text is packed, not padded."""
+        """Pair ``images[i]`` with ``texts[i]``: ``fuse_multi`` with one image per text."""
         if len(images) != len(texts):
             raise ValueError(f"{len(images)} image segments but {len(texts)} text segments")
+        return self.fuse_multi([[image] for image in images], texts)
+
+    @torch.inference_mode()
+    def fuse_multi(self, images: Sequence[Sequence[ImageSegment]],
+                   texts: Sequence[TextSegment]) -> list[FusedOutput]:
+        """Fuse ``texts[i]`` with all of ``images[i]`` (0 or more); text and image tokens are packed, not padded.
+
+        Text i attends over the concatenated tokens of its images, in order. The
+        fusion head's image embedding for it is the mean of its images'
+        embeddings; the calibrated ``score`` is the max over its images' scores
+        (``image_scores``). A text with no image attends to nothing and its
+        head sees a zero image embedding (``models.fusion`` says what that
+        gives); its ``score`` is None and its ``image_scores`` empty.
+        """
+        if len(images) != len(texts):
+            raise ValueError(f"{len(images)} image lists but {len(texts)} text segments")
+        if not texts:
+            return []
+        num_images = [len(per_text) for per_text in images]
+        segments = [segment for per_text in images for segment in per_text]  # text by text
         q = torch.cat([t.q for t in texts], dim=0)  # (T, r)
-        lengths = torch.tensor([t.num_tokens for t in texts], dtype=torch.int32)
-        cu_seqlens_q = torch.zeros(len(texts) + 1, dtype=torch.int32)  # (B+1,)
-        cu_seqlens_q[1:] = torch.cumsum(lengths, dim=0)
-        k = torch.stack([s.k for s in images])  # (B, Lv, r)
-        v = torch.stack([s.v for s in images])  # (B, Lv, d_v)
+        cu_seqlens_q = _cu_seqlens([t.num_tokens for t in texts])  # (B+1,)
+        cu_seqlens_k = _cu_seqlens([sum(s.num_tokens for s in per_text) for per_text in images])  # (B+1,)
         text_embeddings = torch.stack([t.pooled for t in texts])  # (B, E_t)
-        image_embeddings = torch.stack([s.pooled for s in images])  # (B, E_v)
-        out = self.fusion(q, cu_seqlens_q.to(q.device), k, v, text_embeddings, image_embeddings)
-        score = None if self.score is None else self.score(image_embeddings, text_embeddings)  # (B,)
-        return [FusedOutput(fused=out.fused[i], match_score=out.match_score[i],
-                            score=None if score is None else score[i]) for i in range(len(texts))]
+        if segments:
+            k = torch.cat([s.k for s in segments])  # (Tk, r)
+            v = torch.cat([s.v for s in segments])  # (Tk, d_v)
+            image_embeddings = torch.stack([s.pooled for s in segments])  # (N, E_v)
+        else:
+            k = q.new_empty((0, q.shape[1]))  # (0, r)
+            v = q.new_empty((0, self.fusion.v_proj.out_features))  # (0, d_v)
+            image_embeddings = text_embeddings.new_empty((0, self.vision.embedding_dim))  # (0, E_v)
+        counts = torch.tensor(num_images, device=text_embeddings.device)  # (B,)
+        text_of_image = torch.repeat_interleave(torch.arange(len(texts), device=counts.device), counts)  # (N,)
+        summed = image_embeddings.new_zeros((len(texts), image_embeddings.shape[1]))  # (B, E_v)
+        summed.index_add_(0, text_of_image, image_embeddings)
+        mean_image = summed / counts.clamp_min(1).unsqueeze(1).to(summed.dtype)  # (B, E_v), zeros for K = 0
+        out = self.fusion(q, cu_seqlens_q.to(q.device), k, v, text_embeddings, mean_image,
+                          cu_seqlens_k=cu_seqlens_k.to(q.device))
+        image_scores = None
+        if self.score is not None:
+            every_score = self.score(image_embeddings, text_embeddings[text_of_image])  # (N,)
+            image_scores = torch.split(every_score, num_images)  # B x (K,)
+        return [
+            FusedOutput(
+                fused=out.fused[i],
+                match_score=out.match_score[i],
+                score=None if image_scores is None or num_images[i] == 0 else image_scores[i].max(),
+                image_scores=None if image_scores is None else image_scores[i],
+            )
+            for i in range(len(texts))
+        ]
+
+
+def _cu_seqlens(lengths: Sequence[int]) -> torch.Tensor:
+    """Row offsets (B+1,) int32 of items of ``lengths`` rows, packed one after another."""
+    cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)  # (B+1,)
+    cu_seqlens[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), dim=0)
+    return cu_seqlens

@@ -5,7 +5,8 @@ H200; installs nothing). In order:
 
   check       both Triton kernels on CUDA against their torch references in
               float64 (fp32 to 1e-5 relative; bf16 within twice torch's own bf16
-              error plus roundoff), outputs poisoned with NaN first
+              error plus roundoff), outputs poisoned with NaN first; attention
+              with dense keys and with ragged ones (0 to 4 images per text)
   attention   lowrank_cross_attention at serving shapes (B in 1..64, ragged
               Lt <= 77, Lv 197, r 16, d 1024, bf16): the Triton kernel on packed
               queries vs torch eager and scaled_dot_product_attention on padded
@@ -155,6 +156,34 @@ def check_attention(report: Report, args: argparse.Namespace) -> None:
                 bound = 2 * (same_precision.double() - expected).abs().max().item()
                 bound += torch.finfo(dtype).eps * scale
             _add_check(report, "attention", f"{str(dtype)[6:]} r{rank} d{value_dim}", error, bound, out)
+        _check_attention_ragged(report, args, dtype)
+
+
+def _check_attention_ragged(report: Report, args: argparse.Namespace, dtype: Any) -> None:
+    """Packed keys (cu_seqlens_k): 1, 0, 4 and 2 images per text, one of them cut short."""
+    import torch
+
+    from kernels import lowrank_cross_attention, lowrank_cross_attention_ref
+
+    lengths = (1, 40, args.max_text_len, 7)
+    key_lengths = (args.image_tokens, 0, 4 * args.image_tokens, 2 * args.image_tokens - args.image_tokens // 2)
+    gen = torch.Generator(device="cuda").manual_seed(args.seed)
+    q = torch.randn((sum(lengths), args.rank), generator=gen, device="cuda", dtype=torch.float64)  # (T, r)
+    k = torch.randn((sum(key_lengths), args.rank), generator=gen, device="cuda", dtype=torch.float64)  # (Tk, r)
+    v = torch.randn((sum(key_lengths), args.value_dim), generator=gen, device="cuda", dtype=torch.float64)  # (Tk, d)
+    cu, cu_k = _offsets(lengths).cuda(), _offsets(key_lengths).cuda()
+    out = torch.full((sum(lengths), args.value_dim), float("nan"), device="cuda", dtype=dtype)  # (T, d)
+    lowrank_cross_attention(q.to(dtype), cu, k.to(dtype), v.to(dtype), cu_seqlens_k=cu_k, backend="triton", out=out)
+    expected = lowrank_cross_attention_ref(q, cu, k, v, cu_seqlens_k=cu_k)
+    error = (out.double() - expected).abs().max().item()
+    scale = expected.abs().max().item()
+    if dtype == torch.float32:
+        bound = 1e-5 * scale
+    else:
+        same_precision = lowrank_cross_attention_ref(q.to(dtype), cu, k.to(dtype), v.to(dtype), cu_seqlens_k=cu_k)
+        bound = 2 * (same_precision.double() - expected).abs().max().item() + torch.finfo(dtype).eps * scale
+    _add_check(report, "attention", f"{str(dtype)[6:]} ragged keys {'/'.join(map(str, key_lengths))}", error, bound,
+               out)
 
 
 def check_preprocess(report: Report, args: argparse.Namespace) -> None:

@@ -61,12 +61,14 @@ def compiler_mode(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
     ids=["bf16-r16-sm90", "fp16-r8-sm80", "fp32-r64-sm90"],
 )
 def test_attention_kernel_compiles_at_serving_shape(dtype: torch.dtype, rank: int, arch: int) -> None:
-    shape = _AttentionShape(num_items=64, seqlen_k=197, rank=rank, value_dim=1024, seqlens_q=(77, 5))
+    # Ragged keys (0 to 4 images of 197 tokens): no key length reaches the constexprs.
+    shape = _AttentionShape(rank=rank, value_dim=1024, seqlens_q=(77, 5, 9), seqlens_k=(197, 0, 4 * 197))
     config = launch_config(_table_key(dtype), f"sm{arch}")
     meta = _launch_meta(dtype, shape, False, config)
     assert meta["DOT_DTYPE"] == getattr(tl, str(dtype).removeprefix("torch."))
     ty = _TORCH_TO_TRITON[dtype]
-    pointers = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}", "Out": f"*{ty}", "CuSeqlensQ": "*i32"}
+    pointers = {"Q": f"*{ty}", "K": f"*{ty}", "V": f"*{ty}", "Out": f"*{ty}", "CuSeqlensQ": "*i32",
+                "CuSeqlensK": "*i32"}
     signature = _signature(_lowrank_cross_attention_kernel, pointers, {"scale_log2"}, meta)
     assert _compile(_lowrank_cross_attention_kernel, signature, meta, arch, config.num_warps) <= MAX_SHARED_BYTES
 

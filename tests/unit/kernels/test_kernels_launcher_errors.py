@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -9,9 +10,17 @@ import pytest
 import torch
 
 from kernels import KernelInputError, lowrank_cross_attention, preprocess_uint8
-from kernels_attention_inputs import AttentionCase, AttentionInputs, make_inputs
+from kernels_attention_inputs import (
+    AttentionCase,
+    AttentionInputs,
+    RaggedCase,
+    RaggedInputs,
+    make_inputs,
+    make_ragged_inputs,
+)
 
 _VALID = AttentionCase((2, 1), seqlen_k=17, rank=16, value_dim=8, dtype=torch.float32)
+_VALID_RAGGED = RaggedCase((2, 1), ((9, 4), ()), rank=16, value_dim=8, dtype=torch.float32)  # Tk = 13
 
 
 def _cu(*values: int) -> torch.Tensor:
@@ -27,7 +36,6 @@ ATTENTION_BREAKAGES: list[tuple[str, Callable[[AttentionInputs], AttentionInputs
     ("rank-mismatch", lambda x: replace(x, q=x.q[:, :8].contiguous()), "rank"),
     ("rank-above-64", lambda x: replace(x, q=torch.randn(3, 80), k=torch.randn(2, 17, 80)), "rank r must be in"),
     ("v-other-Lv", lambda x: replace(x, v=x.v[:, :5]), "must match k's"),
-    ("no-image-tokens", lambda x: replace(x, k=x.k[:, :0], v=x.v[:, :0]), "Lv >= 1"),
     ("q-strided-last-dim", lambda x: replace(x, q=x.q.t().contiguous().t()), "q must be contiguous"),
     ("v-strided-last-dim", lambda x: replace(x, v=x.v.transpose(1, 2).contiguous().transpose(1, 2)), "v must be"),
     ("cu-int64", lambda x: replace(x, cu_seqlens_q=x.cu_seqlens_q.long()), "int32"),
@@ -50,6 +58,43 @@ def test_attention_rejects_bad_inputs(
     bad = breakage(make_inputs(_VALID))
     with pytest.raises(KernelInputError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
         lowrank_cross_attention(bad.q, bad.cu_seqlens_q, bad.k, bad.v, backend=backend)
+
+
+# Packed keys: the same rules for cu_seqlens_k, checked against k's rows and cu_seqlens_q's items.
+RAGGED_BREAKAGES: list[tuple[str, Callable[[RaggedInputs], RaggedInputs], str]] = [
+    ("k-3d", lambda x: replace(x, k=x.k[None]), "k must be 2-D (Tk, r) with cu_seqlens_k"),
+    ("v-3d", lambda x: replace(x, v=x.v[None]), "v must be 2-D (Tk, d) with cu_seqlens_k"),
+    ("v-other-Tk", lambda x: replace(x, v=x.v[:12]), "v has 12 rows (Tk) but k has 13"),
+    ("k-strided-last-dim", lambda x: replace(x, k=x.k.t().contiguous().t()), "k must be contiguous"),
+    ("cu-k-int64", lambda x: replace(x, cu_seqlens_k=x.cu_seqlens_k.long()), "cu_seqlens_k must be int32"),
+    ("cu-k-too-long", lambda x: replace(x, cu_seqlens_k=_cu(0, 9, 13, 13)),
+     "cu_seqlens_k must have shape (B + 1,) = (3,)"),
+    ("cu-k-2d", lambda x: replace(x, cu_seqlens_k=x.cu_seqlens_k[None]), "cu_seqlens_k must have shape (B + 1,)"),
+    ("cu-k-not-from-0", lambda x: replace(x, cu_seqlens_k=_cu(1, 9, 13)), "cu_seqlens_k must start at 0"),
+    ("cu-k-decreasing", lambda x: replace(x, cu_seqlens_k=_cu(0, 14, 13)), "cu_seqlens_k must be non-decreasing"),
+    ("cu-k-wrong-total", lambda x: replace(x, cu_seqlens_k=_cu(0, 9, 12)), "cu_seqlens_k must end at k's row count 13"),
+    ("cu-k-device", lambda x: replace(x, cu_seqlens_k=x.cu_seqlens_k.to("meta")), "cu_seqlens_k must be on the CPU"),
+    ("cu-q-0d", lambda x: replace(x, cu_seqlens_q=_cu(0)[0]), "cu_seqlens_q must have shape (B + 1,)"),
+    ("cu-q-wrong-total", lambda x: replace(x, cu_seqlens_q=_cu(0, 2, 2)), "cu_seqlens_q must end at q's row count"),
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize(
+    ("breakage", "fragment"), [(b, f) for _, b, f in RAGGED_BREAKAGES], ids=[i for i, _, _ in RAGGED_BREAKAGES]
+)
+def test_attention_rejects_bad_packed_keys(
+    breakage: Callable[[RaggedInputs], RaggedInputs], fragment: str, backend: str
+) -> None:
+    bad = breakage(make_ragged_inputs(_VALID_RAGGED))
+    with pytest.raises(KernelInputError, match=re.escape(fragment)):
+        lowrank_cross_attention(bad.q, bad.cu_seqlens_q, bad.k, bad.v, cu_seqlens_k=bad.cu_seqlens_k, backend=backend)
+
+
+def test_cu_seqlens_k_must_be_a_tensor() -> None:
+    x = make_ragged_inputs(_VALID_RAGGED)
+    with pytest.raises(KernelInputError, match="cu_seqlens_k must be a torch.Tensor, got list"):
+        lowrank_cross_attention(x.q, x.cu_seqlens_q, x.k, x.v, cu_seqlens_k=[0, 13, 13])  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

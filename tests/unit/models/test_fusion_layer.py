@@ -64,3 +64,21 @@ def test_matches_the_formula_written_out():
 def test_auto_backend_on_cpu_equals_the_torch_backend():
     args = _inputs([3, 1, 7], seed=2)
     torch.testing.assert_close(_run(_layer("auto"), *args).fused, _run(_layer("torch"), *args).fused, rtol=0, atol=0)
+
+
+def test_packed_keys_attend_over_all_of_an_items_images():
+    """Item b's text attends over its images' tokens concatenated: rows cu_seqlens_k[b]:cu_seqlens_k[b+1]."""
+    lengths, image_tokens_per_item = [3, 2, 4], [17 + 9, 0, 5]
+    text_tokens, _, cu, text_pooled, image_pooled = _inputs(lengths, seed=4)
+    image_tokens = torch.randn(sum(image_tokens_per_item), 40, generator=torch.Generator().manual_seed(5))
+    cu_k = torch.tensor([0, 26, 26, 31], dtype=torch.int32)
+    layer = _layer("torch")
+    with torch.inference_mode():
+        q = layer.project_text(text_tokens)
+        k, v = layer.project_image(image_tokens)  # (Tk, r), (Tk, d_v)
+        out = layer(q, cu, k, v, text_pooled, image_pooled, cu_seqlens_k=cu_k)
+        for i in range(len(lengths)):
+            rows, keys = slice(int(cu[i]), int(cu[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+            attended = torch.softmax(q[rows] @ k[keys].T / 16**0.5, dim=-1) @ v[keys]  # (Lt, d_v); 0 columns: 0
+            fused = layer.norm(layer.out_proj(attended.mean(0)) + text_pooled[i])
+            torch.testing.assert_close(out.fused[i], fused, rtol=0, atol=1e-5)
