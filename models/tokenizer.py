@@ -146,5 +146,15 @@ class TextTokenizer:
             return TokenizedText(tuple(token_ids), False, num_tokens)
         if not (truncate or self.truncates_by_default):
             raise TextTooLongError(num_tokens, self.max_tokens)
-        truncated = (*token_ids[: self.max_tokens - 1], token_ids[-1])
-        return TokenizedText(truncated, True, num_tokens)
+        return cut_to(TokenizedText(tuple(token_ids), False, num_tokens), self.max_tokens)
+
+
+def cut_to(text: TokenizedText, max_tokens: int) -> TokenizedText:
+    """``text`` cut to ``max_tokens`` ids the way the reference libraries cut: the first
+    ``max_tokens - 1`` and the closing special token (a joint-token budget cuts this way too)."""
+    if len(text.token_ids) <= max_tokens:
+        return text
+    if max_tokens < 2:
+        raise ValueError(f"a limit of {max_tokens} tokens leaves no room for a text and its closing token")
+    return TokenizedText((*text.token_ids[: max_tokens - 1], text.token_ids[-1]), True,
+                         text.num_tokens_before_truncation)

@@ -20,6 +20,8 @@ REQUEST_DURATION_BUCKETS_S: tuple[float, ...] = (
 )
 
 BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128)
+# Joint sequence lengths: a text alone (tens of tokens) up to several images of ViT-L/16 at 256 px (4 x 256 + 64).
+JOINT_TOKENS_BUCKETS: tuple[float, ...] = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 2048, 4096)
 
 
 class ServingMetrics:
@@ -50,6 +52,14 @@ class ServingMetrics:
             "(an image batch may also hold the other image lane's requests).",
             ("lane",),
             buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.joint_tokens = Histogram(
+            "mmserve_joint_tokens",
+            "Joint token sequence of each answered request: images x tokens per image + text tokens "
+            "(after any cut to the joint-token budget).",
+            ("route",),
+            buckets=JOINT_TOKENS_BUCKETS,
             registry=registry,
         )
         self.queue_depth = Gauge(

@@ -57,3 +57,38 @@ class IntakeItemError(RouterError):
         super().__init__(f"item {item_index}: {error}")
         self.item_index = item_index
         self.error = error
+
+
+class TooManyImagesError(RouterError):
+    """A request carries more images than ``max_images_per_request`` allows."""
+
+    def __init__(self, num_images: int, max_images: int) -> None:
+        super().__init__(f"the request has {num_images} images; the limit is {max_images} "
+                         "(MMSERVE_MAX_IMAGES_PER_REQUEST)")
+        self.num_images = num_images
+        self.max_images = max_images
+
+
+class JointTokensExceededError(RouterError):
+    """Image tokens plus text tokens outgrow what the cross-modal layer takes (``max_joint_tokens``)."""
+
+    def __init__(self, num_images: int, tokens_per_image: int, num_text_tokens: int, max_joint_tokens: int) -> None:
+        total = num_images * tokens_per_image + num_text_tokens
+        super().__init__(
+            f"{num_images} images x {tokens_per_image} tokens + {num_text_tokens} text tokens = {total} joint "
+            f"tokens; the limit is {max_joint_tokens} (MMSERVE_MAX_JOINT_TOKENS; send \"truncate\": true to cut "
+            "the text to fit)")
+        self.num_images = num_images
+        self.tokens_per_image = tokens_per_image
+        self.num_text_tokens = num_text_tokens
+        self.num_joint_tokens = total
+        self.max_joint_tokens = max_joint_tokens
+
+
+class ImageItemError(RouterError):
+    """Image ``image_index`` of a request could not be decoded; ``error`` is the decoder's own error."""
+
+    def __init__(self, image_index: int, error: Exception) -> None:
+        super().__init__(f"image {image_index}: {error}")
+        self.image_index = image_index
+        self.error = error

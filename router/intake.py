@@ -4,8 +4,9 @@
 
     per item, all at once:
       prepare      decode pool; a short text-only item on the event loop
-                   "decode" fault drill -> tokenize -> plan the segments against
-                   the cache -> decode + resize the image only if the plan needs it
+                   "decode" fault drill -> tokenize -> joint-token budget
+                   (router.joint_budget) -> plan the segments against the cache
+                   -> decode + resize only the images the plan needs
       ── every item prepared? ── one refused: none is submitted, all give their claims back
       resolve      await segments other requests compute; one whose owner gave
                    up is looked up again (and its image decoded, if it is now ours)
@@ -23,7 +24,9 @@ The server passes in what belongs to it: the image decoder (bytes -> an RGB
 Pillow image or an (H, W, 3) uint8 array; whatever it raises for a bad image
 reaches the caller unchanged) and the thread pool decoding runs in (whatever
 its ``submit`` raises, e.g. a full queue, too). Everything else the intake
-raises is typed: a model's ``TextTooLongError``, the router's errors, and
+raises is typed: a model's ``TextTooLongError``, the router's errors
+(``TooManyImagesError``, ``JointTokensExceededError``), ``ImageItemError``
+naming the bad image of a request that sent a list of images, and
 ``IntakeItemError`` naming the failed item of a many-item call.
 """
 
@@ -40,8 +43,9 @@ from PIL import Image
 
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.tokenizer import TokenizedText
-from router.errors import IntakeItemError
+from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
+from router.joint_budget import JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
 from router.router import Router
 from router.segments import ImageContent, SegmentPlan
@@ -63,28 +67,31 @@ class IntakeItem:
 
     request_id: str
     text: str | None = None
-    image: ImageContent | None = None
+    images: tuple[ImageContent, ...] = ()
     priority: Priority = Priority.NORMAL
     timeout_ms: int | None = None  # None: the lane's default, counted from arrival
     truncate: bool = False
     use_cache: bool = True
+    images_as_list: bool = False  # sent as a list: a bad image's error names its index
 
 
 @dataclass(frozen=True)
 class IntakeOutcome:
-    """One item's result, its tokens, its settled plan and how long preparing it took."""
+    """One item's result, its tokens, its joint-token count, its settled plan and how long preparing it took."""
 
     result: InferenceResult
     text: TokenizedText | None
     plan: SegmentPlan
     decode_ns: int  # tokenize + plan + decode, pool queue included
+    joint: JointTokens | None = None
 
 
 @dataclass(frozen=True)
 class _Prepared:
     text: TokenizedText | None
+    joint: JointTokens
     plan: SegmentPlan
-    image: np.ndarray | None  # (S, S, 3) uint8; None when the plan did not need the pixels
+    images: tuple[np.ndarray | None, ...]  # each (S, S, 3) uint8; None where the plan did not need the pixels
 
 
 class _NeighbourRefusedError(Exception):
@@ -178,19 +185,20 @@ class RequestIntake:
         try:
             await gate.prepared()
             plan = await prepared.plan.resolved()
-            image = prepared.image
-            if plan.needs_image_pixels and image is None:  # an owner gave up and the claim is ours now
-                image = await self._off_loop(self._model_input, item.image)
-            request = self._request(item, prepared.text, image, plan, arrival_ns)
+            images = list(prepared.images)
+            for index in plan.image_indices_to_compute:
+                if images[index] is None:  # an owner gave up and the claim is ours now
+                    images[index] = await self._off_loop(self._model_input, item, index)
+            request = self._request(item, prepared.text, tuple(images), plan, arrival_ns)
             result = await self._router.submit(request, plan)
         finally:
             plan.abandon()  # settles whatever is still open; publish and fail already settled the rest
-        return IntakeOutcome(result, prepared.text, plan, decode_ns)
+        return IntakeOutcome(result, prepared.text, plan, decode_ns, prepared.joint)
 
     # -- preparing --------------------------------------------------------------
 
     def _is_inline(self, item: IntakeItem) -> bool:
-        return (self._faults is None and item.image is None and item.text is not None
+        return (self._faults is None and not item.images and item.text is not None
                 and len(item.text) <= self._inline_text_max_chars)
 
     async def _prepare(self, item: IntakeItem) -> _Prepared:
@@ -208,22 +216,36 @@ class RequestIntake:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
         if self._faults is not None:
             self._faults.after_stage("decode")
+        self._router.budget.check_images(len(item.images))
         tokens = None
         if item.text is not None:
             tokens = self._router.bundle.tokenizer.encode(item.text, truncate=item.truncate)
-        plan = self._router.plan_segments(item.image, tokens.token_ids if tokens is not None else None,
+        tokens, joint = self._router.budget.fit(len(item.images), tokens, truncate=item.truncate)
+        plan = self._router.plan_segments(item.images, tokens.token_ids if tokens is not None else None,
                                           item.use_cache)
         try:
-            image = self._model_input(item.image) if plan.needs_image_pixels else None
+            needed = set(plan.image_indices_to_compute)
+            images = tuple(self._model_input(item, index) if index in needed else None
+                           for index in range(len(item.images)))
         except BaseException:
             plan.abandon()
             raise
-        return _Prepared(tokens, plan, image)
+        return _Prepared(tokens, joint, plan, images)
 
-    def _model_input(self, content: ImageContent | None) -> np.ndarray:
-        """The image as the model's (S, S, 3) uint8 input; decoding runs here, off the event loop."""
-        if content is None:
-            raise ValueError("the plan needs an image this item does not carry")
+    def _model_input(self, item: IntakeItem, index: int) -> np.ndarray:
+        """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here, off the loop.
+
+        For an item that sent a list, a decoder's error is wrapped in
+        ``ImageItemError`` so the answer can name the bad image.
+        """
+        try:
+            return self._pixels(item.images[index])
+        except Exception as e:
+            if item.images_as_list:
+                raise ImageItemError(index, e) from e
+            raise
+
+    def _pixels(self, content: ImageContent) -> np.ndarray:
         preprocess = self._router.bundle.config.preprocess
         if content.pixels is not None:
             pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)  # (H, W, 3)
@@ -237,15 +259,15 @@ class RequestIntake:
         return await asyncio.wrap_future(self._executor.submit(work, *args))
 
     @staticmethod
-    def _request(item: IntakeItem, tokens: TokenizedText | None, image: np.ndarray | None,
+    def _request(item: IntakeItem, tokens: TokenizedText | None, images: tuple[np.ndarray | None, ...],
                  plan: SegmentPlan, arrival_ns: int) -> InferenceRequest:
         return InferenceRequest(
             request_id=item.request_id,
             token_ids=tokens.token_ids if tokens is not None else None,
-            image=image,
+            images=images,
             deadline_ns=None if item.timeout_ms is None else arrival_ns + item.timeout_ms * 1_000_000,
             arrival_ns=arrival_ns,
             priority=item.priority,
-            image_segment=plan.image_value,
+            image_segments=plan.image_values,
             text_segment=plan.text_value,
         )

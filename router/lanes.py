@@ -68,6 +68,12 @@ class Pending:
     def is_cancelled(self) -> bool:
         return self.future.cancelled()
 
+    @property
+    def num_work_items(self) -> int:
+        """What it counts against ``max_batch_size``: each image to encode (a vision batch of 8 is 8 images),
+        else one (a text, or a fusion request whose images are all known)."""
+        return max(1, self.request.num_images_to_encode)
+
 
 @dataclass(eq=False)
 class Lane:

@@ -16,6 +16,8 @@ a low request past newcomers and it is never starved.
 A lane's batch closes when any of these holds:
 
     * it is full (``max_batch_size`` items chosen, or the queue holds that many);
+      an item is one image to encode (a request with K new images is K items)
+      or one text, so a vision batch of 8 is 8 images, whoever sent them;
     * its oldest item has waited ``max_queue_delay``;
     * waiting longer would make its most urgent item miss its deadline,
       given the measured service time of a batch of this (padded) size.
@@ -61,16 +63,36 @@ def _service_order(pending: Pending) -> tuple[int, int]:
     return pending.urgency_ns, pending.enqueued_ns
 
 
+def num_work_items(batch: Sequence[Pending]) -> int:
+    return sum(p.num_work_items for p in batch)
+
+
+def _up_to(candidates: Sequence[Pending], limit: int, *, is_head_included: bool = True) -> list[Pending]:
+    """The candidates, in order, whose work items fit in ``limit``; one that does not fit is passed over
+    for smaller ones behind it. ``is_head_included``: the first goes whatever its size (a request with
+    more images than the cap runs alone, its images in several encoder passes)."""
+    chosen: list[Pending] = []
+    room = limit
+    for pending in candidates:
+        if room <= 0:
+            break
+        if pending.num_work_items > room and (chosen or not is_head_included):
+            continue
+        chosen.append(pending)
+        room -= pending.num_work_items
+    return chosen
+
+
 def select_batch(lane: Lane) -> list[Pending]:
-    """The lane's next batch: its most urgent item plus the best companions."""
+    """The lane's next batch: its most urgent item plus the best companions, up to ``max_batch_size`` items."""
     ordered = sorted(lane.queue, key=_service_order)
     limit = lane.settings.max_batch_size
     head_bucket = ordered[0].length_bucket
     if head_bucket == 0:
-        return ordered[:limit]
+        return _up_to(ordered, limit)
     same = [p for p in ordered if p.length_bucket == head_bucket]
     shorter = [p for p in ordered if p.length_bucket < head_bucket]
-    return (same + shorter)[:limit]
+    return _up_to(same + shorter, limit)
 
 
 @dataclass(frozen=True)
@@ -116,7 +138,8 @@ def _image_companions(lane: Lane, lanes: Sequence[Lane], room: int) -> list[Pend
         if (other is lane or other.route not in _IMAGE_ROUTES or not other.queue
                 or other.settings.warm_batch_sizes != lane.settings.warm_batch_sizes):
             continue
-        taken = sorted(other.queue, key=_service_order)[: room - len(companions)]
+        taken = _up_to(sorted(other.queue, key=_service_order), room - num_work_items(companions),
+                       is_head_included=False)
         _take(other, taken)
         companions += taken
     return companions
@@ -134,12 +157,13 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
             continue
         batch = select_batch(lane)
         settings = lane.settings
-        service_ns = estimate_ns(lane.route, settings.padded_size(len(batch)))
+        num_items = num_work_items(batch)
+        service_ns = estimate_ns(lane.route, settings.padded_size(min(num_items, settings.max_batch_size)))
         close_ns = min(
             min(p.enqueued_ns for p in batch) + settings.max_queue_delay_ns,
             min(p.request.deadline_ns for p in batch) - service_ns,
         )
-        is_full = len(batch) >= settings.max_batch_size or len(lane.queue) >= settings.max_batch_size
+        is_full = num_items >= settings.max_batch_size or num_work_items(lane.queue) >= settings.max_batch_size
         if is_full or close_ns <= now_ns:
             ready.append((_service_order(batch[0]), lane, batch))
         elif earliest_close_ns is None or close_ns < earliest_close_ns:
@@ -148,7 +172,7 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
         others = [entry for entry in ready if entry[1].route != last_route]
         _, lane, batch = min(others or ready, key=lambda entry: entry[0])
         _take(lane, batch)
-        batch = batch + _image_companions(lane, lanes, lane.settings.max_batch_size - len(batch))
+        batch = batch + _image_companions(lane, lanes, lane.settings.max_batch_size - num_work_items(batch))
         return Decision(lane=lane, batch=batch, expired=expired)
     wait_ns = None if earliest_close_ns is None else max(0, earliest_close_ns - now_ns)
     return Decision(lane=None, expired=expired, wait_ns=wait_ns)
@@ -158,7 +182,7 @@ def work_ahead_ns(lanes: Sequence[Lane], urgency_limit_ns: int, estimate_ns: Est
     """Device time of the queued work that would run before an item of ``urgency_limit_ns``."""
     total_ns = 0
     for lane in lanes:
-        ahead = sum(1 for p in lane.queue if p.urgency_ns <= urgency_limit_ns)
+        ahead = sum(p.num_work_items for p in lane.queue if p.urgency_ns <= urgency_limit_ns)
         if ahead:
             full, rest = divmod(ahead, lane.settings.max_batch_size)
             total_ns += full * estimate_ns(lane.route, lane.settings.max_batch_size)

@@ -28,28 +28,51 @@ class Priority(str, Enum):
 class InferenceRequest:
     """One request as the router sees it: model-ready inputs and a deadline.
 
-    An image comes either as ``image`` (the model's (S, S, 3) uint8 input,
-    already resized) or, when the cache knew it, as ``image_segment``; a text
-    as ``token_ids`` (special tokens included) and possibly ``text_segment``.
-    Times are ``time.perf_counter_ns`` values.
+    Its images, in order, are ``images[i]`` (the model's (S, S, 3) uint8
+    input, already resized) or, where the cache knew one, ``image_segments[i]``
+    (the two tuples are equally long; each position has one of the two). A
+    text comes as ``token_ids`` (special tokens included) and possibly
+    ``text_segment``. Times are ``time.perf_counter_ns`` values.
     """
 
     request_id: str
     token_ids: tuple[int, ...] | None
-    image: np.ndarray | None  # (S, S, 3) uint8
+    images: tuple[np.ndarray | None, ...] = ()  # each (S, S, 3) uint8, or None where the segment is known
     deadline_ns: int | None = None  # None: the lane's default timeout from ``arrival_ns``
     arrival_ns: int | None = None  # when the server received it; None: when the router did
     priority: Priority = Priority.NORMAL
-    image_segment: ImageSegment | None = None
+    image_segments: tuple[ImageSegment | None, ...] = ()
     text_segment: TextSegment | None = None
 
     def __post_init__(self) -> None:
+        if not self.image_segments and self.images:
+            object.__setattr__(self, "image_segments", (None,) * len(self.images))
+        if not self.images and self.image_segments:
+            object.__setattr__(self, "images", (None,) * len(self.image_segments))
+        if len(self.images) != len(self.image_segments):
+            raise ValueError(f"{len(self.images)} images but {len(self.image_segments)} image segment slots")
+        if any(pixels is None and segment is None for pixels, segment in zip(self.images, self.image_segments)):
+            raise ValueError("every image needs its pixels or its known segment")
         if not (self.has_text or self.has_image):
             raise ValueError("a request needs a text, an image or both")
 
     @property
+    def num_images(self) -> int:
+        return len(self.images)
+
+    @property
+    def image_rows_to_encode(self) -> tuple[int, ...]:
+        """Which of its images the vision encoder still has to run."""
+        return tuple(i for i, segment in enumerate(self.image_segments) if segment is None)
+
+    @property
+    def num_images_to_encode(self) -> int:
+        """Its image work: what it counts against a vision batch's cap."""
+        return sum(segment is None for segment in self.image_segments)
+
+    @property
     def has_image(self) -> bool:
-        return self.image is not None or self.image_segment is not None
+        return bool(self.images)
 
     @property
     def has_text(self) -> bool:
@@ -57,7 +80,7 @@ class InferenceRequest:
 
     @property
     def needs_vision(self) -> bool:
-        return self.image_segment is None and self.image is not None
+        return self.num_images_to_encode > 0
 
     @property
     def needs_text(self) -> bool:
@@ -73,7 +96,7 @@ class InferenceRequest:
     def lane(self) -> Route:
         """Where it is scheduled: by what it costs, not by what it returns.
 
-        A fusion request whose image segment is already known costs what a
+        A fusion request whose image segments are all known costs what a
         text request costs, so it waits in the text lane.
         """
         if self.route == Route.FUSION and not self.needs_vision:
@@ -85,17 +108,22 @@ class InferenceRequest:
 class InferenceResult:
     """One request's outputs (float32 numpy on the host) and where its time went.
 
-    ``image_segment``/``text_segment`` are the segments this request used
+    ``image_segments``/``text_segment`` are the segments this request used
     (computed or cached), kept on the model's device for the cache.
     """
 
     route: Route
-    image_embedding: np.ndarray | None = None  # (d_v,)
-    text_embedding: np.ndarray | None = None  # (d_t,)
-    fused_embedding: np.ndarray | None = None  # (d_t,)
+    image_embeddings: tuple[np.ndarray, ...] = ()  # each (E_v,), in the request's image order
+    text_embedding: np.ndarray | None = None  # (E_t,)
+    fused_embedding: np.ndarray | None = None  # (E_t,)
     score: float | None = None  # the model's calibrated score (``models.scores``); None when it has none
     match_score: float | None = None  # the trained fusion head's; None while the head is untrained
     batch_size: int = 1
     stage_ns: dict[str, int] = field(default_factory=dict)
-    image_segment: ImageSegment | None = None
+    image_segments: tuple[ImageSegment, ...] = ()
     text_segment: TextSegment | None = None
+
+    @property
+    def image_embedding(self) -> np.ndarray | None:
+        """The one image's embedding of a single-image request; None otherwise."""
+        return self.image_embeddings[0] if len(self.image_embeddings) == 1 else None

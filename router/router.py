@@ -35,6 +35,7 @@ from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.errors import ComputeUnavailableError, DeadlineExceededError, QueueFullError, ShuttingDownError
 from router.executors import ExecutorPlan, shared_executor, validate
+from router.joint_budget import JointTokenBudget
 from router.lanes import Lane, LaneSettings, Pending
 from router.policy import urgency_ns
 from router.request import InferenceRequest, InferenceResult, Route
@@ -83,10 +84,13 @@ class Router:
         cache: SegmentCache | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
         hang_timeout_ns: int = 0,
+        budget: JointTokenBudget | None = None,
     ) -> None:
-        """``hang_timeout_ns``: a batch running longer is a hang (0: never)."""
+        """``hang_timeout_ns``: a batch running longer is a hang (0: never). ``budget``: images per request
+        and joint tokens (default: the model's, ``JointTokenBudget.for_model``)."""
         validate(tuple(executors))
         self.bundle = bundle
+        self.budget = budget if budget is not None else JointTokenBudget.for_model(bundle)
         self.cache = cache if cache is not None else SegmentCache(0, 0)
         self.segments = SegmentCatalog(self.cache, bundle.fingerprint, bundle.config.preprocess.identity())
         self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}
@@ -117,7 +121,7 @@ class Router:
                   clock_ns: Callable[[], int], warm_up_lock: threading.Lock) -> Executor:
         scheduler = Scheduler([self.lanes[route] for route in plan.routes], ServiceTimeEstimator(), clock_ns)
         runner = BatchRunner(self.bundle, {route: self.lanes[route].settings for route in plan.routes},
-                             stage_hook=stage_hook)
+                             stage_hook=stage_hook, max_images_per_request=self.budget.max_images_per_request)
         worker = ComputeWorker(plan, scheduler, runner, warm_up_lock=warm_up_lock,
                                on_batch=functools.partial(self._on_batch, runner), clock_ns=clock_ns)
         return Executor(plan, scheduler, runner, worker)
@@ -234,14 +238,14 @@ class Router:
             length_bucket=bucket,
         )
 
-    def plan_segments(self, image: ImageContent | None, token_ids: Sequence[int] | None,
+    def plan_segments(self, images: Sequence[ImageContent], token_ids: Sequence[int] | None,
                       use_cache: bool = True) -> SegmentPlan:
-        """What the cache already knows of a request, before its image is decoded.
+        """What the cache already knows of a request, before any of its images is decoded.
 
         Thread-safe. The caller owns the plan's claims: ``router.intake``
         submits it and settles it whatever happens.
         """
-        return self.segments.plan(image, token_ids, use_cache)
+        return self.segments.plan(images, token_ids, use_cache)
 
     async def submit(self, request: InferenceRequest, plan: SegmentPlan | None = None) -> InferenceResult:
         """Queue ``request`` and await its result; raises the router's typed errors.
@@ -286,6 +290,6 @@ class Router:
             if isinstance(outcome, Exception):
                 pending.plan.fail(outcome)
             else:
-                pending.plan.publish(outcome.image_segment, outcome.text_segment, runner.device_work.wait)
+                pending.plan.publish(outcome.image_segments, outcome.text_segment, runner.device_work.wait)
         if self.metrics is not None:
             self.metrics.batch_size.labels(lane=lane.route.value).observe(len(batch))

@@ -47,8 +47,9 @@ class BatchRunner:
     """Turns a list of same-lane requests into per-item outcomes."""
 
     def __init__(self, bundle: ModelBundle, lane_settings: dict[Route, LaneSettings],
-                 stage_hook: Callable[[str], None] | None = None) -> None:
+                 stage_hook: Callable[[str], None] | None = None, max_images_per_request: int = 1) -> None:
         self.bundle = bundle
+        self.max_images_per_request = max_images_per_request  # fusion is warmed for each count up to it
         self.model = bundle.model
         self.lane_settings = lane_settings
         fixed_length = self.model.text.fixed_length  # a tower trained on one padded length sees only it
@@ -79,15 +80,24 @@ class BatchRunner:
             raise ValueError(f"a text of {longest} tokens is longer than the model's {self.text_buckets[-1]}")
         return bucket
 
-    def _encode_images(self, requests: Sequence[InferenceRequest], padded: int,
+    def _encode_images(self, pixels: Sequence[np.ndarray], settings: LaneSettings,
                        stage_ns: dict[str, int]) -> list[ImageSegment]:
+        """Every image in ``pixels`` through the vision encoder, ``max_batch_size`` at a time, each chunk padded.
+
+        The batcher counts images, not requests, against the cap, so one
+        chunk is the usual case; a request with more images than the cap
+        runs in several.
+        """
         started = time.perf_counter_ns()
-        pixels = np.stack([r.image for r in requests])  # (B, S, S, 3) uint8
-        if padded > len(requests):
-            pixels = np.concatenate([pixels, np.repeat(pixels[-1:], padded - len(requests), axis=0)])
-        segments = self.model.encode_images(self.device_work.host_tensor(pixels))[: len(requests)]
+        segments: list[ImageSegment] = []
+        for first in range(0, len(pixels), settings.max_batch_size):
+            chunk = np.stack(pixels[first: first + settings.max_batch_size])  # (n, S, S, 3) uint8
+            padded = settings.padded_size(len(chunk))
+            if padded > len(chunk):
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], padded - len(chunk), axis=0)])  # (padded, S, S, 3)
+            segments += self.model.encode_images(self.device_work.host_tensor(chunk))[: min(len(chunk), len(pixels) - first)]
         self._stage_done("vision", started, stage_ns)
-        self.num_images_encoded += len(requests)
+        self.num_images_encoded += len(pixels)
         return segments
 
     def _encode_texts(self, requests: Sequence[InferenceRequest], padded: int,
@@ -109,15 +119,15 @@ class BatchRunner:
         """Compute what each request still needs (segments it lacks, then fusion); raises on failure."""
         settings = self.lane_settings[lane]
         stage_ns: dict[str, int] = {}
-        images = [r.image_segment for r in requests]
+        images = [list(r.image_segments) for r in requests]
         texts = [r.text_segment for r in requests]
-        vision_rows = [i for i, r in enumerate(requests) if r.needs_vision]
+        to_encode = [(row, index) for row, r in enumerate(requests) for index in r.image_rows_to_encode]
+        if to_encode:
+            computed = self._encode_images([requests[row].images[index] for row, index in to_encode],
+                                           settings, stage_ns)
+            for (row, index), segment in zip(to_encode, computed):
+                images[row][index] = segment
         text_rows = [i for i, r in enumerate(requests) if r.needs_text]
-        if vision_rows:
-            computed = self._encode_images([requests[i] for i in vision_rows],
-                                           settings.padded_size(len(vision_rows)), stage_ns)
-            for row, segment in zip(vision_rows, computed):
-                images[row] = segment
         if text_rows:
             computed = self._encode_texts([requests[i] for i in text_rows],
                                           settings.padded_size(len(text_rows)), stage_ns)
@@ -127,15 +137,15 @@ class BatchRunner:
         fused: dict[int, FusedOutput] = {}
         if fusion_rows:
             started = time.perf_counter_ns()
-            outputs = self.model.fuse([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
+            outputs = self.model.fuse_multi([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
             fused = dict(zip(fusion_rows, outputs))
             self._stage_done("fusion", started, stage_ns)
         results = []
         for i, request in enumerate(requests):
-            image, text, fusion = images[i], texts[i], fused.get(i)
+            text, fusion = texts[i], fused.get(i)
             results.append(InferenceResult(
                 route=request.route,
-                image_embedding=_to_host(image.pooled) if image is not None else None,
+                image_embeddings=tuple(_to_host(image.pooled) for image in images[i]),
                 text_embedding=_to_host(text.pooled) if text is not None else None,
                 fused_embedding=_to_host(fusion.fused) if fusion is not None else None,
                 score=float(fusion.score) if fusion is not None and fusion.score is not None else None,
@@ -145,7 +155,7 @@ class BatchRunner:
                 stage_ns={stage: ns for stage, ns in stage_ns.items()
                           if (stage != "vision" or request.needs_vision) and (stage != "text" or request.needs_text)
                           and (stage != "fusion" or fusion is not None)},
-                image_segment=image,
+                image_segments=tuple(images[i]),
                 text_segment=text,
             ))
         return results
@@ -169,7 +179,8 @@ class BatchRunner:
         """Run every shape the lanes will meet once; returns the number of shapes run.
 
         Vision runs once per batch size, text once per (batch size, length
-        bucket), fusion once per batch size; a shape two lanes share runs once.
+        bucket), fusion once per (batch size, images per request); a shape two
+        lanes share runs once.
         """
         input_size = self.bundle.config.preprocess.input_size
         image = torch.zeros((input_size, input_size, 3), dtype=torch.uint8)
@@ -186,16 +197,17 @@ class BatchRunner:
                             ids = [(self.pad_token_id,) * bucket] * size
                             texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
                             done.add(("text", size, bucket))
-                # Fusion runs on the text lane too (a fusion request whose image is cached).
-                if route != Route.VISION and ("fusion", size) not in done:
-                    if images is None:  # the shape fusion meets is the segments', not the encoder's batch
-                        images = self.model.encode_images(image[None]) * size
-                    if texts is None:
-                        ids = [(self.pad_token_id,) * self.text_buckets[0]] * size
-                        texts = self.model.encode_texts(ids, pad_to=self.text_buckets[0],
-                                                        pad_token_id=self.pad_token_id)
-                    self.model.fuse(images, texts)
-                    done.add(("fusion", size))
+                # Fusion runs on the text lane too (a fusion request whose images are cached).
+                if route == Route.VISION:
+                    continue
+                if texts is None:
+                    ids = [(self.pad_token_id,) * self.text_buckets[0]] * size
+                    texts = self.model.encode_texts(ids, pad_to=self.text_buckets[0], pad_token_id=self.pad_token_id)
+                one_image = self.model.encode_images(image[None])  # the shape fusion meets is the segments'
+                for num_images in range(1, self.max_images_per_request + 1):
+                    if ("fusion", size, num_images) not in done:
+                        self.model.fuse_multi([one_image * num_images] * size, texts)
+                        done.add(("fusion", size, num_images))
         return len(done)
 
     def measure_service_times(self, observe: Callable[[Route, int, int], None]) -> None:
@@ -213,7 +225,7 @@ class BatchRunner:
             request = InferenceRequest(
                 request_id="measure",
                 token_ids=None if lane == Route.VISION else token_ids,
-                image=None if lane == Route.TEXT else image,
+                images=() if lane == Route.TEXT else (image,),
                 deadline_ns=2**62,
             )
             sizes = settings.warm_batch_sizes

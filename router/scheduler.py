@@ -60,7 +60,8 @@ class Scheduler:
             wait_ns = (
                 max(0, self._running_until_ns - now_ns)
                 + work_ahead_ns(self.lanes, pending.urgency_ns, self.estimator.estimate_ns)
-                + self.estimator.estimate_ns(lane.route, 1)
+                + self.estimator.estimate_ns(lane.route, lane.settings.padded_size(
+                    min(pending.num_work_items, lane.settings.max_batch_size)))
             )
             if now_ns + wait_ns > pending.request.deadline_ns:
                 return Refusal("deadline", self._drain_s())

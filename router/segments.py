@@ -1,13 +1,16 @@
 """Which segments of a request are already known: the router's side of the cache.
 
-A request is made of at most two segments, each cached on its own:
+A request is made of one segment per image and at most one text segment,
+each cached on its own:
 
-    image segment  (pooled, K, V)   key: fingerprint + preprocessing + uploaded bytes
+    image segments (pooled, K, V)   key: fingerprint + preprocessing + uploaded bytes   (one per image)
     text segment   (pooled, Q)      key: fingerprint + token ids
 
-``SegmentCatalog.plan`` derives both keys and asks the cache once, before the
-image is decoded, so a hit skips decoding as well as the encoder. Each slot of
-the resulting ``SegmentPlan`` is one of:
+An image two requests share (a catalogue picture asked about again and
+again) is therefore encoded once, whichever other images come with it.
+``SegmentCatalog.plan`` derives every key and asks the cache once per
+segment, before any image is decoded, so a hit skips decoding as well as the
+encoder. Each slot of the resulting ``SegmentPlan`` is one of:
 
     hit        the value is known now
     coalesced  another request is computing it; await its future
@@ -89,30 +92,54 @@ class ImageContent:
 
 @dataclass(frozen=True)
 class SegmentPlan:
-    """The two slots of a request and the duty to resolve their claims.
+    """The slots of a request (one per image, in order, and the text's) and the duty to resolve their claims.
 
     Immutable: ``resolved`` answers a new plan rather than filling this one in,
     so whoever holds a plan sees what was known when it was made.
     """
 
-    image: SegmentSlot | None
+    images: tuple[SegmentSlot, ...]
     text: SegmentSlot | None
     lookup: Callable[[SegmentKey, bool], SegmentSlot] = dataclasses.field(repr=False)
     use_cache: bool = True
 
     @property
+    def image(self) -> SegmentSlot | None:
+        """The one image's slot of a single-image request; None without images."""
+        if len(self.images) > 1:
+            raise ValueError(f"this plan has {len(self.images)} image slots; use .images")
+        return self.images[0] if self.images else None
+
+    def _slots(self) -> tuple[SegmentSlot, ...]:
+        return self.images if self.text is None else (*self.images, self.text)
+
+    @property
+    def image_indices_to_compute(self) -> tuple[int, ...]:
+        """Which images this request encodes itself (and so must decode)."""
+        return tuple(index for index, slot in enumerate(self.images) if slot.needs_compute)
+
+    @property
     def needs_image_pixels(self) -> bool:
-        return self.image is not None and self.image.needs_compute
+        return any(slot.needs_compute for slot in self.images)
 
     @property
     def is_settled(self) -> bool:
         """Every claim this plan holds is resolved (published, failed or abandoned)."""
-        return all(slot.is_settled for slot in (self.image, self.text) if slot is not None)
+        return all(slot.is_settled for slot in self._slots())
 
-    def statuses(self) -> dict[str, str]:
-        """What the response's ``cache`` field says, per segment."""
-        return {name: slot.status.value for name, slot in (("image", self.image), ("text", self.text))
-                if slot is not None}
+    def image_statuses(self) -> tuple[str, ...]:
+        return tuple(slot.status.value for slot in self.images)
+
+    def statuses(self) -> dict[str, str | list[str]]:
+        """What the response's ``cache`` field says, per segment: ``image`` for one image, ``images`` for more."""
+        statuses: dict[str, str | list[str]] = {}
+        if len(self.images) == 1:
+            statuses["image"] = self.images[0].status.value
+        elif self.images:
+            statuses["images"] = list(self.image_statuses())
+        if self.text is not None:
+            statuses["text"] = self.text.status.value
+        return statuses
 
     async def _resolved_slot(self, slot: SegmentSlot | None) -> SegmentSlot | None:
         while slot is not None and slot.status == SlotStatus.COALESCED and slot.value is None:
@@ -129,36 +156,44 @@ class SegmentPlan:
         """This plan with the segments other requests computed in hand.
 
         A slot whose owner abandoned it is looked up again, so the new plan may
-        hold a claim this one did not (and then need the image's pixels). If
-        this is cancelled in between, a claim it took is abandoned before the
-        cancellation goes on: nobody else holds it yet.
+        hold a claim this one did not (and then need that image's pixels). If
+        this is cancelled in between, the claims it took are abandoned before
+        the cancellation goes on: nobody else holds them yet.
         """
-        image = await self._resolved_slot(self.image)
+        old = self._slots()
+        new: list[SegmentSlot] = []
         try:
-            text = await self._resolved_slot(self.text)
+            for slot in old:
+                new.append(await self._resolved_slot(slot))
         except BaseException:
-            if image is not None and image is not self.image and image.claim is not None:
-                image.claim.abandon()
+            for before, after in zip(old, new):
+                if after is not before and after.claim is not None:
+                    after.claim.abandon()
             raise
-        return dataclasses.replace(self, image=image, text=text)
+        num_images = len(self.images)
+        return dataclasses.replace(self, images=tuple(new[:num_images]),
+                                   text=new[num_images] if self.text is not None else None)
 
     @property
-    def image_value(self) -> ImageSegment | None:
-        return None if self.image is None else self.image.value
+    def image_values(self) -> tuple[ImageSegment | None, ...]:
+        return tuple(slot.value for slot in self.images)
 
     @property
     def text_value(self) -> TextSegment | None:
         return None if self.text is None else self.text.value
 
-    def publish(self, image: ImageSegment | None, text: TextSegment | None,
+    def publish(self, images: Sequence[ImageSegment | None], text: TextSegment | None,
                 wait_for_device: Callable[[], None] = lambda: None) -> None:
         """Hand computed segments to the cache (as compact copies) and to every waiter.
 
-        ``wait_for_device`` runs after the copies are queued and before anyone
-        can see them: on a GPU another executor's stream may read them next.
+        ``images`` follows the plan's image slots. ``wait_for_device`` runs
+        after the copies are queued and before anyone can see them: on a GPU
+        another executor's stream may read them next.
         """
+        if len(images) != len(self.images):
+            raise ValueError(f"{len(images)} image segments for a plan of {len(self.images)} images")
         ready = []
-        for slot, value in ((self.image, image), (self.text, text)):
+        for slot, value in (*zip(self.images, images), (self.text, text)):
             if slot is not None and slot.claim is not None and value is not None:
                 ready.append((slot, value.compact() if slot.status == SlotStatus.MISS else value))
         if ready:
@@ -171,8 +206,8 @@ class SegmentPlan:
 
     def fail(self, error: BaseException) -> None:
         """Raise ``error`` in every waiter of this plan's open claims; nothing is cached."""
-        for slot in (self.image, self.text):
-            if slot is not None and slot.claim is not None:
+        for slot in self._slots():
+            if slot.claim is not None:
                 try:
                     slot.claim.fail(error)
                 except ClaimAlreadyResolvedError:
@@ -180,8 +215,8 @@ class SegmentPlan:
 
     def abandon(self) -> None:
         """Give up every claim still open (waiters look again); a no-op for resolved ones."""
-        for slot in (self.image, self.text):
-            if slot is not None and slot.claim is not None:
+        for slot in self._slots():
+            if slot.claim is not None:
                 slot.claim.abandon()
 
 
@@ -211,16 +246,32 @@ class SegmentCatalog:
             return SegmentSlot(key, SlotStatus.COALESCED, future=found.future)
         return SegmentSlot(key, SlotStatus.MISS, claim=found.claim)
 
-    def plan(self, image: ImageContent | None, token_ids: Sequence[int] | None, use_cache: bool) -> SegmentPlan:
-        """Look both segments up (thread-safe; the server calls it from its decode pool)."""
-        image_slot = None if image is None else self.lookup(self.image_key(image), use_cache)
+    def plan(self, images: Sequence[ImageContent], token_ids: Sequence[int] | None, use_cache: bool) -> SegmentPlan:
+        """Look every segment up (thread-safe; the intake calls it from the decode pool).
+
+        The same image twice in one request is looked up once: its second
+        slot would otherwise wait on the first's claim, which only this
+        request can resolve. The repeat holds no claim (the first slot
+        publishes); if it needs computing it is computed again, a rare waste
+        that keeps every slot independent.
+        """
+        slots: list[SegmentSlot] = []
+        by_key: dict[SegmentKey, SegmentSlot] = {}
         try:
+            for content in images:
+                key = self.image_key(content)
+                if key not in by_key:
+                    by_key[key] = self.lookup(key, use_cache)
+                    slots.append(by_key[key])
+                else:
+                    slots.append(dataclasses.replace(by_key[key], claim=None))
             text_slot = None if token_ids is None else self.lookup(self.text_key(token_ids), use_cache)
         except BaseException:
-            if image_slot is not None and image_slot.claim is not None:
-                image_slot.claim.abandon()  # no plan holds it yet
+            for slot in slots:
+                if slot.claim is not None:
+                    slot.claim.abandon()  # no plan holds it yet
             raise
-        return SegmentPlan(image_slot, text_slot, self.lookup, use_cache)
+        return SegmentPlan(tuple(slots), text_slot, self.lookup, use_cache)
 
 
 __all__ = ["ImageContent", "Modality", "SegmentCatalog", "SegmentPlan", "SegmentSlot", "SlotStatus"]

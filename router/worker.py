@@ -25,6 +25,7 @@ from collections.abc import Callable
 from router.errors import DeadlineExceededError
 from router.executors import ExecutorPlan, lower_current_thread_priority
 from router.lanes import Lane, Pending
+from router.policy import num_work_items
 from router.runner import BatchRunner, Outcome
 from router.scheduler import Scheduler
 
@@ -126,7 +127,9 @@ class ComputeWorker:
         if not runnable:
             return
         estimator = self.scheduler.estimator
-        padded = lane.settings.padded_size(len(runnable))
+        # Image work counts per image: a batch of 2 requests with 3 new images each runs as 6.
+        num_items = min(num_work_items(runnable), lane.settings.max_batch_size)
+        padded = lane.settings.padded_size(num_items)
         self.scheduler.mark_running(estimator.estimate_ns(lane.route, padded))
         started_ns = self._clock_ns()
         self.num_computed_items += len(runnable)

@@ -27,6 +27,7 @@ from monitoring.serving_metrics import ServingMetrics
 from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector
 from router.intake import RequestIntake
+from router.joint_budget import JointTokenBudget
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
@@ -69,6 +70,15 @@ def lane_settings(settings: Settings, device_type: str) -> dict[Route, LaneSetti
     return lanes
 
 
+def joint_token_budget(settings: Settings, bundle: ModelBundle) -> JointTokenBudget:
+    """The images-per-request and joint-token limits: the settings, with the model's defaults where unset."""
+    try:
+        return JointTokenBudget.for_model(bundle, max_images_per_request=settings.max_images_per_request,
+                                          max_joint_tokens=settings.max_joint_tokens)
+    except ValueError as e:
+        raise ValueError(f"MMSERVE_MAX_JOINT_TOKENS: {e}") from e
+
+
 def _openapi(app: FastAPI) -> dict:
     """FastAPI's schema plus ``InferRequest``, which the handler parses itself (JSON or multipart)."""
     if app.openapi_schema is None:
@@ -106,7 +116,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
         router = Router(model, lane_settings(settings, model.model.device.type), metrics, executors=executors,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
-                        cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9))
+                        cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9),
+                        budget=joint_token_budget(settings, model))
         # Decoding is image work too: it yields the cores to text requests like the image executor does.
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,

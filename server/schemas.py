@@ -28,11 +28,15 @@ class RawImage(BaseModel):
 
 
 class InferRequest(BaseModel):
-    """Body of ``POST /v1/infer`` (JSON); at least one of ``text`` and ``image``."""
+    """Body of ``POST /v1/infer`` (JSON); at least one of ``text``, ``image`` and ``images``."""
 
     model_config = ConfigDict(extra="forbid")
-    text: str | None = Field(None, description="Text to embed (and to fuse with the image).")
+    text: str | None = Field(None, description="Text to embed (and to fuse with the images).")
     image: EncodedImage | RawImage | None = Field(None, description="An encoded image or raw pixels.")
+    images: list[EncodedImage | RawImage] | None = Field(
+        None, min_length=1,
+        description="Several images (at most MMSERVE_MAX_IMAGES_PER_REQUEST), each encoded or raw; the text "
+                    "attends over all of them. The answer has one image_embeddings entry per image, in order.")
     priority: Literal["high", "normal", "low"] = "normal"
     timeout_ms: int | None = Field(None, ge=1, le=3_600_000, description="Deadline from arrival.")
     truncate: bool = Field(False, description="Cut a too-long text to the model's limit instead of 422.")
@@ -57,17 +61,29 @@ class TextInfo(BaseModel):
     num_tokens_before_truncation: int
 
 
+class JointTokensInfo(BaseModel):
+    num_images: int
+    tokens_per_image: int
+    num_text_tokens: int = Field(description="After any cut to fit the budget.")
+    total: int = Field(description="num_images x tokens_per_image + num_text_tokens.")
+    limit: int = Field(description="MMSERVE_MAX_JOINT_TOKENS (or the model's default).")
+
+
 class InferResponse(BaseModel):
     """Answer of ``POST /v1/infer``: the outputs of the request's route."""
 
     id: str
     route: Literal["text", "vision", "fusion"]
     model: ModelInfo
-    image_embedding: list[float] | None = None
+    image_embedding: list[float] | None = Field(None, description="The one image's (a request with one image).")
+    image_embeddings: list[list[float]] | None = Field(
+        None, description="One per image, in order (a request that sent `images`).")
     text_embedding: list[float] | None = None
     fused_embedding: list[float] | None = None
     score: float | None = Field(None, description="The model's own calibrated score (see model.score).")
     match_score: float | None = Field(None, description="The trained fusion head's match probability.")
     text: TextInfo | None = None
-    cache: dict[str, str] = Field(default_factory=dict)
+    joint_tokens: JointTokensInfo | None = None
+    cache: dict[str, str | list[str]] = Field(
+        default_factory=dict, description="Per segment: hit, miss, coalesced or bypass; `images` lists one per image.")
     timings_ms: dict[str, float]

@@ -51,6 +51,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="Largest request body accepted.")
     max_image_pixels: int = Field(36_000_000, ge=1, description="Largest image (width x height), from its header.")
     max_text_chars: int = Field(100_000, ge=1, description="Longest text accepted before tokenizing.")
+    max_images_per_request: int = Field(4, ge=1, le=64, description="Most images one request may carry.")
+    max_joint_tokens: int | None = Field(
+        None, ge=1, description="Longest joint sequence (images x tokens per image + text tokens) a request may "
+                                "fuse; default: max_images_per_request images beside the model's longest text.")
     decode_threads: int = Field(4, ge=1, description="Threads decoding images and tokenizing text.")
     max_decode_queue: int = Field(
         1024, ge=1, description="Items (requests or protocol rows) waiting for a decode thread before 503.")

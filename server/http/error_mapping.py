@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from models.errors import TextTooLongError
+import dataclasses
+
 from router.errors import (
     ComputeUnavailableError,
     DeadlineExceededError,
+    ImageItemError,
     ItemFailedError,
+    JointTokensExceededError,
     QueueFullError,
     ShuttingDownError,
+    TooManyImagesError,
 )
 from server.errors import ApiError
 
@@ -19,6 +24,12 @@ def api_error_from(error: Exception) -> ApiError | None:
         return error
     if isinstance(error, TextTooLongError):
         return ApiError(422, "text_too_long", str(error), "text")
+    if isinstance(error, TooManyImagesError):
+        return ApiError(422, "too_many_images", str(error), "images")
+    if isinstance(error, JointTokensExceededError):
+        return ApiError(422, "joint_tokens_exceeded", str(error), "text")
+    if isinstance(error, ImageItemError):
+        return _for_image(error)
     if isinstance(error, QueueFullError):
         return ApiError(503, "overloaded", str(error), retry_after_s=error.retry_after_s)
     if isinstance(error, DeadlineExceededError):
@@ -30,3 +41,14 @@ def api_error_from(error: Exception) -> ApiError | None:
     if isinstance(error, ItemFailedError):
         return ApiError(500, "inference_failed", str(error))
     return None
+
+
+def _for_image(error: ImageItemError) -> ApiError | None:
+    """The bad image's own answer, its field and message pointing at ``images[i]``."""
+    inner = api_error_from(error.error)
+    if inner is None:
+        return None
+    field = f"images[{error.image_index}]"
+    if inner.field is not None and inner.field.startswith("image"):
+        field += inner.field[len("image"):]  # "image.b64" -> "images[2].b64"
+    return dataclasses.replace(inner, field=field, message=f"images[{error.image_index}]: {inner.message}")

@@ -12,7 +12,7 @@ intake (``router.intake``); this module only gets the body into shape.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -35,22 +35,33 @@ _MULTIPART_OPTIONS = ("priority", "timeout_ms", "truncate", "use_cache")
 
 @dataclass(frozen=True)
 class ParsedInput:
-    """What the client sent, checked for shape but not yet decoded."""
+    """What the client sent, checked for shape but not yet decoded.
+
+    ``images`` in the client's order; ``images_as_list`` when they came as
+    the ``images`` list (or several multipart parts): the answer then gives
+    ``image_embeddings`` and errors name ``images[i]``.
+    """
 
     text: str | None
-    encoded_image: bytes | None
-    raw_pixels: tuple[list[int], bytes] | None
+    images: tuple[ImageContent, ...]
     priority: str
     timeout_ms: int | None
     truncate: bool
     use_cache: bool = True
+    images_as_list: bool = False
 
     @property
     def route(self) -> str:
-        has_image = self.encoded_image is not None or self.raw_pixels is not None
-        if has_image and self.text is not None:
+        if self.images and self.text is not None:
             return "fusion"
-        return "vision" if has_image else "text"
+        return "vision" if self.images else "text"
+
+
+def image_content(encoded: bytes | None, raw_pixels: tuple[list[int], bytes] | None) -> tuple[ImageContent, ...]:
+    """Zero or one image from a protocol that carries at most one per item: encoded bytes or ([H, W, 3], bytes)."""
+    if raw_pixels is not None:
+        return (ImageContent(pixels=raw_pixels[1], shape=tuple(raw_pixels[0])),)
+    return () if encoded is None else (ImageContent(encoded=encoded),)
 
 
 def _first_error_field(error: ValidationError) -> tuple[str, str]:
@@ -76,23 +87,36 @@ def _check_text(text: str | None, settings: Settings) -> str | None:
     return text
 
 
-def parsed_input(text: str | None, encoded_image: bytes | None, raw_pixels: tuple[list[int], bytes] | None,
-                 settings: Settings, *, priority: str = "normal", timeout_ms: int | None = None,
-                 truncate: bool = False, use_cache: bool = True) -> ParsedInput:
-    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty, raw pixels)."""
-    parsed = ParsedInput(_check_text(text, settings), encoded_image, raw_pixels, priority, timeout_ms,
-                         truncate, use_cache)
-    if parsed.text is None and encoded_image is None and raw_pixels is None:
+def parsed_input(text: str | None, images: Sequence[ImageContent], settings: Settings, *, priority: str = "normal",
+                 timeout_ms: int | None = None, truncate: bool = False, use_cache: bool = True,
+                 images_as_list: bool = False) -> ParsedInput:
+    """One item from any protocol, with the checks ``/v1/infer`` applies (text limits, not empty, image count,
+    raw pixels)."""
+    parsed = ParsedInput(_check_text(text, settings), tuple(images), priority, timeout_ms, truncate, use_cache,
+                         images_as_list)
+    if parsed.text is None and not parsed.images:
         raise ApiError(422, "empty_request", "send a text, an image or both", "body")
-    if raw_pixels is not None:
-        check_pixels_length(raw_pixels[0], len(raw_pixels[1]), settings.max_image_pixels)
+    if len(parsed.images) > settings.max_images_per_request:
+        raise ApiError(422, "too_many_images",
+                       f"the request has {len(parsed.images)} images; the limit is {settings.max_images_per_request} "
+                       "(MMSERVE_MAX_IMAGES_PER_REQUEST)", "images")
+    for index, image in enumerate(parsed.images):
+        if image.pixels is not None:
+            field = f"images[{index}].uint8" if images_as_list else "image.uint8"
+            check_pixels_length(list(image.shape), len(image.pixels), settings.max_image_pixels, field)
     return parsed
 
 
-def _from_options(text: str | None, encoded: bytes | None, raw: tuple[list[int], bytes] | None,
-                  options: InferRequest, settings: Settings) -> ParsedInput:
-    return parsed_input(text, encoded, raw, settings, priority=options.priority, timeout_ms=options.timeout_ms,
-                        truncate=options.truncate, use_cache=options.use_cache)
+def _from_options(text: str | None, images: Sequence[ImageContent], options: InferRequest, settings: Settings,
+                  images_as_list: bool) -> ParsedInput:
+    return parsed_input(text, images, settings, priority=options.priority, timeout_ms=options.timeout_ms,
+                        truncate=options.truncate, use_cache=options.use_cache, images_as_list=images_as_list)
+
+
+def _json_image(image: EncodedImage | RawImage, field: str) -> ImageContent:
+    if isinstance(image, EncodedImage):
+        return ImageContent(encoded=decode_base64(image.b64, f"{field}.b64"))
+    return ImageContent(pixels=decode_base64(image.uint8.b64, f"{field}.uint8.b64"), shape=tuple(image.uint8.shape))
 
 
 def parse_json(body: bytes, settings: Settings) -> ParsedInput:
@@ -105,18 +129,27 @@ def parse_json(body: bytes, settings: Settings) -> ParsedInput:
     except ValidationError as e:
         field, message = _first_error_field(e)
         raise ApiError(422, "invalid_request", message, field) from e
-    encoded = raw = None
-    if isinstance(request.image, EncodedImage):
-        encoded = decode_base64(request.image.b64, "image.b64")
-    elif isinstance(request.image, RawImage):
-        raw = (request.image.uint8.shape, decode_base64(request.image.uint8.b64, "image.uint8.b64"))
-    return _from_options(request.text, encoded, raw, request, settings)
+    if request.image is not None and request.images is not None:
+        raise ApiError(422, "invalid_request", "send either image or images, not both", "images")
+    if request.images is not None:
+        if len(request.images) > settings.max_images_per_request:  # before any base64 is decoded
+            raise ApiError(422, "too_many_images",
+                           f"images has {len(request.images)} entries; the limit is "
+                           f"{settings.max_images_per_request} (MMSERVE_MAX_IMAGES_PER_REQUEST)", "images")
+        images = tuple(_json_image(image, f"images[{index}]") for index, image in enumerate(request.images))
+        return _from_options(request.text, images, request, settings, images_as_list=True)
+    images = () if request.image is None else (_json_image(request.image, "image"),)
+    return _from_options(request.text, images, request, settings, images_as_list=False)
 
 
 async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
-    """``image`` file part and ``text`` field (plus the JSON body's scalar options)."""
+    """``image`` file part(s), in order, and a ``text`` field (plus the JSON body's scalar options).
+
+    One ``image`` part answers as ``image`` does in JSON; several answer as ``images``.
+    """
     try:
-        form: FormData = await request.form(max_files=1, max_fields=len(MULTIPART_FIELDS),
+        form: FormData = await request.form(max_files=settings.max_images_per_request + 1,  # one more: our 422
+                                            max_fields=len(MULTIPART_FIELDS),
                                             max_part_size=settings.max_body_bytes)
     except ApiError:
         raise
@@ -127,14 +160,16 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         if unknown:
             raise ApiError(422, "invalid_request", f"unknown form field(s): {sorted(unknown)}",
                            sorted(unknown)[0])
-        image_part = form.get("image")
-        encoded = None
-        if image_part is not None:
-            if not isinstance(image_part, UploadFile):
-                raise ApiError(422, "invalid_request", "image must be a file part", "image")
-            encoded = await image_part.read()
+        parts = form.getlist("image")
+        images = []
+        for index, part in enumerate(parts):
+            field = "image" if len(parts) == 1 else f"images[{index}]"
+            if not isinstance(part, UploadFile):
+                raise ApiError(422, "invalid_request", f"{field} must be a file part", field)
+            encoded = await part.read()
             if not encoded:
-                raise ApiError(400, "empty_image", "image file part is empty", "image")
+                raise ApiError(400, "empty_image", f"{field} file part is empty", field)
+            images.append(ImageContent(encoded=encoded))
         text = form.get("text")
         if text is not None and not isinstance(text, str):
             raise ApiError(422, "invalid_request", "text must be a plain form field", "text")
@@ -143,21 +178,16 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         except ValidationError as e:
             field, message = _first_error_field(e)
             raise ApiError(422, "invalid_request", message, field) from e
-        return _from_options(text, encoded, None, options, settings)
+        return _from_options(text, images, options, settings, images_as_list=len(images) > 1)
     finally:
         await form.close()
 
 
 def intake_item(parsed: ParsedInput, request_id: str) -> IntakeItem:
-    """What the router's intake takes: the same fields, the image as content to key and decode."""
-    image = None
-    if parsed.raw_pixels is not None:
-        shape, data = parsed.raw_pixels
-        image = ImageContent(pixels=data, shape=tuple(shape))
-    elif parsed.encoded_image is not None:
-        image = ImageContent(encoded=parsed.encoded_image)
-    return IntakeItem(request_id=request_id, text=parsed.text, image=image, priority=Priority(parsed.priority),
-                      timeout_ms=parsed.timeout_ms, truncate=parsed.truncate, use_cache=parsed.use_cache)
+    """What the router's intake takes: the same fields, the images as content to key and decode."""
+    return IntakeItem(request_id=request_id, text=parsed.text, images=parsed.images,
+                      priority=Priority(parsed.priority), timeout_ms=parsed.timeout_ms, truncate=parsed.truncate,
+                      use_cache=parsed.use_cache, images_as_list=parsed.images_as_list)
 
 
 def image_decoder(settings: Settings) -> Callable[[bytes], Image.Image]:

@@ -1,9 +1,13 @@
 """The served model as the Open Inference Protocol v2 sees it.
 
     inputs   text             BYTES [N] or [N, 1]    UTF-8 texts
-             image            BYTES [N] or [N, 1]    encoded image files (in the JSON form: base64 strings)
+             image            BYTES [N] or [N, K]    encoded image files (in the JSON form: base64 strings);
+                                                     [N, K]: up to K images per row, a row with fewer
+                                                     padded at its end with empty elements
              image_uint8      UINT8 [N, H, W, 3]     raw RGB pixels, row-major
-    outputs  image_embedding  FP32  [N, E_v]         needs an image input
+    outputs  image_embedding  FP32  [N, E_v]         needs a one-image input ([N] or [N, 1])
+             image_embeddings FP32  [N, K, E_v]      needs an [N, K] image input; zeros where a row's
+                                                     image is padding
              text_embedding   FP32  [N, E_t]         needs a text input
              fused_embedding  FP32  [N, E_t]         needs both
              score            FP32  [N]              needs both; only models with a calibrated score
@@ -11,7 +15,7 @@
              match_score      FP32  [N]              needs both; only with a trained fusion head
 
 Row ``i`` of every input is one item: text and image rows with the same index
-are fused. Without an ``outputs`` list every output the inputs allow is sent.
+are fused, the text attending over all of the row's images. Without an ``outputs`` list every output the inputs allow is sent.
 One version, ``"1"``: a server serves one model, and a new model is a new
 fingerprint rather than a new version.
 
@@ -33,9 +37,10 @@ import numpy as np
 
 from models.repository import ModelBundle
 from router.request import InferenceResult
+from router.segments import ImageContent
 from server.ingest.decoding import decode_base64
 from server.errors import ApiError
-from server.ingest.inputs import ParsedInput, parsed_input
+from server.ingest.inputs import ParsedInput, image_content, parsed_input
 from server.protocols.errors import RowFailedError
 from server.protocols.kserve_v2_codec import BYTES, RequestedOutput, Tensor, V2InferRequest
 from server.settings import Settings
@@ -45,6 +50,7 @@ PLATFORM = "mmserve"
 TEXT, IMAGE, IMAGE_UINT8 = "text", "image", "image_uint8"
 IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE, MATCH_SCORE = (
     "image_embedding", "text_embedding", "fused_embedding", "score", "match_score")
+IMAGE_EMBEDDINGS = "image_embeddings"
 _PAIR_OUTPUTS = (FUSED_EMBEDDING, SCORE, MATCH_SCORE)
 _MAX_TIMEOUT_US = 3_600_000_000
 _PRIORITY_NAMES = ("high", "normal", "low")
@@ -64,7 +70,7 @@ class TensorSpec:
 
 INPUT_SPECS: tuple[TensorSpec, ...] = (
     TensorSpec(TEXT, BYTES, (-1,)),
-    TensorSpec(IMAGE, BYTES, (-1,)),
+    TensorSpec(IMAGE, BYTES, (-1, -1)),
     TensorSpec(IMAGE_UINT8, "UINT8", (-1, -1, -1, 3)),
 )
 
@@ -76,6 +82,7 @@ def output_specs(bundle: ModelBundle) -> tuple[TensorSpec, ...]:
     described = bundle.describe()
     specs = [
         TensorSpec(IMAGE_EMBEDDING, "FP32", (-1, image_dim)),
+        TensorSpec(IMAGE_EMBEDDINGS, "FP32", (-1, -1, image_dim)),
         TensorSpec(TEXT_EMBEDDING, "FP32", (-1, text_dim)),
         TensorSpec(FUSED_EMBEDDING, "FP32", (-1, text_dim)),
     ]
@@ -152,11 +159,14 @@ def _check_inputs(by_name: Mapping[str, Tensor]) -> int:
                        name)
     if IMAGE in by_name and IMAGE_UINT8 in by_name:
         raise _bad("invalid_request", "send image or image_uint8, not both", IMAGE_UINT8)
-    for name in (TEXT, IMAGE):
-        shape = by_name[name].shape if name in by_name else (0,)
-        if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
-            raise _bad("invalid_tensor_shape", f"input {name} must have shape [N] or [N, 1], got {list(shape)}",
-                       name)
+    text_shape = by_name[TEXT].shape if TEXT in by_name else (0,)
+    if not (len(text_shape) == 1 or (len(text_shape) == 2 and text_shape[1] == 1)):
+        raise _bad("invalid_tensor_shape", f"input {TEXT} must have shape [N] or [N, 1], got {list(text_shape)}",
+                   TEXT)
+    image_shape = by_name[IMAGE].shape if IMAGE in by_name else (0,)
+    if not (len(image_shape) == 1 or (len(image_shape) == 2 and image_shape[1] >= 1)):
+        raise _bad("invalid_tensor_shape", f"input {IMAGE} must have shape [N] or [N, K], got {list(image_shape)}",
+                   IMAGE)
     if IMAGE_UINT8 in by_name:
         shape = by_name[IMAGE_UINT8].shape
         if len(shape) != 4 or shape[3] != 3:
@@ -178,14 +188,30 @@ def _text(element: bytes, row_index: int) -> str:
         raise RowFailedError(row_index, _bad("invalid_text_encoding", f"text is not UTF-8: {e}", TEXT)) from e
 
 
-def _encoded_image(tensor: Tensor, row_index: int) -> bytes:
-    element: bytes = tensor.data.ravel()[row_index]
-    if tensor.is_binary:
-        return element
-    try:
-        return decode_base64(element.decode("latin-1"), IMAGE)
-    except ApiError as e:
-        raise RowFailedError(row_index, e) from e
+def images_per_row(tensor: Tensor) -> int:
+    """K of an [N, K] image input; 1 for [N]."""
+    return tensor.shape[1] if len(tensor.shape) == 2 else 1
+
+
+def _encoded_images(tensor: Tensor, row_index: int) -> list[bytes]:
+    """Row ``row_index``'s images in order: its elements up to the first empty one (the padding)."""
+    elements = tensor.data.reshape(tensor.shape[0], images_per_row(tensor))[row_index]  # (K,)
+    images: list[bytes] = []
+    for index, element in enumerate(elements):
+        if not element:
+            if any(elements[index:]):
+                raise RowFailedError(row_index, _bad(
+                    "invalid_tensor_shape", f"{IMAGE} row {row_index}: an empty element (padding) before image "
+                    f"{index + 1}; pad only at the end of a row", IMAGE))
+            break
+        if tensor.is_binary:
+            images.append(element)
+            continue
+        try:
+            images.append(decode_base64(element.decode("latin-1"), IMAGE))
+        except ApiError as e:
+            raise RowFailedError(row_index, e) from e
+    return images
 
 
 def rows_from_request(request: V2InferRequest, settings: Settings) -> list[ParsedInput]:
@@ -198,11 +224,15 @@ def rows_from_request(request: V2InferRequest, settings: Settings) -> list[Parse
     rows = []
     for row_index in range(num_rows):
         text = _text(texts[row_index], row_index) if texts is not None else None
-        encoded = _encoded_image(by_name[IMAGE], row_index) if IMAGE in by_name else None
         raw = (list(pixels.shape[1:]), pixels[row_index].tobytes()) if pixels is not None else None
+        images = image_content(None, raw)
+        as_list = IMAGE in by_name and len(by_name[IMAGE].shape) == 2 and by_name[IMAGE].shape[1] > 1
+        if IMAGE in by_name:
+            images = tuple(ImageContent(encoded=data) for data in _encoded_images(by_name[IMAGE], row_index))
         try:
-            rows.append(parsed_input(text, encoded, raw, settings, priority=options.priority,
-                                     timeout_ms=options.timeout_ms, truncate=options.truncate))
+            rows.append(parsed_input(text, images, settings, priority=options.priority,
+                                     timeout_ms=options.timeout_ms, truncate=options.truncate,
+                                     images_as_list=as_list))
         except ApiError as e:
             raise RowFailedError(row_index, e) from e
     return rows
@@ -211,9 +241,11 @@ def rows_from_request(request: V2InferRequest, settings: Settings) -> list[Parse
 # -- results -> outputs ----------------------------------------------------------------
 
 
-def applicable_outputs(has_text: bool, has_image: bool, served: Sequence[str]) -> tuple[str, ...]:
-    """Of the ``served`` outputs (``output_specs``), those these inputs give."""
-    names = [IMAGE_EMBEDDING] if has_image else []
+def applicable_outputs(has_text: bool, has_image: bool, served: Sequence[str], *,
+                       has_image_list: bool = False) -> tuple[str, ...]:
+    """Of the ``served`` outputs (``output_specs``), those these inputs give (``image_embeddings`` for an
+    [N, K] image input with K > 1, else ``image_embedding``)."""
+    names = [IMAGE_EMBEDDINGS if has_image_list else IMAGE_EMBEDDING] if has_image else []
     if has_text:
         names.append(TEXT_EMBEDDING)
     if has_text and has_image:
@@ -225,7 +257,10 @@ def choose_outputs(request: V2InferRequest, bundle: ModelBundle) -> tuple[Reques
     """The outputs to send, checked before any compute: all applicable ones when none are named."""
     names = {tensor.name for tensor in request.inputs}
     known = tuple(spec.name for spec in output_specs(bundle))
-    available = applicable_outputs(TEXT in names, IMAGE in names or IMAGE_UINT8 in names, known)
+    has_image_list = any(tensor.name == IMAGE and len(tensor.shape) == 2 and tensor.shape[1] > 1
+                         for tensor in request.inputs)
+    available = applicable_outputs(TEXT in names, IMAGE in names or IMAGE_UINT8 in names, known,
+                                   has_image_list=has_image_list)
     if request.outputs is None:
         return tuple(RequestedOutput(name, request.is_binary_output_default) for name in available)
     for output in request.outputs:
@@ -239,12 +274,25 @@ def choose_outputs(request: V2InferRequest, bundle: ModelBundle) -> tuple[Reques
     return request.outputs
 
 
+def _padded_image_embeddings(results: Sequence[InferenceResult]) -> np.ndarray:
+    """(N, K, E_v): each row's image embeddings, zeros after its last image."""
+    num_images = max(len(result.image_embeddings) for result in results)
+    width = next(result.image_embeddings[0].shape[-1] for result in results if result.image_embeddings)
+    data = np.zeros((len(results), num_images, width), dtype=np.float32)  # (N, K, E_v)
+    for row, result in enumerate(results):
+        if result.image_embeddings:
+            data[row, : len(result.image_embeddings)] = np.stack(result.image_embeddings)  # (K_row, E_v)
+    return data
+
+
 def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[InferenceResult]) -> tuple[Tensor, ...]:
     """Stack the rows' results into one FP32 tensor per chosen output."""
     tensors = []
     for output in chosen:
         if output.name in (SCORE, MATCH_SCORE):
             data = np.array([getattr(result, output.name) for result in results], dtype=np.float32)  # (N,)
+        elif output.name == IMAGE_EMBEDDINGS:
+            data = _padded_image_embeddings(results)  # (N, K, E_v)
         else:
             # The embedding outputs are named after ``InferenceResult``'s fields.
             data = np.stack([getattr(result, output.name) for result in results]).astype(np.float32)  # (N, D)

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from models.repository import ModelBundle
 from server.ingest.decoding import decode_base64
 from server.errors import ApiError
-from server.ingest.inputs import ParsedInput, parsed_input
+from server.ingest.inputs import ParsedInput, image_content, parsed_input
 from server.protocols.errors import RowFailedError
 from server.protocols.rows import RowOutcome
 from server.settings import Settings
@@ -103,12 +103,12 @@ def item_from_string(value: str, settings: Settings) -> ParsedInput:
     is read as one, so a text such as "data: see table 2" stays a text.
     """
     if _DATA_URI_START.match(value):
-        return parsed_input(None, _image_from_data_uri(value), None, settings)
+        return parsed_input(None, image_content(_image_from_data_uri(value), None), settings)
     if _REMOTE_URL.fullmatch(value.strip()):
         raise ApiError(400, "remote_image_refused",
                        "this server does not fetch URLs; send the image inline as data:image/...;base64,<data>",
                        "input")
-    return parsed_input(value, None, None, settings)
+    return parsed_input(value, (), settings)
 
 
 def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[ParsedInput]:

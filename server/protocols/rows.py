@@ -80,6 +80,8 @@ async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id
         # decode or total sample (those stay what /v1/infer requests measured).
         state.monitor.record(outcome.result.route.value, outcome.result.stage_ns,
                              batch_size=outcome.result.batch_size, cache_hit=cache_hit_of(outcome.plan.statuses()))
+        if outcome.joint is not None:
+            state.metrics.joint_tokens.labels(route=outcome.result.route.value).observe(outcome.joint.total)
     return [RowOutcome(outcome, outcome.result) for outcome in outcomes]
 
 

@@ -84,15 +84,22 @@ def _ms(nanoseconds: int) -> float:
 
 
 def _response_body(request_id: str, state: ServerState, result: InferenceResult,
-                   prepared: IntakeOutcome) -> dict:
-    """Everything but ``timings_ms``, which is added once the body is built."""
+                   prepared: IntakeOutcome, images_as_list: bool) -> dict:
+    """Everything but ``timings_ms``, which is added once the body is built.
+
+    A request that sent ``images`` gets ``image_embeddings`` and a per-image
+    ``cache.images``; one that sent ``image`` gets ``image_embedding`` and
+    ``cache.image``, as before multi-image requests existed.
+    """
     body: dict = {
         "id": request_id,
         "route": result.route.value,
         "model": state.model_description,
     }
+    if images_as_list:
+        body["image_embeddings"] = list(result.image_embeddings)
     for key, value in (
-        ("image_embedding", result.image_embedding),
+        ("image_embedding", None if images_as_list else result.image_embedding),
         ("text_embedding", result.text_embedding),
         ("fused_embedding", result.fused_embedding),
         ("score", result.score),
@@ -106,6 +113,15 @@ def _response_body(request_id: str, state: ServerState, result: InferenceResult,
             "truncated": prepared.text.is_truncated,
             "num_tokens_before_truncation": prepared.text.num_tokens_before_truncation,
         }
+    joint = prepared.joint
+    if joint is not None and joint.num_images and prepared.text is not None:
+        body["joint_tokens"] = {"num_images": joint.num_images, "tokens_per_image": joint.tokens_per_image,
+                                "num_text_tokens": joint.num_text_tokens, "total": joint.total,
+                                "limit": joint.max_joint_tokens}
+    cache = prepared.plan.statuses()
+    if images_as_list and "image" in cache:
+        cache["images"] = [cache.pop("image")]
+    body["cache"] = cache
     return body
 
 
@@ -150,8 +166,9 @@ async def infer(request: Request) -> Response:
         stage_ns["decode"] = prepared.decode_ns
         stage_ns.update(result.stage_ns)
         respond_started_ns = time.perf_counter_ns()
-        body = _response_body(request_id, state, result, prepared)
-        body["cache"] = prepared.plan.statuses()
+        body = _response_body(request_id, state, result, prepared, parsed.images_as_list)
+        if prepared.joint is not None:
+            state.metrics.joint_tokens.labels(route=result.route.value).observe(prepared.joint.total)
         stage_ns["respond"] = time.perf_counter_ns() - respond_started_ns
         stage_ns["total"] = time.perf_counter_ns() - started_ns
         body["timings_ms"] = {stage: _ms(ns) for stage, ns in stage_ns.items()}

@@ -69,15 +69,16 @@ async def mark_ready_when_ready(monitor: Monitor, is_ready: Callable[[], bool],
     monitor.mark_ready()
 
 
-def cache_hit_of(statuses: Mapping[str, str]) -> bool | None:
+def cache_hit_of(statuses: Mapping[str, str | list[str]]) -> bool | None:
     """One request's cache outcome for attribution, from its per-segment ``cache`` statuses.
 
     ``True`` when every segment came from the cache (``hit``); ``False`` when
     at least one was computed for it or by another request it waited for
     (``miss``, ``coalesced``); ``None`` when the cache was not asked
-    (``bypass`` everywhere, or no segment).
+    (``bypass`` everywhere, or no segment). A list (``images``) counts each entry.
     """
-    used = [status for status in statuses.values() if status != "bypass"]
+    flat = [status for value in statuses.values() for status in ([value] if isinstance(value, str) else value)]
+    used = [status for status in flat if status != "bypass"]
     if not used:
         return None
     return all(status == "hit" for status in used)

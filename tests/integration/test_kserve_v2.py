@@ -51,11 +51,12 @@ def test_health_server_and_model_metadata(triton, tiny_server, tiny_bundle):
     assert metadata == triton.get_model_metadata("tiny", model_version="1")
     assert metadata["name"] == tiny_bundle.config.name and metadata["versions"] == ["1"]
     inputs = {spec["name"]: (spec["datatype"], spec["shape"]) for spec in metadata["inputs"]}
-    assert inputs == {"text": ("BYTES", [-1]), "image": ("BYTES", [-1]), "image_uint8": ("UINT8", [-1, -1, -1, 3])}
+    assert inputs == {"text": ("BYTES", [-1]), "image": ("BYTES", [-1, -1]), "image_uint8": ("UINT8", [-1, -1, -1, 3])}
     answer = native(tiny_server, {"text": "sizes", "image": {"b64": b64(encoded_image(0))}})
     outputs = {spec["name"]: (spec["datatype"], spec["shape"]) for spec in metadata["outputs"]}
     assert outputs == {
         "image_embedding": ("FP32", [-1, len(answer["image_embedding"])]),
+        "image_embeddings": ("FP32", [-1, -1, len(answer["image_embedding"])]),
         "text_embedding": ("FP32", [-1, len(answer["text_embedding"])]),
         "fused_embedding": ("FP32", [-1, len(answer["fused_embedding"])]),
     }  # no score: the preset has no calibrated score; no match_score: its head is untrained
@@ -71,6 +72,33 @@ def test_binary_image_and_text_rows_are_fused_and_equal_v1_infer(triton, tiny_se
         for name in ("image_embedding", "text_embedding", "fused_embedding"):
             np.testing.assert_allclose(result.as_numpy(name)[row], expected[name], rtol=0, atol=TOLERANCE)
         assert result.as_numpy("score") is None and "score" not in expected
+
+
+def test_rows_of_several_images_padded_with_empty_elements_equal_v1_infer_images(triton, tiny_server):
+    rows = [[encoded_image(31), encoded_image(32, (30, 50)), encoded_image(33)], [encoded_image(34), b"", b""]]
+    texts = [b"three photos of a kitchen", b"one photo"]
+    images = triton_http.InferInput("image", [2, 3], "BYTES")
+    images.set_data_from_numpy(np.array(rows, dtype=object), binary_data=True)
+    result = triton.infer("tiny", [bytes_input("text", texts), images])
+    assert result.as_numpy("image_embedding") is None
+    embeddings = result.as_numpy("image_embeddings")  # (2, 3, E_v)
+    assert embeddings.shape[:2] == (2, 3)
+    for row, (text, row_images) in enumerate(zip(texts, rows)):
+        present = [image for image in row_images if image]
+        expected = native(tiny_server, {"text": text.decode(), "images": [{"b64": b64(image)} for image in present]})
+        np.testing.assert_allclose(embeddings[row, : len(present)], expected["image_embeddings"], rtol=0,
+                                   atol=TOLERANCE)
+        assert not embeddings[row, len(present):].any()  # the padding's rows are zeros
+        np.testing.assert_allclose(result.as_numpy("fused_embedding")[row], expected["fused_embedding"], rtol=0,
+                                   atol=TOLERANCE)
+
+
+def test_padding_before_an_image_is_refused_naming_the_row(triton):
+    images = triton_http.InferInput("image", [1, 2], "BYTES")
+    images.set_data_from_numpy(np.array([[b"", encoded_image(35)]], dtype=object), binary_data=True)
+    with pytest.raises(InferenceServerException) as refused:
+        triton.infer("tiny", [images])
+    assert refused.value.message().startswith("invalid_tensor_shape: row 0"), refused.value.message()
 
 
 def test_json_texts_batch_with_json_outputs_equals_v1_infer(triton, tiny_server):

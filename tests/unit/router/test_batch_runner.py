@@ -32,7 +32,7 @@ class PoisonableModel:
 
 def _request(i: int, poisoned: bool = False) -> InferenceRequest:
     ids = (2, 50 + i, POISON if poisoned else 60, 3)
-    return InferenceRequest(request_id=f"r{i}", token_ids=ids, image=None, deadline_ns=10**18)
+    return InferenceRequest(request_id=f"r{i}", token_ids=ids, deadline_ns=10**18)
 
 
 @pytest.fixture

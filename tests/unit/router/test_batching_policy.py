@@ -23,11 +23,11 @@ def no_estimate(route: Route, size: int) -> int:
 
 
 def pending(enqueued_ms: float, *, deadline_ms: float = 10_000, priority=Priority.NORMAL, text: bool = True,
-            bucket: int = 0, name: str = "") -> Pending:
+            bucket: int = 0, name: str = "", num_images: int = 1) -> Pending:
     request = InferenceRequest(
         request_id=name or f"r{enqueued_ms}",
         token_ids=(2, 3) if text else None,
-        image=None if text else np.zeros((4, 4, 3), np.uint8),
+        images=() if text else (np.zeros((4, 4, 3), np.uint8),) * num_images,
         deadline_ns=int(deadline_ms * MS),
         priority=priority,
     )
@@ -228,3 +228,30 @@ def test_image_lanes_warming_different_shapes_do_not_share_batches():
     fusion.queue.append(pending(0, deadline_ms=20_000, name="f0"))
     decision = decide([vision, fusion], 10 * MS, no_estimate)
     assert decision.lane is vision and names(decision.batch) == ["v0"] and names(fusion.queue) == ["f0"]
+
+
+def test_a_request_with_k_images_counts_as_k_items_against_the_cap():
+    vision = lane(Route.VISION, max_batch_size=8)
+    vision.queue += [pending(0, text=False, num_images=3, name="a"), pending(1, text=False, num_images=3, name="b"),
+                     pending(2, text=False, num_images=3, name="c"), pending(3, text=False, num_images=2, name="d")]
+    decision = decide([vision], now_ns=0, estimate_ns=no_estimate)
+    # 3 + 3 = 6; c (3 more) would make 9, d (2 more) makes exactly 8: full, so it closes at once.
+    assert names(decision.batch) == ["a", "b", "d"]
+    assert names(vision.queue) == ["c"]
+
+
+def test_a_request_with_more_images_than_the_cap_runs_alone():
+    vision = lane(Route.VISION, max_batch_size=4)
+    vision.queue += [pending(0, text=False, num_images=6, name="big"), pending(1, text=False, name="small")]
+    assert names(select_batch(vision)) == ["big"]
+
+
+def test_the_wait_estimate_counts_images_not_requests():
+    vision = lane(Route.VISION, max_batch_size=4)
+    vision.queue += [pending(i, text=False, num_images=4) for i in range(2)]
+    per_batch_ns = 1_000
+
+    def estimate(route: Route, size: int) -> int:
+        return per_batch_ns * size // 4
+
+    assert work_ahead_ns([vision], urgency_limit_ns=10**18, estimate_ns=estimate) == 2 * per_batch_ns

@@ -91,7 +91,7 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 
 
 def _item(name: str, *, text: str | None = None, image: bytes | None = None, **options: object) -> IntakeItem:
-    return IntakeItem(request_id=name, text=text, image=None if image is None else ImageContent(encoded=image),
+    return IntakeItem(request_id=name, text=text, images=() if image is None else (ImageContent(encoded=image),),
                       **options)
 
 
@@ -258,9 +258,9 @@ def test_short_texts_stay_on_the_loop_and_everything_else_goes_to_the_pool(make_
 
 def test_a_segment_plan_never_changes_once_made(make_router):
     router = make_router()
-    plan = router.plan_segments(ImageContent(encoded=b"frozen"), (2, 5, 3))
+    plan = router.plan_segments((ImageContent(encoded=b"frozen"),), (2, 5, 3))
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.image = None  # type: ignore[misc]
+        plan.images = ()  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.image.status = SlotStatus.HIT  # type: ignore[misc]
     resolved = asyncio.run(plan.resolved())

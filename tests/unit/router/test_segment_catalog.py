@@ -19,23 +19,23 @@ def test_a_different_model_fingerprint_misses():
     new_model = SegmentCatalog(cache, "fingerprint-of-model-b", "size=32")
     image = ImageContent(encoded=b"the same uploaded bytes")
 
-    plan = old_model.plan(image, None, use_cache=True)
+    plan = old_model.plan((image,), None, use_cache=True)
     assert plan.image.status == SlotStatus.MISS
-    plan.publish(_segment(), None)
-    assert old_model.plan(image, None, use_cache=True).image.status == SlotStatus.HIT
-    assert new_model.plan(image, None, use_cache=True).image.status == SlotStatus.MISS
+    plan.publish((_segment(),), None)
+    assert old_model.plan((image,), None, use_cache=True).image.status == SlotStatus.HIT
+    assert new_model.plan((image,), None, use_cache=True).image.status == SlotStatus.MISS
 
 
 def test_preprocessing_is_part_of_the_key_and_abandon_frees_the_claim():
     cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20)
     image = ImageContent(pixels=bytes(12), shape=(2, 2, 3))
-    first = SegmentCatalog(cache, "fp", "size=32").plan(image, (2, 5, 3), use_cache=True)
-    other_preprocessing = SegmentCatalog(cache, "fp", "size=64").plan(image, None, use_cache=True)
+    first = SegmentCatalog(cache, "fp", "size=32").plan((image,), (2, 5, 3), use_cache=True)
+    other_preprocessing = SegmentCatalog(cache, "fp", "size=64").plan((image,), None, use_cache=True)
     assert other_preprocessing.image.status == SlotStatus.MISS
     other_preprocessing.abandon()
     first.abandon()
     assert cache.num_in_flight == 0
-    assert SegmentCatalog(cache, "fp", "size=32").plan(image, None, use_cache=True).image.status == SlotStatus.MISS
+    assert SegmentCatalog(cache, "fp", "size=32").plan((image,), None, use_cache=True).image.status == SlotStatus.MISS
 
 
 def test_a_published_segment_owns_only_its_bytes():
@@ -43,9 +43,9 @@ def test_a_published_segment_owns_only_its_bytes():
     cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20)
     batch_k, batch_v = torch.zeros(8, 3, 2), torch.zeros(8, 3, 4)  # (B, Lv, r), (B, Lv, d)
     row = ImageSegment(pooled=torch.zeros(8, 4)[5], k=batch_k[5], v=batch_v[5])
-    plan = SegmentCatalog(cache, "fp", "size=32").plan(ImageContent(encoded=b"x"), None, use_cache=True)
-    plan.publish(row, None)
-    stored = SegmentCatalog(cache, "fp", "size=32").plan(ImageContent(encoded=b"x"), None, use_cache=True).image.value
+    plan = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), None, use_cache=True)
+    plan.publish((row,), None)
+    stored = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), None, use_cache=True).image.value
     assert stored.k.untyped_storage().nbytes() == 3 * 2 * 4
     assert stored.v.untyped_storage().nbytes() == 3 * 4 * 4
     assert cache.stats().of(cache.stats().image.modality).size_bytes == row.size_bytes

@@ -6,6 +6,7 @@ import base64
 
 import pytest
 
+from router.segments import ImageContent
 from server.errors import ApiError
 from server.protocols.kserve_v2_model import RowOptions, row_options
 from server.protocols.openai_embeddings import item_from_string
@@ -45,10 +46,10 @@ def test_bad_parameters_are_400_naming_the_parameter(parameters):
 def test_openai_strings_are_images_texts_or_refused_urls():
     settings = Settings(preset="tiny")
     image = item_from_string("data:image/png;base64," + base64.b64encode(b"\x89PNG fake").decode(), settings)
-    assert image.encoded_image == b"\x89PNG fake" and image.text is None and image.route == "vision"
+    assert image.images == (ImageContent(encoded=b"\x89PNG fake"),) and image.text is None and image.route == "vision"
     for text in ("data: see table 2", "https://example.com is a site", "plain words"):
         item = item_from_string(text, settings)
-        assert item.text == text and item.encoded_image is None
+        assert item.text == text and item.images == ()
     for url in ("https://example.com/cat.png", "HTTP://example.com/a.jpg"):
         with pytest.raises(ApiError) as refused:
             item_from_string(url, settings)
