@@ -62,6 +62,15 @@ class ServingMetrics:
             buckets=JOINT_TOKENS_BUCKETS,
             registry=registry,
         )
+        self.cold_compiles_total = Counter(
+            "mmserve_cold_compiles_total",
+            "Things compiled or run for the first time after the server said ready: a batch shape warm-up "
+            "did not run (kind=shape) or a Triton kernel variant (kind=triton_kernel). Must stay 0.",
+            ("kind",),
+            registry=registry,
+        )
+        for kind in ("shape", "triton_kernel"):
+            self.cold_compiles_total.labels(kind=kind)  # exported as 0 from the start
         self.queue_depth = Gauge(
             "mmserve_queue_depth",
             "Requests waiting in a lane's queue.",

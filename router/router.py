@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import enum
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,6 +45,8 @@ from router.scheduler import Scheduler
 from router.segments import ImageContent, SegmentCatalog, SegmentPlan
 from router.service_time import ServiceTimeEstimator
 from router.worker import ComputeWorker
+
+logger = logging.getLogger(__name__)
 
 
 class ComputeFaultKind(str, enum.Enum):
@@ -121,7 +124,8 @@ class Router:
                   clock_ns: Callable[[], int], warm_up_lock: threading.Lock) -> Executor:
         scheduler = Scheduler([self.lanes[route] for route in plan.routes], ServiceTimeEstimator(), clock_ns)
         runner = BatchRunner(self.bundle, {route: self.lanes[route].settings for route in plan.routes},
-                             stage_hook=stage_hook, max_images_per_request=self.budget.max_images_per_request)
+                             stage_hook=stage_hook, max_images_per_request=self.budget.max_images_per_request,
+                             on_cold_shape=functools.partial(self._on_cold_shape, plan.name))
         worker = ComputeWorker(plan, scheduler, runner, warm_up_lock=warm_up_lock,
                                on_batch=functools.partial(self._on_batch, runner), clock_ns=clock_ns)
         return Executor(plan, scheduler, runner, worker)
@@ -237,6 +241,12 @@ class Router:
             urgency_ns=urgency_ns(request.deadline_ns, request.priority, self.priority_step_ns),
             length_bucket=bucket,
         )
+
+    def _on_cold_shape(self, executor: str, shape: tuple) -> None:
+        """A batch met a shape warm-up did not run (compute thread): counted, and said once in the log."""
+        logger.warning("the %s executor ran shape %s after ready: warm-up did not cover it", executor, shape)
+        if self.metrics is not None:
+            self.metrics.cold_compiles_total.labels(kind="shape").inc()
 
     def plan_segments(self, images: Sequence[ImageContent], token_ids: Sequence[int] | None,
                       use_cache: bool = True) -> SegmentPlan:

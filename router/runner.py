@@ -1,9 +1,13 @@
 """Runs one batch of one lane through the model; runs only on the compute thread.
 
 Batches are padded to a warmed shape (batch size, and for text a length
-bucket) so nothing after start-up meets a shape it has not run. A batch that
-raises is split in halves down to single items, so one bad item fails alone
-and the others still get their answers.
+bucket) so nothing after start-up meets a shape it has not run. The runner
+keeps the shapes its warm-up ran; once ``mark_ready`` is called, a batch
+that meets another one reports it through ``on_cold_shape`` (the router
+counts it in ``mmserve_cold_compiles_total{kind="shape"}``), so "nothing
+compiles after ready" is watched, not assumed. A batch that raises is split
+in halves down to single items, so one bad item fails alone and the others
+still get their answers.
 """
 
 from __future__ import annotations
@@ -47,8 +51,12 @@ class BatchRunner:
     """Turns a list of same-lane requests into per-item outcomes."""
 
     def __init__(self, bundle: ModelBundle, lane_settings: dict[Route, LaneSettings],
-                 stage_hook: Callable[[str], None] | None = None, max_images_per_request: int = 1) -> None:
+                 stage_hook: Callable[[str], None] | None = None, max_images_per_request: int = 1,
+                 on_cold_shape: Callable[[tuple], None] | None = None) -> None:
         self.bundle = bundle
+        self._on_cold_shape = on_cold_shape
+        self._warmed_shapes: set[tuple] = set()  # what warm_up ran; after ready, anything else is cold
+        self._is_ready = False
         self.max_images_per_request = max_images_per_request  # fusion is warmed for each count up to it
         self.model = bundle.model
         self.lane_settings = lane_settings
@@ -93,6 +101,7 @@ class BatchRunner:
         for first in range(0, len(pixels), settings.max_batch_size):
             chunk = np.stack(pixels[first: first + settings.max_batch_size])  # (n, S, S, 3) uint8
             padded = settings.padded_size(len(chunk))
+            self._check_shape(("vision", padded))
             if padded > len(chunk):
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], padded - len(chunk), axis=0)])  # (padded, S, S, 3)
             segments += self.model.encode_images(self.device_work.host_tensor(chunk))[: min(len(chunk), len(pixels) - first)]
@@ -106,10 +115,22 @@ class BatchRunner:
         token_ids = [r.token_ids for r in requests]
         token_ids += [token_ids[-1]] * (padded - len(requests))
         pad_to = self._bucket(max(len(ids) for ids in token_ids))
+        self._check_shape(("text", padded, pad_to))
         segments = self.model.encode_texts(token_ids, pad_to=pad_to, pad_token_id=self.pad_token_id)
         self._stage_done("text", started, stage_ns)
         self.num_texts_encoded += len(requests)
         return segments[: len(requests)]
+
+    def _check_shape(self, shape: tuple) -> None:
+        """After ready, report a shape warm-up did not run (once per shape)."""
+        if self._is_ready and shape not in self._warmed_shapes:
+            self._warmed_shapes.add(shape)
+            if self._on_cold_shape is not None:
+                self._on_cold_shape(shape)
+
+    def mark_ready(self) -> None:
+        """Warm-up is over: from now on a shape it did not run is cold."""
+        self._is_ready = True
 
     def length_bucket(self, num_tokens: int) -> int:
         """The padded length a text of ``num_tokens`` runs at (the batcher groups by it)."""
@@ -136,6 +157,7 @@ class BatchRunner:
         fusion_rows = [i for i, r in enumerate(requests) if r.route == Route.FUSION]
         fused: dict[int, FusedOutput] = {}
         if fusion_rows:
+            self._check_shape(("fusion", self._bucket(max(texts[i].num_tokens for i in fusion_rows))))
             started = time.perf_counter_ns()
             outputs = self.model.fuse_multi([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
             fused = dict(zip(fusion_rows, outputs))
@@ -179,35 +201,36 @@ class BatchRunner:
         """Run every shape the lanes will meet once; returns the number of shapes run.
 
         Vision runs once per batch size, text once per (batch size, length
-        bucket), fusion once per (batch size, images per request); a shape two
-        lanes share runs once.
+        bucket), fusion once per (batch size, length bucket, images per
+        request) -- the fused kernel's tiles follow the longest text, so each
+        bucket is a variant to compile on a GPU; a shape two lanes share runs
+        once. The shapes are remembered for the cold-shape check.
         """
         input_size = self.bundle.config.preprocess.input_size
         image = torch.zeros((input_size, input_size, 3), dtype=torch.uint8)
+        one_image = self.model.encode_images(image[None])  # the shape fusion meets is the segments'
         done: set[tuple] = set()
         for route, settings in self.lane_settings.items():
             for size in settings.warm_batch_sizes:
-                images = texts = None
                 if route != Route.TEXT and ("vision", size) not in done:
-                    images = self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
+                    self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
                     done.add(("vision", size))
-                if route != Route.VISION:
-                    for bucket in self.text_buckets:
-                        if ("text", size, bucket) not in done:
-                            ids = [(self.pad_token_id,) * bucket] * size
-                            texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
-                            done.add(("text", size, bucket))
-                # Fusion runs on the text lane too (a fusion request whose images are cached).
                 if route == Route.VISION:
                     continue
-                if texts is None:
-                    ids = [(self.pad_token_id,) * self.text_buckets[0]] * size
-                    texts = self.model.encode_texts(ids, pad_to=self.text_buckets[0], pad_token_id=self.pad_token_id)
-                one_image = self.model.encode_images(image[None])  # the shape fusion meets is the segments'
-                for num_images in range(1, self.max_images_per_request + 1):
-                    if ("fusion", size, num_images) not in done:
-                        self.model.fuse_multi([one_image * num_images] * size, texts)
-                        done.add(("fusion", size, num_images))
+                # Text, and fusion (which runs on the text lane too: a fusion request whose images are cached).
+                for bucket in self.text_buckets:
+                    if ("text", size, bucket) in done and all(
+                            ("fusion", size, bucket, n) in done for n in range(1, self.max_images_per_request + 1)):
+                        continue
+                    ids = [(self.pad_token_id,) * bucket] * size
+                    texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
+                    done.add(("text", size, bucket))
+                    for num_images in range(1, self.max_images_per_request + 1):
+                        if ("fusion", size, bucket, num_images) not in done:
+                            self.model.fuse_multi([one_image * num_images] * size, texts)
+                            done.add(("fusion", size, bucket, num_images))
+        self._warmed_shapes = {shape for shape in done if shape[0] != "fusion"}
+        self._warmed_shapes |= {("fusion", shape[2]) for shape in done if shape[0] == "fusion"}
         return len(done)
 
     def measure_service_times(self, observe: Callable[[Route, int, int], None]) -> None:

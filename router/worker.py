@@ -110,6 +110,7 @@ class ComputeWorker:
             started = time.perf_counter()
             num_shapes = self.runner.warm_up()
             self.runner.measure_service_times(self.scheduler.estimator.observe)
+            self.runner.mark_ready()
             logger.info("%s executor: warm-up ran %d shapes in %.1f s",
                         self.plan.name, num_shapes, time.perf_counter() - started)
 

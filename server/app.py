@@ -22,6 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
 from cache import SegmentCache
+from kernels.compile_watch import CompileWatch
 from models.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.executors import executor_plans, lower_current_thread_priority
@@ -79,6 +80,19 @@ def joint_token_budget(settings: Settings, bundle: ModelBundle) -> JointTokenBud
         raise ValueError(f"MMSERVE_MAX_JOINT_TOKENS: {e}") from e
 
 
+def _watch_cold_compiles(router: Router, metrics: ServingMetrics) -> CompileWatch:
+    """Count Triton compiles of our kernels; those after ready are cold (``mmserve_cold_compiles_total``)."""
+
+    def on_compile(kernel: str) -> None:
+        if router.is_ready:
+            logger.warning("compiled Triton kernel %s after ready: warm-up did not cover it", kernel)
+            metrics.cold_compiles_total.labels(kind="triton_kernel").inc()
+
+    watch = CompileWatch(on_compile)
+    watch.install()
+    return watch
+
+
 def _openapi(app: FastAPI) -> dict:
     """FastAPI's schema plus ``InferRequest``, which the handler parses itself (JSON or multipart)."""
     if app.openapi_schema is None:
@@ -127,6 +141,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
                                         monitor=monitor, intake=intake, faults=faults)
         num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
+        compile_watch = _watch_cold_compiles(router, metrics)
         router.start()
         monitor.start()
         # The baseline is learned from traffic after warm-up: mark ready once the router is.
@@ -139,6 +154,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
             await router.drain(settings.drain_timeout_s)
             decode_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(monitor.stop)
+            compile_watch.uninstall()
 
     app = FastAPI(
         title="mmserve",
