@@ -32,3 +32,12 @@ class TextTooLongError(ModelError):
         )
         self.num_tokens = num_tokens
         self.max_tokens = max_tokens
+
+
+class TrainingDataError(ModelError):
+    """The pairs file of ``mmserve train-fusion`` cannot be trained on.
+
+    The message names the file and, where one line is at fault, its line
+    number (``pairs.jsonl:12: ...``), as compilers do, so it can be fixed in
+    an editor.
+    """

@@ -25,13 +25,13 @@ truncate by default, CLIP is refused unless the request says ``truncate``.
 
 On top of its towers sits mmserve's low-rank cross-modal head, read from ``fusion_head.safetensors``
 beside the model when one was trained (``mmserve train-fusion``), else
-initialised from the seed and reported as untrained.
+initialised from the seed and reported as untrained (``ModelBundle.fusion_head``;
+the server warns at start-up).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 
 import torch
@@ -39,18 +39,16 @@ from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
 from models.config import FusionConfig, ModelConfig, TextConfig, VisionConfig
 from models.errors import ModelRepositoryError
-from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
+from models.fusion_head_file import FusionHeadInfo
 from models.hub import require_safetensors, resolve_model_directory
 from models.multimodal import MultimodalModel
 from models.open_clip_model import is_open_clip_checkpoint, load_open_clip
 from models.pretrained_towers import TransformersTextEncoder, TransformersVisionEncoder
 from models.processor_settings import preprocess_from_hf_processor
-from models.repository import CONFIG_FILE, ModelBundle, finish_bundle, fingerprint, load_repository
+from models.repository import CONFIG_FILE, ModelBundle, attach_fusion_head, finish_bundle, load_repository
 from models.scores import CalibratedScore, ScoreKind
 from models.timm_checkpoint import is_timm_checkpoint
 from models.tokenizer import TextTokenizer
-
-logger = logging.getLogger(__name__)
 
 _TRANSFORMERS_SCORES = {"siglip": ScoreKind.SIGLIP_SIGMOID, "clip": ScoreKind.CLIP_LOGIT}
 # Families whose reference library cuts an over-long text rather than refusing it (module docstring).
@@ -139,18 +137,21 @@ def _load_transformers(directory: Path, family: str, name: str, rank: int, backe
 
 
 def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "auto", rank: int = 16,
-                    seed: int = 0, fusion_head: Path | None = None,
+                    seed: int = 0, fusion_head: Path | None = None, is_trained_head_read: bool = True,
                     normalize_embeddings: bool | None = None) -> ModelBundle:
     """The bundle for ``--model``: a Hub id or directory of a supported family (module docstring).
 
     ``normalize_embeddings`` None follows the family's convention (the
     pretrained image–text families compare L2-normalised embeddings).
-    ``fusion_head`` overrides ``fusion_head.safetensors`` beside the model.
+    ``fusion_head`` overrides ``fusion_head.safetensors`` beside the model;
+    ``is_trained_head_read`` False reads neither (``mmserve train-fusion``
+    starts from a fresh head, whatever lies beside the model).
     """
     directory = resolve_model_directory(name_or_path)
     family = detect_family(directory)
     if family == "mmserve":
-        return load_repository(directory, device=device, backend=backend)
+        return load_repository(directory, device=device, backend=backend, fusion_head=fusion_head,
+                               is_trained_head_read=is_trained_head_read)
     torch.manual_seed(seed)  # the head's initial weights, when no trained head is found
     name = _served_name(name_or_path, directory)
     if family == "open_clip":
@@ -158,15 +159,6 @@ def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "a
     else:
         require_safetensors(directory)
         model, tokenizer = _load_transformers(directory, family, name, rank, backend, normalize_embeddings)
-    head_info = FusionHeadInfo(is_trained=False)
-    head_path = fusion_head if fusion_head is not None else directory / FUSION_HEAD_FILE
-    if head_path.is_file():
-        towers = fingerprint(model, tokenizer, model.config, skip_prefix="fusion.")
-        head_info = load_fusion_head(head_path, model.fusion, towers_fingerprint=towers)
-    elif fusion_head is not None:
-        raise ModelRepositoryError(f"fusion head {fusion_head} does not exist")
-    if not head_info.is_trained:
-        logger.warning("the fusion head of %s is untrained: answers carry no match_score and fused_embedding "
-                       "is not meaningful; train one with `mmserve train-fusion --model %s --pairs FILE.jsonl "
-                       "--out DIR`", name_or_path, name_or_path)
+    head_info = (attach_fusion_head(model, tokenizer, model.config, directory, fusion_head) if is_trained_head_read
+                 else FusionHeadInfo(is_trained=False))
     return finish_bundle(model, tokenizer, model.config, device, str(directory), False, head_info)

@@ -43,7 +43,7 @@ from transformers import PreTrainedTokenizerBase
 
 from models.config import ModelConfig
 from models.errors import ModelRepositoryError
-from models.fusion_head_file import FusionHeadInfo
+from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.multimodal import MultimodalModel
 from models.presets import preset_config
 from models.text import TextEncoder
@@ -137,6 +137,25 @@ def fingerprint(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelC
         flat = tensor.detach().to("cpu").contiguous().reshape(-1)  # (N,): a 0-d tensor has no byte view
         digest.update(flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b"")
     return digest.hexdigest()
+
+
+def attach_fusion_head(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelConfig, directory: Path,
+                       fusion_head: Path | None) -> FusionHeadInfo:
+    """Load the trained head into ``model.fusion``: ``fusion_head`` when given, else ``fusion_head.safetensors``
+    in ``directory`` when there is one; without either the head stays as initialised, reported untrained.
+
+    Call it on the model as loaded, before ``finish_bundle``: the towers
+    fingerprint the head file names is taken from the tensors as read, and the
+    model's fingerprint must then cover the head it serves (cached K/V/Q
+    segments are the head's projections).
+    """
+    head_path = fusion_head if fusion_head is not None else Path(directory) / FUSION_HEAD_FILE
+    if head_path.is_file():
+        towers = fingerprint(model, tokenizer, config, skip_prefix="fusion.")
+        return load_fusion_head(head_path, model.fusion, towers_fingerprint=towers)
+    if fusion_head is not None:
+        raise ModelRepositoryError(f"fusion head {fusion_head} does not exist")
+    return FusionHeadInfo(is_trained=False)
 
 
 def finish_bundle(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelConfig,
@@ -236,12 +255,16 @@ def _timm_tower(directory: Path, config: ModelConfig, raw: dict) -> tuple[ModelC
     return replace(config, vision=replace(config.vision, architecture=architecture), preprocess=preprocess), backbone
 
 
-def load_repository(directory: Path, *, device: str = "cpu", backend: str | None = None) -> ModelBundle:
+def load_repository(directory: Path, *, device: str = "cpu", backend: str | None = None,
+                    fusion_head: Path | None = None, is_trained_head_read: bool = True) -> ModelBundle:
     """Load and verify a model repository written by ``write_repository`` (or by hand).
 
     With ``vision.timm_dir`` and ``text.hf_dir`` both towers come from their
     directories and ``weights.safetensors`` (the fusion head's tensors) is
-    optional: without it the head starts from seed 0, untrained.
+    optional: without it the head starts from seed 0, untrained. A trained
+    head (``fusion_head``, else ``fusion_head.safetensors`` in the repository)
+    replaces the head's tensors of ``weights.safetensors``; ``is_trained_head_read``
+    False leaves it unread (``mmserve train-fusion`` trains a new one).
     """
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
@@ -279,6 +302,8 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
         expected = {name: t for name, t in model.state_dict().items() if not name.startswith(external)}
         _check_tensors(weights_path, expected)
         model.load_state_dict(load_file(str(weights_path)), strict=not external)
+    text_tokenizer = TextTokenizer.for_encoder(tokenizer, model.text.max_tokens)
+    head_info = (attach_fusion_head(model, text_tokenizer, config, directory, fusion_head) if is_trained_head_read
+                 else FusionHeadInfo(is_trained=False))
     logger.info("loaded model repository %s (%s)", directory, config.name)
-    return finish_bundle(model, TextTokenizer.for_encoder(tokenizer, model.text.max_tokens), config, device,
-                         str(directory), False)
+    return finish_bundle(model, text_tokenizer, config, device, str(directory), False, head_info)

@@ -3,6 +3,7 @@
     mmserve serve [--preset vit-l16|vit-b16|tiny | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
                   [--device auto|cpu|cuda] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
+    mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
     mmserve bench URL ...           (the load generator; see `mmserve bench --help`)
     mmserve quantiles URL [URL ...] [--source window|lifetime]   (fleet-wide latency quantiles)
 """
@@ -24,6 +25,8 @@ examples:
   mmserve serve --model-repo ./my-model
   mmserve serve --model google/siglip-large-patch16-256   # from the local Hugging Face cache
   mmserve serve --model ./my-clip                          # a save_pretrained directory
+  mmserve train-fusion --model ./my-clip --pairs pairs.jsonl --out ./head   # train the fusion head
+  mmserve serve --model ./my-clip --fusion-head ./head/fusion_head.safetensors
   curl -s localhost:8000/v1/infer -H 'content-type: application/json' -d '{"text": "a red bicycle"}'
 
 Every setting can also come from the environment as MMSERVE_<NAME> (e.g. MMSERVE_MAX_BATCH_SIZE=16)
@@ -66,6 +69,51 @@ def _init_parser(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--seed", type=int, default=0)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
+    return value
+
+
+def _train_fusion_parser(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser(
+        "train-fusion", help="train the fusion head of a model on image-text pairs",
+        description="Train only the low-rank fusion head of --model (its towers stay frozen, their outputs are "
+                    "computed once) on the image-text pairs of a JSONL file: one "
+                    '{"image": "path relative to the file", "text": "...", "label": 0|1 (optional, default 1)} '
+                    "a line; without label-0 lines mismatched pairs are sampled. A fifth of the images is held out. "
+                    "Writes DIR/fusion_head.safetensors and DIR/fusion_head_card.json (held-out accuracy and AUC). "
+                    "Exits 2 on bad input, naming the line.",
+    )
+    train.add_argument("--model", required=True, metavar="DIR_OR_HUB_ID",
+                       help="the model to train a head for, as `mmserve serve --model` takes it")
+    train.add_argument("--pairs", required=True, type=Path, metavar="FILE.jsonl", help="image-text pairs")
+    train.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the head and its card go")
+    train.add_argument("--epochs", type=_positive_int, default=10, help="default 10")
+    train.add_argument("--lr", type=_positive_float, default=3e-3, help="AdamW learning rate (default 0.003)")
+    train.add_argument("--batch-size", type=_positive_int, default=64, help="pairs per step (default 64)")
+    train.add_argument("--held-out-fraction", type=_fraction, default=0.2,
+                       help="share of images held out for accuracy and AUC (default 0.2)")
+    train.add_argument("--seed", type=int, default=0, help="the head's initial weights, split and sampling (default 0)")
+    train.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="where the towers and the head run (default auto)")
+
+
 def _quantiles_parser(subparsers: argparse._SubParsersAction) -> None:
     quantiles = subparsers.add_parser(
         "quantiles", help="fleet-wide latency quantiles, merged from every replica's digests",
@@ -91,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve_parser(subparsers)
     _init_parser(subparsers)
+    _train_fusion_parser(subparsers)
     _quantiles_parser(subparsers)
     subparsers.add_parser("bench", help="drive a server with open-loop load (mmserve bench --help)",
                           add_help=False)
@@ -126,6 +175,33 @@ def _init_model_repo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_fusion(args: argparse.Namespace) -> int:
+    from models.fusion_pairs import read_pairs
+
+    pairs = read_pairs(args.pairs)  # a bad line stops here, before torch and the model are loaded
+
+    from tqdm import tqdm
+
+    from models.fusion_training import TrainingConfig
+    from models.train_fusion import train_fusion
+    from server.runtime.model_loading import resolve_device
+
+    def progress(description: str, total: int) -> tqdm:
+        return tqdm(total=total, desc=description, file=sys.stderr, dynamic_ncols=True)
+
+    config = TrainingConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size,
+                            held_out_fraction=args.held_out_fraction, seed=args.seed)
+    result = train_fusion(args.model, pairs, args.out, config, device=resolve_device(args.device),
+                          progress=progress)
+    held_out, untrained = result.held_out, result.untrained_held_out
+    print(f"held-out AUC {held_out.auc:.3f} (the untrained head: {untrained.auc:.3f}), "
+          f"accuracy {held_out.accuracy:.3f} on {held_out.num_matching} matching and {held_out.num_mismatched} mismatched pairs of unseen images")
+    print(f"wrote {result.head_path} and {result.card_path}")
+    print(f"serve it with: mmserve serve --model {args.model} --fusion-head {result.head_path} "
+          f"(or copy {result.head_path.name} beside the model)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -144,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "train-fusion":
+            return _train_fusion(args)
         return _init_model_repo(args)
     except (ModelError, ApiKeyConfigError) as e:
         print(f"mmserve: {e}", file=sys.stderr)

@@ -3,9 +3,9 @@
 Runs in the server's decode thread pool, never on the event loop. The pixel
 count is checked from the header before any pixel is decoded, so a tiny file
 that claims to be 100 000 x 100 000 (a decompression bomb) costs nothing.
-EXIF orientation is applied; every Pillow mode becomes 8-bit RGB, images with
-transparency are composited on white (what a viewer shows), 16-bit and float
-images are scaled rather than clipped, and an animation gives its first frame.
+EXIF orientation is applied, every Pillow mode becomes 8-bit RGB the way
+``models.rgb`` says (the way ``mmserve train-fusion`` reads its images too),
+and an animation gives its first frame.
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ import warnings
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from models.rgb import to_rgb
 from server.errors import ApiError
-
-_ALPHA_MODES = frozenset({"RGBA", "LA", "PA", "La", "RGBa"})
-_WIDE_INTEGER_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
-
 
 def decode_base64(text: str, field: str) -> bytes:
     """Strict base64 (standard alphabet, padding required); empty is refused."""
@@ -47,25 +44,6 @@ def _check_pixels(width: int, height: int, max_pixels: int, field: str) -> None:
         )
 
 
-def _to_rgb(image: Image.Image) -> Image.Image:
-    if image.mode == "RGB":
-        return image
-    if image.mode in _WIDE_INTEGER_MODES:
-        # 16-bit (or 32-bit holding 16-bit) grey: scale 0..65535 to 0..255.
-        wide = np.asarray(image, dtype=np.float64)
-        grey = np.clip(np.rint(wide / 257.0), 0, 255).astype(np.uint8)
-        return Image.fromarray(grey).convert("RGB")
-    if image.mode == "F":
-        grey = np.clip(np.rint(np.asarray(image, dtype=np.float64)), 0, 255).astype(np.uint8)
-        return Image.fromarray(grey).convert("RGB")
-    has_alpha = image.mode in _ALPHA_MODES or (image.mode == "P" and "transparency" in image.info)
-    if has_alpha:
-        rgba = image.convert("RGBA")
-        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(background, rgba).convert("RGB")
-    return image.convert("RGB")
-
-
 def decode_image(data: bytes, max_pixels: int, field: str = "image") -> Image.Image:
     """Encoded image bytes -> an RGB Pillow image (first frame, EXIF-oriented)."""
     if not data:
@@ -88,7 +66,7 @@ def decode_image(data: bytes, max_pixels: int, field: str = "image") -> Image.Im
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image.load()
             image = ImageOps.exif_transpose(image)
-            return _to_rgb(image)
+            return to_rgb(image)
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise ApiError(400, "corrupt_image", f"{field} is truncated or corrupt: {e}", field) from e
 

@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from models.errors import ModelRepositoryError
 from models.pretrained import load_pretrained
 from models.repository import ModelBundle, build_preset, load_repository
 from server.settings import Settings
@@ -27,8 +28,12 @@ def load_model(settings: Settings) -> ModelBundle:
                                  fusion_head=settings.fusion_head,
                                  normalize_embeddings=settings.normalize_embeddings)
     elif settings.model_repo is not None:
-        bundle = load_repository(settings.model_repo, device=device, backend=settings.fusion_backend)
+        bundle = load_repository(settings.model_repo, device=device, backend=settings.fusion_backend,
+                                 fusion_head=settings.fusion_head)
     else:
+        if settings.fusion_head is not None:
+            raise ModelRepositoryError(f"fusion head {settings.fusion_head} needs the model it was trained on: "
+                                       "serve it with --model DIR or --model-repo DIR, not a preset")
         bundle = build_preset(settings.preset, seed=settings.seed, device=device,
                               backend=settings.fusion_backend)
         logger.warning(
@@ -39,7 +44,22 @@ def load_model(settings: Settings) -> ModelBundle:
             settings.preset, settings.seed, settings.preset,
         )
     logger.info("model %s on %s, fingerprint %s", bundle.config.name, device, bundle.fingerprint)
+    _report_fusion_head(bundle, settings)
     return bundle
+
+
+def _report_fusion_head(bundle: ModelBundle, settings: Settings) -> None:
+    """Say at start-up which head runs: a trained one and its card's figures, or that it is untrained."""
+    head = bundle.fusion_head
+    if head.is_trained:
+        held_out = head.card.get("held_out", {})
+        logger.info("fusion head trained (%s): held-out AUC %s, accuracy %s", head.source,
+                    held_out.get("auc", "unknown"), held_out.get("accuracy", "unknown"))
+        return
+    model = settings.model or settings.model_repo or f"preset {settings.preset}"
+    logger.warning("the fusion head of %s is untrained: answers carry no match_score and fused_embedding is not "
+                   "meaningful; train one with `mmserve train-fusion --model %s --pairs FILE.jsonl --out DIR`",
+                   model, settings.model or settings.model_repo or "DIR")
 
 
 def trace_encoders(bundle: ModelBundle) -> None:
