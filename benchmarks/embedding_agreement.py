@@ -57,10 +57,20 @@ class AgreementRow:
 
 
 def failure_reason(stderr_tail: str) -> str:
-    """The last line of a start-up's stderr that names an exception (else its last line), shortened."""
+    """The last line of a start-up's stderr that names an exception (else its last line), shortened.
+
+    An exception whose message starts on the next line (``ImportError:`` then
+    the text, as transformers raises them) gets that next line joined on.
+    """
     lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
-    named = [line for line in lines if _EXCEPTION_LINE.match(line)]
-    reason = (named or lines or ["(no output)"])[-1]
+    named = [index for index, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
+    if not named:
+        reason = (lines or ["(no output)"])[-1]
+    else:
+        index = named[-1]
+        reason = lines[index]
+        if reason.endswith(":") and index + 1 < len(lines):
+            reason = f"{reason} {lines[index + 1]}"
     return reason if len(reason) <= _MAX_REASON_CHARS else reason[: _MAX_REASON_CHARS - 3] + "..."
 
 

@@ -6,13 +6,15 @@ cannot hold, and it is never a dependency of mmserve. So the benchmark makes
 a venv for it (``python -m venv`` + ``pip install``, through pip's normal
 configuration: the package index and the local wheel directories, torch
 included) and reuses it on later runs; a marker file records what was
-installed, so a changed requirement list makes a fresh one.
+installed, so a changed requirement list is installed into it (pip adds
+what is missing and leaves the rest).
 
 The extras are the smallest that serve CLIP and SigLIP text and images:
 ``server`` (its FastAPI app) and ``torch`` (the engine), plus what its vision
 path imports but no extra brings along: Pillow, aiohttp (it resolves every
 image, data URIs included, through an aiohttp session) and sentencepiece
-(SigLIP's tokenizer). Its ``vision`` extra is left out: it adds
+and protobuf (SigLIP's slow tokenizer, which transformers 4 requires both
+for). Its ``vision`` extra is left out: it adds
 colpali-engine, whose pins send pip back through torch releases on the
 package index (900 MB each) and which only ColPali-type models use.
 """
@@ -25,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-INFINITY_REQUIREMENTS = ("infinity-emb[server,torch]==0.0.78", "pillow", "aiohttp", "sentencepiece")
+INFINITY_REQUIREMENTS = ("infinity-emb[server,torch]==0.0.78", "pillow", "aiohttp", "sentencepiece", "protobuf")
 DEFAULT_INFINITY_VENV = Path("~/.cache/mmserve-bench/infinity-venv").expanduser()
 _MARKER = "mmserve-bench-requirements.txt"
 _INSTALL_TIMEOUT_S = 1800.0
@@ -42,18 +44,20 @@ def _base_python() -> str:
 
 
 def ensure_venv(venv: Path, requirements: tuple[str, ...] = INFINITY_REQUIREMENTS) -> Path:
-    """``venv`` with ``requirements`` installed (made, or reused if its marker lists the same); returns it."""
+    """``venv`` with ``requirements`` installed (made if missing, reused if its marker lists the same); returns it."""
     venv = Path(venv).expanduser()
     marker = venv / _MARKER
     wanted = "\n".join(requirements) + "\n"
     if marker.exists() and marker.read_text() == wanted:
         return venv
-    if venv.exists():
-        shutil.rmtree(venv)
-    venv.parent.mkdir(parents=True, exist_ok=True)
+    python = venv / "bin" / "python"
+    steps = [[str(python), "-m", "pip", "install", "--quiet", *requirements]]
+    if not python.exists():
+        if venv.exists():
+            shutil.rmtree(venv)  # a half-made venv: start again
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        steps.insert(0, [_base_python(), "-m", "venv", str(venv)])
     env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    steps = [[_base_python(), "-m", "venv", str(venv)],
-             [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", *requirements]]
     for argv in steps:
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=_INSTALL_TIMEOUT_S, check=False)
         if done.returncode != 0:

@@ -78,6 +78,8 @@ def test_a_failed_start_up_is_told_by_its_exception_line():
             "OSError: /tmp/m does not appear to have a file named config.json.\n"
             "ERROR:    Application startup failed. Exiting.\n")
     assert failure_reason(tail) == "OSError: /tmp/m does not appear to have a file named config.json."
+    assert failure_reason("ImportError: \nSiglipTokenizer requires the protobuf library\nERROR: failed.\n") == (
+        "ImportError: SiglipTokenizer requires the protobuf library")
     assert failure_reason("just one line\n\n") == "just one line"
     assert failure_reason("") == "(no output)"
     assert len(failure_reason("ValueError: " + "x" * 500)) == 160
