@@ -47,31 +47,27 @@ import asyncio
 import base64
 import dataclasses
 import os
-import platform
-import statistics
-import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import httpx
-import torch
 
-from benchmarks.loadgen.bench import BenchOutcome, run_bench
+from benchmarks.alternated_runs import FIXED_RATE_SHARE, AlternationPlan, ServerRuns, run_alternated
+from benchmarks.comparison_table import Targets, format_comparison
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageFormat, ImagePool, ImageSize
-from benchmarks.loadgen.runner import INFER_PATH, Sample
+from benchmarks.loadgen.runner import INFER_PATH
 from benchmarks.loadgen.server_metrics import batch_size_view, scrape
-from benchmarks.loadgen.stats import summarize_latency
 from benchmarks.loadgen.workload import TextLengthRange
-from benchmarks.serving_processes import ServerCommand, ServerProcess, litserve_command, mmserve_command, running
+from benchmarks.machine_line import machine_line
+from benchmarks.serving_processes import ServerCommand, litserve_command, mmserve_command, running
 
 BATCH_CAP = 8
 QUEUE_DELAY_MS = 5.0
 PROBE_QUEUE_DELAY_MS = 250.0
 PROBE_SIZE = 8
 PROBE_BAD_INDEX = 3
-FIXED_RATE_SHARE = 0.7
 CACHE_OFF = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0"}
 LITSERVE = "litserve"
 MMSERVE = "mmserve"
@@ -100,90 +96,10 @@ PLANS = {
 }
 
 
-@dataclass
-class ServerRuns:
-    """Every measured run of one server for one preset."""
-
-    throughputs_rps: list[float] = field(default_factory=list)
-    saturation_other_cpus: list[float] = field(default_factory=list)
-    open_samples: list[Sample] = field(default_factory=list)
-    open_num_sent: int = 0
-    open_num_ok: int = 0
-    open_lag_p99_ms: list[float] = field(default_factory=list)
-    other_cpus: list[float] = field(default_factory=list)
-
-    @property
-    def throughput_rps(self) -> float:
-        return statistics.fmean(self.throughputs_rps)
-
-    def throughput_per_free_cpu_rps(self, num_cpus: int) -> float:
-        """Saturation ok/s per CPU that other processes left free, run by run, averaged.
-
-        A first-order correction for a neighbour's load; it assumes throughput
-        scales with the CPUs left, which holds best for a compute-bound model.
-        """
-        return statistics.fmean(
-            rps / max(num_cpus - other, 0.1) for rps, other in zip(self.throughputs_rps, self.saturation_other_cpus)
-        )
-
-    def open_percentile_ms(self, key: str) -> float:
-        summary = summarize_latency([sample.latency_s for sample in self.open_samples])
-        value = dict(summary.percentiles_ms)[key]
-        assert value is not None, "an open-loop run sent nothing"
-        return value
-
-
 def _config(url: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
             rate_rps: float | None = None) -> BenchConfig:
     return BenchConfig(url=url, mode=mode, duration_s=seconds, concurrency=concurrency, rate_rps=rate_rps,
                        text_length=TEXT_CHARS, seed=seed, timeout_s=60.0, show_progress=False)
-
-
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (steal included: CPU another guest took)."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass(frozen=True)
-class Measured:
-    outcome: BenchOutcome
-    other_cpus: float  # CPUs busy with neither server nor this generator, on average over the run
-
-
-def _measured(server: ServerProcess, servers: Sequence[ServerProcess], config: BenchConfig) -> Measured:
-    """One run against ``server``, resumed for the run and paused again after it.
-
-    Also measures how much CPU everything else on the machine took meanwhile,
-    so a run slowed by a neighbour shows as such.
-    """
-    server.resume()
-    try:
-        started_s = time.perf_counter()
-        busy_before_s = machine_busy_s()
-        ours_before_s = time.process_time() + sum(s.cpu_s() for s in servers)
-        outcome = asyncio.run(run_bench(config))
-        ours_s = time.process_time() + sum(s.cpu_s() for s in servers) - ours_before_s
-        other_s = machine_busy_s() - busy_before_s - ours_s
-        return Measured(outcome, max(0.0, other_s) / (time.perf_counter() - started_s))
-    finally:
-        server.pause()
-
-
-def _abba(round_index: int) -> tuple[str, str]:
-    return (LITSERVE, MMSERVE) if round_index % 2 == 0 else (MMSERVE, LITSERVE)
-
-
-def _batch_means(report: dict) -> str:
-    """mmserve's mean batch size per lane during the run (from /metrics; LitServe exports none)."""
-    batch_size = report["server"].get("batch_size") or {}
-    means = [f"{lane} {entry['mean']:.1f}" for lane, entry in sorted(batch_size.items()) if entry["mean"]]
-    return f"; mean batch: {', '.join(means)}" if means else ""
-
-
-def _log(message: str) -> None:
-    print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def measure_preset(plan: PresetPlan, device: str, is_traced: bool) -> dict[str, ServerRuns]:
@@ -194,95 +110,26 @@ def measure_preset(plan: PresetPlan, device: str, is_traced: bool) -> dict[str, 
         LITSERVE: litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=QUEUE_DELAY_MS,
                                    device=device, is_fast_queue=True, is_traced=is_traced),
     }
-    runs = {LITSERVE: ServerRuns(), MMSERVE: ServerRuns()}
+    alternation = AlternationPlan(plan.seconds, plan.num_rounds, plan.warmup_s, plan.concurrency, FIXED_RATE_SHARE)
     # Started one after the other so neither start-up competes with the other's.
     with running(commands[MMSERVE]) as mmserve:
         mmserve.pause()
         with running(commands[LITSERVE]) as litserve:
             litserve.pause()
             servers = {LITSERVE: litserve, MMSERVE: mmserve}
-            both = (litserve, mmserve)
-            for name in (LITSERVE, MMSERVE):
-                _measured(servers[name], both, _config(servers[name].url, RunMode.CLOSED, plan.warmup_s, 99,
-                                                       concurrency=plan.concurrency))
-            for round_index in range(plan.num_rounds):
-                for name in _abba(round_index):
-                    measured = _measured(servers[name], both, _config(servers[name].url, RunMode.CLOSED,
-                                                                      plan.seconds, round_index,
-                                                                      concurrency=plan.concurrency))
-                    report = measured.outcome.report
-                    runs[name].throughputs_rps.append(report["throughput_rps"])
-                    runs[name].saturation_other_cpus.append(measured.other_cpus)
-                    runs[name].other_cpus.append(measured.other_cpus)
-                    _log(f"{plan.preset} saturation {name:8s} round {round_index}: "
-                         f"{report['throughput_rps']:.1f} ok/s, errors {report['errors_by_status'] or '-'}; "
-                         f"other processes took {measured.other_cpus:.2f} CPUs{_batch_means(report)}")
-            rate_rps = FIXED_RATE_SHARE * runs[LITSERVE].throughput_rps
-            for round_index in range(plan.num_rounds):
-                for name in reversed(_abba(round_index)):
-                    measured = _measured(servers[name], both, _config(servers[name].url, RunMode.OPEN,
-                                                                      plan.seconds, 100 + round_index,
-                                                                      rate_rps=rate_rps))
-                    outcome = measured.outcome
-                    report = outcome.report
-                    runs[name].other_cpus.append(measured.other_cpus)
-                    runs[name].open_samples.extend(outcome.result.samples)
-                    runs[name].open_num_sent += report["sent"]
-                    runs[name].open_num_ok += report["ok"]
-                    if report["generator_lag_ms"]["p99"] is not None:
-                        runs[name].open_lag_p99_ms.append(report["generator_lag_ms"]["p99"])
-                    _log(f"{plan.preset} open {rate_rps:.1f} req/s {name:8s} round {round_index}: "
-                         f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
-                         f"errors {report['errors_by_status'] or '-'}; "
-                         f"other processes took {measured.other_cpus:.2f} CPUs")
-    return runs
 
+            def config_for(name: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
+                           rate_rps: float | None = None) -> BenchConfig:
+                return _config(servers[name].url, mode, seconds, seed, concurrency=concurrency, rate_rps=rate_rps)
 
-def _verdict(is_met: bool) -> str:
-    return "met" if is_met else "NOT met"
-
-
-def _worst_ms(values_ms: list[float]) -> str:
-    return f"{max(values_ms):.1f}" if values_ms else "-"
+            return run_alternated(servers, LITSERVE, MMSERVE, alternation, config_for, plan.preset)
 
 
 def format_preset_table(plan: PresetPlan, runs: dict[str, ServerRuns]) -> str:
-    lit, mm = runs[LITSERVE], runs[MMSERVE]
-    rate_rps = FIXED_RATE_SHARE * lit.throughput_rps
-    throughput_ratio = mm.throughput_rps / lit.throughput_rps
-    num_cpus = len(os.sched_getaffinity(0))
-    lit_per_cpu, mm_per_cpu = lit.throughput_per_free_cpu_rps(num_cpus), mm.throughput_per_free_cpu_rps(num_cpus)
-    p50_ratio = mm.open_percentile_ms("p50_ms") / lit.open_percentile_ms("p50_ms")
-    p99_ratio = mm.open_percentile_ms("p99_ms") / lit.open_percentile_ms("p99_ms")
-    rows = [
-        ("metric", "litserve", "mmserve", "mm/lit", "target", "verdict"),
-        (f"saturation ok/s (closed loop, C={plan.concurrency})", f"{lit.throughput_rps:.1f}",
-         f"{mm.throughput_rps:.1f}", f"{throughput_ratio:.2f}", f">= {plan.min_throughput_ratio:.2f}",
-         _verdict(throughput_ratio >= plan.min_throughput_ratio)),
-        ("  same, per CPU other processes left free", f"{lit_per_cpu:.2f}", f"{mm_per_cpu:.2f}",
-         f"{mm_per_cpu / lit_per_cpu:.2f}", "-", "-"),
-        (f"p50 ms at {rate_rps:.1f} req/s (open loop)", f"{lit.open_percentile_ms('p50_ms'):.1f}",
-         f"{mm.open_percentile_ms('p50_ms'):.1f}", f"{p50_ratio:.2f}", "-", "-"),
-        (f"p99 ms at {rate_rps:.1f} req/s (open loop)", f"{lit.open_percentile_ms('p99_ms'):.1f}",
-         f"{mm.open_percentile_ms('p99_ms'):.1f}", f"{p99_ratio:.2f}", f"<= {plan.max_p99_ratio:.2f}",
-         _verdict(p99_ratio <= plan.max_p99_ratio)),
-        ("ok / sent at the fixed rate", f"{lit.open_num_ok}/{lit.open_num_sent}",
-         f"{mm.open_num_ok}/{mm.open_num_sent}", "-", "-", "-"),
-        ("generator p99 lag ms at the fixed rate (worst run)", _worst_ms(lit.open_lag_p99_ms),
-         _worst_ms(mm.open_lag_p99_ms), "-", "-", "-"),
-        ("CPUs other processes took during the runs (mean)", f"{statistics.fmean(lit.other_cpus):.2f}",
-         f"{statistics.fmean(mm.other_cpus):.2f}", "-", "-", "-"),
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    saturation_order = [name for index in range(plan.num_rounds) for name in _abba(index)]
-    open_order = [name for index in range(plan.num_rounds) for name in reversed(_abba(index))]
-    lines = [f"preset {plan.preset}: {plan.seconds:g} s per run; saturation runs {', '.join(saturation_order)}; "
-             f"fixed-rate runs {', '.join(open_order)} (each server's runs pooled)"]
-    lines += ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-              for row in rows]
-    lines.append("(generator lag: how late requests left against their Poisson schedule; the generator shares "
-                 "the CPUs with the server, and above 20 ms it was itself short of CPU)")
-    return "\n".join(lines)
+    alternation = AlternationPlan(plan.seconds, plan.num_rounds, plan.warmup_s, plan.concurrency, FIXED_RATE_SHARE)
+    return format_comparison(f"preset {plan.preset}", runs, LITSERVE, MMSERVE, alternation,
+                             Targets(plan.min_throughput_ratio, plan.max_p99_ratio), len(os.sched_getaffinity(0)),
+                             "mm/lit")
 
 
 # -- one batch with a bad item ---------------------------------------------------------
@@ -368,17 +215,6 @@ def run_bad_item_probe(device: str, is_traced: bool) -> str:
 
 
 # -- the run -------------------------------------------------------------------------
-
-
-def machine_line() -> str:
-    model = "unknown CPU"
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    for line in lscpu.splitlines():
-        if line.startswith("Model name:"):
-            model = line.split(":", 1)[1].strip()
-    num_cpus = len(os.sched_getaffinity(0))
-    return (f"{platform.machine()} {model}, {num_cpus} CPUs, torch {torch.__version__} "
-            f"({torch.get_num_threads()} threads in this process), python {platform.python_version()}")
 
 
 def main(argv: list[str] | None = None) -> int:

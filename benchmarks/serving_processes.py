@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -42,6 +43,7 @@ class ServerCommand:
     port: int
     ready_path: str
     env: Mapping[str, str] = field(default_factory=dict)
+    unset_env: tuple[str, ...] = ()  # variables of this process the server must not inherit
 
     @property
     def url(self) -> str:
@@ -55,14 +57,44 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _mmserve_serve(source: tuple[str, str], settings: Mapping[str, str], device: str,
+                   port: int | None) -> ServerCommand:
+    port = free_port() if port is None else port
+    env = {"MMSERVE_LOG_LEVEL": "warning", **{f"MMSERVE_{name}": value for name, value in settings.items()}}
+    argv = (sys.executable, "-m", "server.cli", "serve", *source, "--port", str(port), "--device", device)
+    return ServerCommand("mmserve", argv, port, "/health/ready", env)
+
+
 def mmserve_command(preset: str, settings: Mapping[str, str], *, device: str = "cpu",
                     port: int | None = None) -> ServerCommand:
     """``mmserve serve --preset PRESET``; ``settings`` are ``MMSERVE_*`` names without the prefix."""
+    return _mmserve_serve(("--preset", preset), settings, device, port)
+
+
+def mmserve_model_command(model: Path, settings: Mapping[str, str], *, device: str = "cpu",
+                          port: int | None = None) -> ServerCommand:
+    """``mmserve serve --model DIR`` (a Hugging Face, open_clip or mmserve directory); settings as above."""
+    return _mmserve_serve(("--model", str(model)), settings, device, port)
+
+
+def infinity_command(venv: Path, model: Path, *, served_model_name: str, batch_size: int, device: str = "cpu",
+                     port: int | None = None) -> ServerCommand:
+    """Infinity (``infinity_emb v2``) serving the Hugging Face directory ``model``, from its own venv.
+
+    ``venv`` is the peer's own virtual environment (``benchmarks.peer_venv``).
+    Routes go under ``/v1``, so its embeddings path is mmserve's
+    (``/v1/embeddings``); ``/health`` stays where it is. Bound to loopback
+    (its default is every interface), usage statistics off. It inherits
+    no ``PYTHONPATH``: a worktree's top-level packages (``kernels``,
+    ``models``) would shadow names its libraries look for.
+    """
     port = free_port() if port is None else port
-    env = {"MMSERVE_LOG_LEVEL": "warning", **{f"MMSERVE_{name}": value for name, value in settings.items()}}
-    argv = (sys.executable, "-m", "server.cli", "serve", "--preset", preset, "--port", str(port),
-            "--device", device)
-    return ServerCommand("mmserve", argv, port, "/health/ready", env)
+    argv = (str(venv / "bin" / "infinity_emb"), "v2", "--model-id", str(model),
+            "--served-model-name", served_model_name, "--batch-size", str(batch_size), "--device", device,
+            "--engine", "torch", "--host", "127.0.0.1", "--port", str(port), "--url-prefix", "/v1",
+            "--log-level", "warning")
+    env = {"INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    return ServerCommand("infinity", argv, port, "/health", env, unset_env=("PYTHONPATH", "VIRTUAL_ENV"))
 
 
 def litserve_command(preset: str, *, max_batch_size: int, max_queue_delay_ms: float, device: str = "cpu",
@@ -91,7 +123,7 @@ class ServerProcess:
         self._stderr = tempfile.TemporaryFile(mode="w+b")
         self._process = subprocess.Popen(
             command.argv,
-            env={**os.environ, **command.env},
+            env={**{k: v for k, v in os.environ.items() if k not in command.unset_env}, **command.env},
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
             start_new_session=True,  # its own process group: signals reach the children it forks

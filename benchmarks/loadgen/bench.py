@@ -17,6 +17,7 @@ from typing import Any
 
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.connection_slots import ConnectionSlots
+from benchmarks.loadgen.embeddings_payload import EmbeddingsBodyBuilder
 from benchmarks.loadgen.image_pool import ImagePool
 from benchmarks.loadgen.payload import BodyBuilder
 from benchmarks.loadgen.progress import RunProgress
@@ -42,7 +43,11 @@ class BenchOutcome:
 async def run_bench(config: BenchConfig) -> BenchOutcome:
     """Run the benchmark ``config`` describes against its URL and build the report."""
     image_pool = ImagePool(config.seed, config.image_size, config.image_format)
-    builder = BodyBuilder(image_pool, TextSource(config.seed), config.is_truncating)
+    builder: BodyBuilder
+    if config.embeddings is None:
+        builder = BodyBuilder(image_pool, TextSource(config.seed), config.is_truncating)
+    else:
+        builder = EmbeddingsBodyBuilder(image_pool, TextSource(config.seed), config.embeddings, config.image_format)
     workload: SyntheticWorkload | None = None
     replay: list[Arrival] | None = None
     if config.mode is RunMode.TRACE:

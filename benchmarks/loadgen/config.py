@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.loadgen.embeddings_payload import EmbeddingsDialect
 from benchmarks.loadgen.errors import ConfigError
 from benchmarks.loadgen.image_pool import ImageFormat, ImageSize
 from benchmarks.loadgen.workload import DEFAULT_MIX_TEXT, Mix, TextLengthRange, parse_mix
@@ -49,6 +50,7 @@ class BenchConfig:
     max_lag_p99_ms: float = DEFAULT_MAX_LAG_P99_MS
     is_truncating: bool = False
     show_progress: bool = True
+    embeddings: EmbeddingsDialect | None = None  # set: OpenAI /v1/embeddings bodies instead of /v1/infer
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -74,6 +76,8 @@ class BenchConfig:
             raise ConfigError(f"--timeout-s must be > 0, got {self.timeout_s}")
         if not self.max_lag_p99_ms > 0:
             raise ConfigError(f"--max-lag-ms must be > 0, got {self.max_lag_p99_ms}")
+        if self.embeddings is not None and any(m.has_image and m.has_text for m, _ in self.mix.shares):
+            raise ConfigError("OpenAI embeddings bodies hold a text or an image: the mix cannot send fusion")
 
     def to_json(self) -> dict[str, Any]:
         """The settings as they go into the report, so a report says how it was made."""
@@ -95,4 +99,6 @@ class BenchConfig:
             "timeout_s": self.timeout_s,
             "max_lag_p99_ms": self.max_lag_p99_ms,
             "truncate": self.is_truncating,
+            "embeddings": None if self.embeddings is None else {
+                "model": self.embeddings.model, "image_modality_marked": self.embeddings.is_image_modality_marked},
         }

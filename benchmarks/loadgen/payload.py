@@ -15,10 +15,13 @@ from benchmarks.loadgen.request_spec import RequestSpec
 from benchmarks.loadgen.text_source import TextSource
 
 JSON_HEADERS = {"content-type": "application/json"}
+INFER_PATH = "/v1/infer"
 
 
 class BodyBuilder:
-    """Builds request bodies from specs; owns the run's text source."""
+    """Builds request bodies from specs; owns the run's text source. ``path`` is where they are posted."""
+
+    path = INFER_PATH
 
     def __init__(self, image_pool: ImagePool, text_source: TextSource, is_truncating: bool = False) -> None:
         self._image_pool = image_pool

@@ -31,11 +31,10 @@ from typing import Any
 import httpx
 
 from benchmarks.loadgen.connection_slots import ConnectionSlots
-from benchmarks.loadgen.payload import JSON_HEADERS, BodyBuilder
+from benchmarks.loadgen.payload import INFER_PATH, JSON_HEADERS, BodyBuilder
 from benchmarks.loadgen.request_spec import Arrival, Modality
 from benchmarks.loadgen.workload import SyntheticWorkload
 
-INFER_PATH = "/v1/infer"
 OUTCOME_OK = "ok"
 OUTCOME_CLIENT_TIMEOUT = "client_timeout"
 OUTCOME_TRANSPORT_ERROR = "transport_error"
@@ -96,7 +95,7 @@ class _SendTimeProbe:
 
 
 class Sender:
-    """Sends one request, classifies the answer and reports a ``Sample``."""
+    """Sends one request to ``path``, classifies the answer and reports a ``Sample``."""
 
     def __init__(
         self,
@@ -104,7 +103,9 @@ class Sender:
         started_at_s: float,
         timeout_s: float,
         on_sample: Callable[[Sample], None],
+        path: str = INFER_PATH,
     ) -> None:
+        self._path = path
         self._slots = slots
         self._started_at_s = started_at_s
         self._timeout_s = timeout_s
@@ -118,7 +119,7 @@ class Sender:
         try:
             async with asyncio.timeout(self._timeout_s):
                 response = await client.post(
-                    INFER_PATH, content=body, headers=JSON_HEADERS, extensions={"trace": probe}
+                    self._path, content=body, headers=JSON_HEADERS, extensions={"trace": probe}
                 )
             status = response.status_code
             if 200 <= status < 300:
@@ -165,7 +166,7 @@ async def run_open_loop(
         on_sample(sample)
 
     started_at_s = time.perf_counter()
-    sender = Sender(slots, started_at_s, timeout_s, record)
+    sender = Sender(slots, started_at_s, timeout_s, record, builder.path)
     in_flight: set[asyncio.Task[None]] = set()
     for arrival in arrivals:
         body = builder.build(arrival.spec)  # built before the wait, so it costs no lag
@@ -199,7 +200,7 @@ async def run_closed_loop(
 
     started_at_s = time.perf_counter()
     stop_at_s = started_at_s + duration_s
-    sender = Sender(slots, started_at_s, timeout_s, record)
+    sender = Sender(slots, started_at_s, timeout_s, record, builder.path)
 
     async def worker() -> None:
         while time.perf_counter() < stop_at_s:

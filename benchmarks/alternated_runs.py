@@ -1,0 +1,195 @@
+"""Two servers measured in turn on one machine: A-B-B-A rounds, the idle one paused, the neighbours counted.
+
+Shared by every comparison with a peer server (``peer_litserve``,
+``real_models``). The machine's speed drifts by up to 20 % within minutes,
+so runs alternate in an A-B-B-A pattern (one pair per round, the order
+mirrored), each server's runs are pooled, and the result is a ratio. Both
+servers stay started and the one not being measured is paused (SIGSTOP), so
+its idle polling takes no CPU from the other's runs. Each run also records
+how many CPUs processes other than the two servers and this generator took
+meanwhile (``/proc/stat``, steal included), so a run slowed by a neighbour
+shows as such.
+
+Per comparison (``run_alternated``):
+
+1. saturation: a closed loop of C workers sending back to back (C well above
+   the batch cap, so batches stay full); ok answers per second.
+2. fixed rate: an open loop (Poisson arrivals) at a share of the *peer's*
+   measured saturation, latency from each request's intended send time (no
+   coordinated omission); percentiles over the pooled samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from benchmarks.loadgen.bench import BenchOutcome, run_bench
+from benchmarks.loadgen.config import BenchConfig, RunMode
+from benchmarks.loadgen.runner import Sample
+from benchmarks.loadgen.stats import summarize_latency
+from benchmarks.serving_processes import ServerProcess
+
+FIXED_RATE_SHARE = 0.7
+WARMUP_SEED = 99
+OPEN_SEED_BASE = 100
+
+
+@dataclass(frozen=True)
+class AlternationPlan:
+    """How long and how hard to drive one comparison."""
+
+    seconds: float
+    num_rounds: int  # each round runs both servers once; an even number mirrors the order (A-B-B-A)
+    warmup_s: float
+    concurrency: int
+    fixed_rate_share: float = FIXED_RATE_SHARE
+
+
+@dataclass
+class ServerRuns:
+    """Every measured run of one server for one comparison."""
+
+    throughputs_rps: list[float] = field(default_factory=list)
+    saturation_other_cpus: list[float] = field(default_factory=list)
+    open_samples: list[Sample] = field(default_factory=list)
+    open_num_sent: int = 0
+    open_num_ok: int = 0
+    open_lag_p99_ms: list[float] = field(default_factory=list)
+    other_cpus: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def throughput_rps(self) -> float:
+        return statistics.fmean(self.throughputs_rps)
+
+    def throughput_per_free_cpu_rps(self, num_cpus: int) -> float:
+        """Saturation ok/s per CPU that other processes left free, run by run, averaged.
+
+        A first-order correction for a neighbour's load; it assumes throughput
+        scales with the CPUs left, which holds best for a compute-bound model.
+        """
+        return statistics.fmean(
+            rps / max(num_cpus - other, 0.1) for rps, other in zip(self.throughputs_rps, self.saturation_other_cpus)
+        )
+
+    def open_percentile_ms(self, key: str) -> float:
+        summary = summarize_latency([sample.latency_s for sample in self.open_samples])
+        value = dict(summary.percentiles_ms)[key]
+        assert value is not None, "an open-loop run sent nothing"
+        return value
+
+    def count_errors(self, errors_by_status: Mapping[str, int]) -> None:
+        for status, count in errors_by_status.items():
+            self.errors[status] = self.errors.get(status, 0) + count
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (steal included: CPU another guest took)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Measured:
+    outcome: BenchOutcome
+    other_cpus: float  # CPUs busy with neither server nor this generator, on average over the run
+
+
+def measured_run(server: ServerProcess, servers: Sequence[ServerProcess], config: BenchConfig) -> Measured:
+    """One run against ``server``, resumed for the run and paused again after it.
+
+    Also measures how much CPU everything else on the machine took meanwhile,
+    so a run slowed by a neighbour shows as such.
+    """
+    server.resume()
+    try:
+        started_s = time.perf_counter()
+        busy_before_s = machine_busy_s()
+        ours_before_s = time.process_time() + sum(s.cpu_s() for s in servers)
+        outcome = asyncio.run(run_bench(config))
+        ours_s = time.process_time() + sum(s.cpu_s() for s in servers) - ours_before_s
+        other_s = machine_busy_s() - busy_before_s - ours_s
+        return Measured(outcome, max(0.0, other_s) / (time.perf_counter() - started_s))
+    finally:
+        server.pause()
+
+
+def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
+    """Round 0 runs ``first`` then ``second``, round 1 the mirror, and so on."""
+    return (first, second) if round_index % 2 == 0 else (second, first)
+
+
+def batch_means(report: dict) -> str:
+    """mmserve's mean batch size per lane during the run (from /metrics; peers export none)."""
+    batch_size = report["server"].get("batch_size") or {}
+    means = [f"{lane} {entry['mean']:.1f}" for lane, entry in sorted(batch_size.items()) if entry["mean"]]
+    return f"; mean batch: {', '.join(means)}" if means else ""
+
+
+def log(message: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class ConfigFor(Protocol):
+    """The run configuration for one server (its URL and its request dialect are the caller's)."""
+
+    def __call__(self, name: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
+                 rate_rps: float | None = None) -> BenchConfig: ...
+
+
+def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, plan: AlternationPlan,
+                   config_for: ConfigFor, label: str) -> dict[str, ServerRuns]:
+    """Saturation, then the fixed open-loop rate (a share of ``peer``'s saturation), A-B-B-A.
+
+    ``servers`` are started and paused; each is resumed only for its own runs.
+    """
+    runs = {peer: ServerRuns(), ours: ServerRuns()}
+    both = tuple(servers.values())
+    for name in (peer, ours):
+        measured_run(servers[name], both, config_for(name, RunMode.CLOSED, plan.warmup_s, WARMUP_SEED,
+                                                     concurrency=plan.concurrency))
+    for round_index in range(plan.num_rounds):
+        for name in abba_order(round_index, peer, ours):
+            measured = measured_run(servers[name], both, config_for(name, RunMode.CLOSED, plan.seconds, round_index,
+                                                                    concurrency=plan.concurrency))
+            report = measured.outcome.report
+            runs[name].throughputs_rps.append(report["throughput_rps"])
+            runs[name].saturation_other_cpus.append(measured.other_cpus)
+            runs[name].other_cpus.append(measured.other_cpus)
+            runs[name].count_errors(report["errors_by_status"])
+            log(f"{label} saturation {name:8s} round {round_index}: "
+                f"{report['throughput_rps']:.1f} ok/s, errors {report['errors_by_status'] or '-'}; "
+                f"other processes took {measured.other_cpus:.2f} CPUs{batch_means(report)}")
+    rate_rps = plan.fixed_rate_share * runs[peer].throughput_rps
+    for round_index in range(plan.num_rounds):
+        for name in reversed(abba_order(round_index, peer, ours)):
+            measured = measured_run(servers[name], both, config_for(name, RunMode.OPEN, plan.seconds,
+                                                                    OPEN_SEED_BASE + round_index, rate_rps=rate_rps))
+            outcome = measured.outcome
+            report = outcome.report
+            runs[name].other_cpus.append(measured.other_cpus)
+            runs[name].open_samples.extend(outcome.result.samples)
+            runs[name].open_num_sent += report["sent"]
+            runs[name].open_num_ok += report["ok"]
+            runs[name].count_errors(report["errors_by_status"])
+            if report["generator_lag_ms"]["p99"] is not None:
+                runs[name].open_lag_p99_ms.append(report["generator_lag_ms"]["p99"])
+            log(f"{label} open {rate_rps:.1f} req/s {name:8s} round {round_index}: "
+                f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
+                f"errors {report['errors_by_status'] or '-'}; "
+                f"other processes took {measured.other_cpus:.2f} CPUs")
+    return runs
+
+
+def run_orders(num_rounds: int, peer: str, ours: str) -> tuple[list[str], list[str]]:
+    """The order of the saturation runs and of the fixed-rate runs, as ``run_alternated`` makes them."""
+    saturation = [name for index in range(num_rounds) for name in abba_order(index, peer, ours)]
+    fixed_rate = [name for index in range(num_rounds) for name in reversed(abba_order(index, peer, ours))]
+    return saturation, fixed_rate
