@@ -18,7 +18,7 @@ from triton.compiler import ASTSource
 
 from kernels.backend import launch_config
 from kernels.lowrank_cross_attention import (
-    _AttentionShape,
+    AttentionShape,
     _launch_meta,
     _lowrank_cross_attention_kernel,
     _table_key,
@@ -62,7 +62,7 @@ def compiler_mode(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.Temp
 )
 def test_attention_kernel_compiles_at_serving_shape(dtype: torch.dtype, rank: int, arch: int) -> None:
     # Ragged keys (0 to 4 images of 197 tokens): no key length reaches the constexprs.
-    shape = _AttentionShape(rank=rank, value_dim=1024, seqlens_q=(77, 5, 9), seqlens_k=(197, 0, 4 * 197))
+    shape = AttentionShape(rank=rank, value_dim=1024, seqlens_q=(77, 5, 9), seqlens_k=(197, 0, 4 * 197))
     config = launch_config(_table_key(dtype), f"sm{arch}")
     meta = _launch_meta(dtype, shape, False, config)
     assert meta["DOT_DTYPE"] == getattr(tl, str(dtype).removeprefix("torch."))

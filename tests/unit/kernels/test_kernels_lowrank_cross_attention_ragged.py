@@ -16,7 +16,7 @@ import torch
 
 from kernels import lowrank_cross_attention, lowrank_cross_attention_ref
 from kernels.backend import launch_config
-from kernels.lowrank_cross_attention import _AttentionShape, _launch_meta, _table_key
+from kernels.lowrank_cross_attention import AttentionShape, _launch_meta, _table_key
 from kernels_attention_inputs import (
     AttentionCase,
     RaggedCase,
@@ -182,7 +182,7 @@ def test_key_lengths_do_not_reach_the_kernel_variant() -> None:
     """The constexprs (the compile key) follow the longest text only: no key length makes a new variant."""
     config = launch_config(_table_key(torch.bfloat16), "sm90")
     variants = {
-        tuple(_launch_meta(torch.bfloat16, _AttentionShape(16, 1024, (77, 5), seqlens_k), False, config).items())
+        tuple(_launch_meta(torch.bfloat16, AttentionShape(16, 1024, (77, 5), seqlens_k), False, config).items())
         for seqlens_k in [(197, 197), (0, 0), (1, 4 * 197), (3 * 197, 17), (0, 65)]
     }
     assert len(variants) == 1
