@@ -36,8 +36,11 @@ from monitoring.config import MonitorConfig
 from monitoring.digest import ks_distance, quantiles_of
 from monitoring.drift import TOTAL_STAGE, StageVerdict
 from monitoring.input_attribution import InputAttribution, attribute_inputs
+from monitoring.inputs import DIMENSION_SLICES, IMAGES
 
 ATTRIBUTION_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999, 0.9999)
+# The input split shown when no value is named and total did not grow.
+_REPORTED_QUANTILE = 0.9
 
 
 @dataclass(frozen=True)
@@ -208,10 +211,29 @@ def attribute(
 
 def _split_inputs(stage: str, baseline: TDigest, inputs_of: InputCountsLookup, quantile: float | None,
                   config: MonitorConfig) -> InputAttribution | None:
-    """The stage's slow tail by input value, its threshold at the quantile where ``total`` moved most."""
+    """The stage's slow tail by input value, at the quantile that names a value with the largest growth.
+
+    Every quantile of ``ATTRIBUTION_QUANTILES`` whose baseline threshold has
+    ``tail_min_exceedances`` samples with inputs beyond it is tried: a shift
+    of the body (PNGs' median) shows at 0.5, one of the last requests at
+    0.9999, and the window needs no such count (it is the side that grew).
+    Without a named value the split is reported at the quantile where
+    ``total`` grew most when it is one of those, else at the highest one up
+    to 0.9 (higher ones may hold no window sample to show).
+    """
     counts = inputs_of(stage)
     if counts is None or baseline.is_empty():
         return None
-    q = quantile if quantile is not None else config.input_tail_quantile
-    (threshold_s,) = quantiles_of(baseline, [q])
-    return attribute_inputs(stage, counts[0], counts[1], q, threshold_s, config)
+    window, baseline_counts = counts
+    num_baseline = int(baseline_counts[DIMENSION_SLICES[IMAGES]].sum())  # every sample once in each dimension
+    usable = [q for q in ATTRIBUTION_QUANTILES if num_baseline * (1 - q) >= config.tail_min_exceedances]
+    if not usable:
+        return None
+    splits = {q: attribute_inputs(stage, window, baseline_counts, q, threshold_s, config)
+              for q, threshold_s in zip(usable, quantiles_of(baseline, usable))}
+    named = [split for split in splits.values() if split.named is not None]
+    if named:
+        return max(named, key=lambda split: split.named.share_growth)  # type: ignore[union-attr]
+    if quantile in splits:
+        return splits[quantile]
+    return splits[max([q for q in usable if q <= _REPORTED_QUANTILE] or usable[:1])]

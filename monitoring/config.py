@@ -72,9 +72,6 @@ class MonitorConfig:
             sample to its sub-window.
         max_buffered_records: Records the hot-path buffer holds before new
             ones are dropped (and counted) instead of growing memory.
-        input_tail_quantile: Quantile of the slow threshold when splitting by
-            input value and ``total`` did not grow (else the quantile where it
-            grew most).
         input_min_share_growth: Growth of an input value's share of the slow
             tail (window minus baseline) needed to name it.
         input_min_z: The same growth in standard errors needed to name it.
@@ -95,7 +92,6 @@ class MonitorConfig:
     segment_max_centroids: int = 200
     fold_interval_s: float = 1.0
     max_buffered_records: int = 1_000_000
-    input_tail_quantile: float = 0.9
     input_min_share_growth: float = 0.1
     input_min_z: float = 3.5
 
@@ -132,9 +128,6 @@ class MonitorConfig:
             raise InvalidMonitorConfigError(f"tail_ratio must be > 1, got {self.tail_ratio}")
         if any(not 0.5 < q < 1 for q in self.tail_quantiles):
             raise InvalidMonitorConfigError(f"tail_quantiles must lie in (0.5, 1), got {self.tail_quantiles}")
-        if not 0.5 <= self.input_tail_quantile < 1:
-            raise InvalidMonitorConfigError(
-                f"input_tail_quantile must lie in [0.5, 1), got {self.input_tail_quantile}")
         if not 0 < self.input_min_share_growth <= 1:
             raise InvalidMonitorConfigError(
                 f"input_min_share_growth is a share in (0, 1], got {self.input_min_share_growth}")

@@ -3,10 +3,11 @@
 Stage attribution says *where* the time went (``decode``); this says *for
 which requests* ("the slow ones were the 4K PNGs"). For the named stage:
 
-1. the **slow threshold** is the stage's baseline quantile at q, the
-   quantile where ``total`` grew most (``Attribution.quantile``: the part of
-   the distribution that moved), or ``input_tail_quantile`` when ``total``
-   did not grow, snapped to the nearest histogram bin edge (within 15 %);
+1. the **slow threshold** is the stage's baseline quantile at q, snapped
+   to the nearest histogram bin edge (within 15 %); q is each of 0.5 ...
+   0.9999 that the baseline holds enough samples beyond, and the one that
+   names a value with the largest growth is kept (``monitoring.attribution``):
+   a shift of PNGs' median shows at 0.5, one of their last 0.01 % at 0.9999;
 2. for each input value v of each dimension (``monitoring.inputs``), its
    **share of the slow tail**: ``share(v) = count above threshold of v /
    count above threshold of the whole dimension``, in the window and in the
@@ -15,8 +16,9 @@ which requests* ("the slow ones were the 4K PNGs"). For the named stage:
    largest growth is *named* when its growth is at least
    ``input_min_share_growth`` and a two-proportion z-test puts it at least
    ``input_min_z`` standard errors from zero (34 values are tested in each
-   period: z >= 3.5 keeps the chance of naming one by noise near 1 %), and
-   both tails hold ``tail_min_exceedances`` samples.
+   period, at up to five quantiles, and these tests overlap: z >= 3.5 keeps
+   the chance of naming one by noise to a few per cent at worst), and both
+   tails hold ``tail_min_exceedances`` samples.
 
 A slowdown of PNGs only, or a client that starts sending many more PNGs that
 were always slower, both grow PNG's share. A slowdown of every request
