@@ -18,7 +18,9 @@ Scenarios:
   ingest       samples/s through record + fold at 10k requests/s over one drift
                period (folds, sub-window rotations, the drift judgement and
                scrapes included), per-request record cost, and where the time
-               goes (record call, grouping, conversion, digests).
+               goes (record call, grouping, conversion, digests); plain, with
+               batch size + cache outcome, and with those plus the request's
+               inputs (counted per input value for attribution).
 
     python benchmarks/drift_detection.py [--minutes 60] [--seed 0] [--scenarios ingest ...]
 """
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 from fastdigest import TDigest
 
-from monitoring import DriftState, ManualClock, Monitor, MonitorConfig
+from monitoring import DriftState, ManualClock, Monitor, MonitorConfig, RequestInputs
 from monitoring.ingest import fold_records
 
 # Per route: requests per second.
@@ -276,6 +278,12 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
     names, columns, batch, hits = sample_route("fusion", rng, INGEST_POOL, VISION_SIGMA, 0.0, 0.0)
     dicts = [dict(zip(names, values)) for values in zip(*[c.tolist() for c in columns])]
     batch_list, hit_list = batch.tolist(), hits.tolist()
+    # What fusion requests carry: a few encodings and sizes, texts of several lengths.
+    inputs_pool = [RequestInputs.of(largest_image_pixels=pixels, image_encoding=encoding, num_text_tokens=tokens,
+                                    num_images=1, priority="normal", protocol="native")
+                   for pixels in (200_000, 2_000_000) for encoding in ("jpeg", "png", "raw_uint8")
+                   for tokens in (8, 40)]
+    inputs_list = [inputs_pool[i] for i in rng.integers(0, len(inputs_pool), INGEST_POOL).tolist()]
     num_stages = len(names)
     period_s = int(config.period_s)
     num_requests = period_s * INGEST_RATE
@@ -293,7 +301,7 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
                 record("fusion", d)
         return (time.perf_counter_ns() - started) / len(dicts)
 
-    def frozen_monitor(with_segments: bool) -> tuple[Monitor, ManualClock]:
+    def frozen_monitor(with_segments: bool, with_inputs: bool) -> tuple[Monitor, ManualClock]:
         """A monitor whose baseline was learned from 100 requests/s, so this period is judged."""
         clock = ManualClock()
         monitor = Monitor(config, clock=clock)
@@ -302,14 +310,15 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
         for second in range(int(config.baseline_s)):
             for i in range(second * trickle % INGEST_POOL, second * trickle % INGEST_POOL + trickle):
                 monitor.record("fusion", dicts[i], batch_size=batch_list[i] if with_segments else None,
-                               cache_hit=hit_list[i] if with_segments else None)
+                               cache_hit=hit_list[i] if with_segments else None,
+                               inputs=inputs_list[i] if with_inputs else None)
             clock.advance(1.0)
             monitor.tick()
         assert monitor.baseline_phase.value == "frozen"
         return monitor, clock
 
-    def one_period(with_segments: bool) -> IngestTimings:
-        monitor, clock = frozen_monitor(with_segments)
+    def one_period(with_segments: bool, with_inputs: bool) -> IngestTimings:
+        monitor, clock = frozen_monitor(with_segments, with_inputs)
         record = monitor.record
         record_ns = fold_ns = scrape_ns = judged_tick_ns = 0
         rotating_ticks_ns = []  # folds that also close a sub-window, as the judging one does
@@ -317,7 +326,10 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
             first = second * INGEST_RATE % INGEST_POOL
             chunk = slice(first, first + INGEST_RATE)
             started = time.perf_counter_ns()
-            if with_segments:
+            if with_inputs:
+                for d, b, h, x in zip(dicts[chunk], batch_list[chunk], hit_list[chunk], inputs_list[chunk]):
+                    record("fusion", d, batch_size=b, cache_hit=h, inputs=x)
+            elif with_segments:
                 for d, b, h in zip(dicts[chunk], batch_list[chunk], hit_list[chunk]):
                     record("fusion", d, batch_size=b, cache_hit=h)
             else:
@@ -346,18 +358,20 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
             scrape_ms=scrape_ns / num_scrapes / 1e6,
         )
 
-    def median_timings(with_segments: bool, repeats: int = 3) -> IngestTimings:
-        runs = [one_period(with_segments) for _ in range(repeats)]
+    def median_timings(with_segments: bool, with_inputs: bool = False, repeats: int = 3) -> IngestTimings:
+        runs = [one_period(with_segments, with_inputs) for _ in range(repeats)]
         return IngestTimings(*(statistics.median(getattr(r, f) for r in runs) for f in IngestTimings.__annotations__))
 
     record_ns = statistics.median(record_only(True) for _ in range(3))
     record_plain_ns = statistics.median(record_only(False) for _ in range(3))
     seg = median_timings(True)
     plain = median_timings(False)
+    inp = median_timings(True, with_inputs=True)
 
     # Where the fold time goes: grouping + conversion (Python/numpy) vs the rest (digests, Rust).
-    records_seg = [("fusion", d, b, h) for d, b, h in zip(dicts, batch_list, hit_list)]
-    records_plain = [("fusion", d, None, None) for d in dicts]
+    records_seg = [("fusion", d, b, h, None) for d, b, h in zip(dicts, batch_list, hit_list)]
+    records_plain = [("fusion", d, None, None, None) for d in dicts]
+    records_inp = [("fusion", d, b, h, x) for d, b, h, x in zip(dicts, batch_list, hit_list, inputs_list)]
 
     def time_fold_records(records: list) -> float:
         elapsed_ns = 0
@@ -370,6 +384,7 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
 
     group_seg = statistics.median(time_fold_records(records_seg) for _ in range(3))
     group_plain = statistics.median(time_fold_records(records_plain) for _ in range(3))
+    group_inp = statistics.median(time_fold_records(records_inp) for _ in range(3))
     values_s = rng.lognormal(np.log(0.02), 0.5, 1_000_000)
 
     def rust_update() -> float:
@@ -388,17 +403,18 @@ def scenario_ingest(seed: int) -> list[tuple[str, str]]:
                  f"one {period_s} s drift period, a scrape every {SCRAPE_EVERY_S} s)", ""))
     rows.append(("  record() per request", f"{record_ns / 1e3:.3f} us with batch_size+cache_hit, "
                                           f"{record_plain_ns / 1e3:.3f} us without (target <= 2 us)"))
-    for label, t in (("plain", plain), ("with segments", seg)):
+    for label, t in (("plain", plain), ("with segments", seg), ("with segments + inputs", inp)):
         rows.append((f"  record + fold, {label}", f"{rate(t.record_ns + t.fold_ns)} "
                                                  f"(record {t.record_ns:.0f} + fold {t.fold_ns:.0f} ns/request)"))
-    for label, t in (("plain", plain), ("with segments", seg)):
+    for label, t in (("plain", plain), ("with segments", seg), ("with segments + inputs", inp)):
         rows.append((f"  record + fold + scrapes, {label}",
                      f"{rate(t.record_ns + t.fold_ns + t.scrape_ns)} (scrapes {t.scrape_ns:.0f} ns/request, "
                      f"inserting what the digests held back included)"))
-    for label, t in (("plain", plain), ("with segments", seg)):
+    for label, t in (("plain", plain), ("with segments", seg), ("with segments + inputs", inp)):
         rows.append((f"  reads per period, {label}", f"drift judgement {t.judgement_ms:.1f} ms, "
                                                     f"one scrape {t.scrape_ms:.1f} ms"))
-    for label, t, group in (("plain", plain, group_plain), ("segments", seg, group_seg)):
+    for label, t, group in (("plain", plain, group_plain), ("segments", seg, group_seg),
+                               ("segments + inputs", inp, group_inp)):
         rows.append((f"  fold breakdown, {label}",
                      f"group+convert {group / num_stages:.0f} ns/sample, digest updates + drain + rotations "
                      f"+ judgement {(t.fold_ns - group) / num_stages:.0f} ns/sample"))

@@ -5,6 +5,7 @@ objects through a constructor, so the serving code never reaches for globals.
 
     Monitor            record() on the hot path; digests, drift, JSON views
     MonitorConfig      windows, drift rule, digest sizes
+    RequestInputs      what a request carried (fixed buckets), for attribution by input value
     MonitorCollector   scrape-time Prometheus export (Monitor.register)
     ServingMetrics     the plain counters, gauges and histograms
     monitoring.fleet   merge several replicas' digests into fleet quantiles
@@ -15,6 +16,7 @@ from monitoring.collector import SUMMARY_QUANTILES, MonitorCollector
 from monitoring.config import MonitorConfig
 from monitoring.drift import DriftState
 from monitoring.errors import DigestFormatError, InvalidMonitorConfigError, MonitoringError, MonitorStateError
+from monitoring.inputs import RequestInputs
 from monitoring.monitor import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from monitoring.status import BaselinePhase, RouteDriftStatus
@@ -32,6 +34,7 @@ __all__ = [
     "MonitorConfig",
     "MonitorStateError",
     "MonitoringError",
+    "RequestInputs",
     "RouteDriftStatus",
     "ServingMetrics",
     "SystemClock",

@@ -17,6 +17,10 @@ For the named stage, the window and baseline of each batch-size bucket and
 of cache hit/miss are compared too. A segment *separates* the shift when it
 is the only shifted segment of its dimension while another segment of that
 dimension has traffic: "vision is slow, but only for cache misses".
+
+When the requests' inputs were recorded too, the named stage's slow tail is
+split by input value (``monitoring.input_attribution``): "the slow ones were
+the 4K PNGs".
 """
 
 from __future__ import annotations
@@ -25,13 +29,18 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import numpy as np
 from fastdigest import TDigest
 
 from monitoring.config import MonitorConfig
 from monitoring.digest import ks_distance, quantiles_of
 from monitoring.drift import TOTAL_STAGE, StageVerdict
+from monitoring.input_attribution import InputAttribution, attribute_inputs
+from monitoring.inputs import DIMENSION_SLICES, IMAGES
 
 ATTRIBUTION_QUANTILES: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999, 0.9999)
+# The input split shown when no value is named and total did not grow.
+_REPORTED_QUANTILE = 0.9
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,8 @@ class Attribution:
         by_tail_share: Stages by share of the total's shift, largest first.
         segments: Segment comparisons of ``top_stage``.
         separating_segments: The segments that alone carry the shift in their dimension.
+        inputs: ``top_stage``'s slow tail split by input value (``None`` when no
+            inputs were recorded for it, or it has no baseline yet).
     """
 
     top_stage: str | None
@@ -75,6 +86,7 @@ class Attribution:
     by_tail_share: tuple[StageScore, ...]
     segments: tuple[SegmentShift, ...]
     separating_segments: tuple[SegmentShift, ...]
+    inputs: InputAttribution | None = None
 
 
 DigestPair = tuple[TDigest, TDigest]
@@ -82,6 +94,9 @@ DigestPair = tuple[TDigest, TDigest]
 
 SegmentLookup = Callable[[str], Mapping[tuple[str, str], DigestPair]]
 """``segments_of(stage) -> {(dimension, value): (window, baseline)}``."""
+
+InputCountsLookup = Callable[[str], "tuple[np.ndarray, np.ndarray] | None"]
+"""``inputs_of(stage) -> (window, baseline)`` input-value histograms, or ``None`` when none were recorded."""
 
 
 def rank_by_ks(verdicts: Mapping[str, StageVerdict]) -> tuple[StageScore, ...]:
@@ -149,14 +164,16 @@ def attribute(
     stage_pairs: Mapping[str, DigestPair],
     segments_of: SegmentLookup,
     config: MonitorConfig,
+    inputs_of: InputCountsLookup | None = None,
 ) -> Attribution:
-    """Rank the stages of one route and split the named stage by segment.
+    """Rank the stages of one route and split the named stage by segment and by input value.
 
     Args:
         verdicts: This period's verdict per stage.
         stage_pairs: ``(window, baseline)`` per stage, ``total`` included.
         segments_of: Returns ``{(dimension, value): (window, baseline)}`` of a stage.
         config: The drift rule's settings.
+        inputs_of: Returns a stage's input-value histograms (window, baseline), if any.
     """
     by_ks = rank_by_ks(verdicts)
     quantile: float | None = None
@@ -175,8 +192,11 @@ def attribute(
         top_stage = None
     segments: tuple[SegmentShift, ...] = ()
     separating: tuple[SegmentShift, ...] = ()
+    inputs: InputAttribution | None = None
     if top_stage is not None:
         segments, separating = split_segments(segments_of(top_stage), config)
+        if inputs_of is not None:
+            inputs = _split_inputs(top_stage, stage_pairs[top_stage][1], inputs_of, quantile, config)
     return Attribution(
         top_stage=top_stage,
         quantile=quantile,
@@ -185,4 +205,35 @@ def attribute(
         by_tail_share=by_tail_share,
         segments=segments,
         separating_segments=separating,
+        inputs=inputs,
     )
+
+
+def _split_inputs(stage: str, baseline: TDigest, inputs_of: InputCountsLookup, quantile: float | None,
+                  config: MonitorConfig) -> InputAttribution | None:
+    """The stage's slow tail by input value, at the quantile that names a value with the largest growth.
+
+    Every quantile of ``ATTRIBUTION_QUANTILES`` whose baseline threshold has
+    ``tail_min_exceedances`` samples with inputs beyond it is tried: a shift
+    of the body (PNGs' median) shows at 0.5, one of the last requests at
+    0.9999, and the window needs no such count (it is the side that grew).
+    Without a named value the split is reported at the quantile where
+    ``total`` grew most when it is one of those, else at the highest one up
+    to 0.9 (higher ones may hold no window sample to show).
+    """
+    counts = inputs_of(stage)
+    if counts is None or baseline.is_empty():
+        return None
+    window, baseline_counts = counts
+    num_baseline = int(baseline_counts[DIMENSION_SLICES[IMAGES]].sum())  # every sample once in each dimension
+    usable = [q for q in ATTRIBUTION_QUANTILES if num_baseline * (1 - q) >= config.tail_min_exceedances]
+    if not usable:
+        return None
+    splits = {q: attribute_inputs(stage, window, baseline_counts, q, threshold_s, config)
+              for q, threshold_s in zip(usable, quantiles_of(baseline, usable))}
+    named = [split for split in splits.values() if split.named is not None]
+    if named:
+        return max(named, key=lambda split: split.named.share_growth)  # type: ignore[union-attr]
+    if quantile in splits:
+        return splits[quantile]
+    return splits[max([q for q in usable if q <= _REPORTED_QUANTILE] or usable[:1])]

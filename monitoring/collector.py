@@ -15,6 +15,14 @@ sliding max-age window, cumulative sum and count). A P99.99 needs about 10^5
 samples in the window to be more than the window's largest sample; fleet-wide
 or long-range tails come from merging the digests (``monitoring.fleet``), not
 from averaging these quantiles, which cannot be aggregated.
+
+``mmserve_drift_attributed`` carries two label sets while drift is active:
+``{route, stage}`` for the named stage (as before input attribution existed)
+and ``{route, stage, dimension, value}`` for the input value named in that
+stage's slow tail, when one is. Select ``{dimension=""}`` for the first.
+``mmserve_drift_tail_share_growth{route, stage, dimension, value}`` is every
+input value's share growth in the named stage's slow tail after each judged
+period (at most 34 series a route: the values are fixed).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ STAGE_LATENCY = "mmserve_stage_latency_seconds"
 DRIFT_KS = "mmserve_drift_ks_statistic"
 DRIFT_ACTIVE = "mmserve_drift_active"
 DRIFT_ATTRIBUTED = "mmserve_drift_attributed"
+DRIFT_TAIL_SHARE_GROWTH = "mmserve_drift_tail_share_growth"
 DROPPED_RECORDS = "mmserve_monitor_dropped_records"
 INVALID_RECORDS = "mmserve_monitor_invalid_records"
 
@@ -70,8 +79,15 @@ class MonitorCollector(Collector):
         active = GaugeMetricFamily(DRIFT_ACTIVE, "1 while latency drift is active on the route.", labels=("route",))
         attributed = GaugeMetricFamily(
             DRIFT_ATTRIBUTED,
-            "1 for the stage named as the cause while drift is active on the route.",
+            "1 for the stage named as the cause while drift is active on the route; with dimension and value, "
+            "1 for the input value whose share of that stage's slow tail grew most.",
             labels=("route", "stage"),
+        )
+        growth = GaugeMetricFamily(
+            DRIFT_TAIL_SHARE_GROWTH,
+            "Share of the attributed stage's slow tail held by each input value, window minus baseline "
+            "(latest period).",
+            labels=("route", "stage", "dimension", "value"),
         )
         dropped = CounterMetricFamily(
             DROPPED_RECORDS, "Latency records dropped because the monitor's buffer was full."
@@ -88,8 +104,20 @@ class MonitorCollector(Collector):
                 for verdict in status.verdicts.values():
                     if not math.isnan(verdict.ks):
                         ks.add_metric([status.route, verdict.stage], verdict.ks)
-                if status.is_active and status.attribution is not None and status.attribution.top_stage:
-                    attributed.add_metric([status.route, status.attribution.top_stage], 1.0)
+                attribution = status.attribution
+                if attribution is None:
+                    continue
+                if status.is_active and attribution.top_stage:
+                    attributed.add_metric([status.route, attribution.top_stage], 1.0)
+                inputs = attribution.inputs
+                if inputs is None:
+                    continue
+                for share in inputs.shares:
+                    growth.add_metric([status.route, inputs.stage, share.dimension, share.value], share.share_growth)
+                if status.is_active and inputs.named is not None:
+                    labels = {"route": status.route, "stage": inputs.stage, "dimension": inputs.named.dimension,
+                              "value": inputs.named.value}
+                    attributed.samples.append(Sample(DRIFT_ATTRIBUTED, labels, 1.0))
             dropped.add_metric([], snapshot.num_dropped_records)
             invalid.add_metric([], snapshot.num_invalid_records)
-        yield from (latency, ks, active, attributed, dropped, invalid)
+        yield from (latency, ks, active, attributed, growth, dropped, invalid)

@@ -22,6 +22,10 @@ Why the defaults are what they are:
   P99.99 honest; merging cells into sub-windows and sub-windows into a
   window keeps it there (one pass per merge, headroom where digests absorb
   many merges: see ``monitoring.series``).
+* ``input_min_share_growth = 0.1`` and ``input_min_z = 3.5``: an input
+  value is named when its share of the named stage's slow tail grew by 10
+  points and by 3.5 standard errors (34 values are tested each period; see
+  ``monitoring.input_attribution``).
 * ``tail_ratio = 1.5`` on P99.9 / P99.99 with at least
   ``tail_min_exceedances`` samples beyond the quantile on both sides: KS is
   blind to a shift of the last 0.01 % (D moves by 1e-4), the ratio is not.
@@ -68,6 +72,9 @@ class MonitorConfig:
             sample to its sub-window.
         max_buffered_records: Records the hot-path buffer holds before new
             ones are dropped (and counted) instead of growing memory.
+        input_min_share_growth: Growth of an input value's share of the slow
+            tail (window minus baseline) needed to name it.
+        input_min_z: The same growth in standard errors needed to name it.
     """
 
     window_s: float = 120.0
@@ -85,6 +92,8 @@ class MonitorConfig:
     segment_max_centroids: int = 200
     fold_interval_s: float = 1.0
     max_buffered_records: int = 1_000_000
+    input_min_share_growth: float = 0.1
+    input_min_z: float = 3.5
 
     def __post_init__(self) -> None:
         positive = {
@@ -119,6 +128,11 @@ class MonitorConfig:
             raise InvalidMonitorConfigError(f"tail_ratio must be > 1, got {self.tail_ratio}")
         if any(not 0.5 < q < 1 for q in self.tail_quantiles):
             raise InvalidMonitorConfigError(f"tail_quantiles must lie in (0.5, 1), got {self.tail_quantiles}")
+        if not 0 < self.input_min_share_growth <= 1:
+            raise InvalidMonitorConfigError(
+                f"input_min_share_growth is a share in (0, 1], got {self.input_min_share_growth}")
+        if not (isinstance(self.input_min_z, (int, float)) and self.input_min_z >= 0):
+            raise InvalidMonitorConfigError(f"input_min_z must be >= 0, got {self.input_min_z!r}")
         if self.baseline_s < self.sub_window_s:
             raise InvalidMonitorConfigError(
                 f"baseline_s ({self.baseline_s}) is shorter than one sub-window ({self.sub_window_s} s)"

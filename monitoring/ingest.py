@@ -1,7 +1,7 @@
 """From hot-path records to one array of seconds per cell, off the hot path.
 
-``Monitor.record`` only appends ``(route, stage_ns, batch_size, cache_hit)``
-to a deque (thread-safe append/popleft, no lock). The folder drains the deque
+``Monitor.record`` only appends ``(route, stage_ns, batch_size, cache_hit,
+inputs)`` to a deque (thread-safe append/popleft, no lock). The folder drains the deque
 and turns it into one float64 array per **cell** -- a (route, stage,
 batch-size bucket, cache outcome); a sample goes to exactly one cell, and the
 all-traffic and segment series are unions of cells merged when read
@@ -18,6 +18,11 @@ all-traffic and segment series are unions of cells merged when read
    seconds into a stage-major array, and cut it into one contiguous run per
    pair; pairs in the same cell (batch sizes 3 and 4) are concatenated.
 
+Records that carry ``RequestInputs`` are also counted per input value and
+latency bin for each (route, stage) (``monitoring.input_histograms``), from
+the same ``(num_records, num_stages)`` matrix: one int read per record and
+one bin and count per sample.
+
 A group that breaks the fast path (records with other stage names of the
 same count, a value that is not a number, a negative or non-finite time)
 falls back to a per-record path that skips and counts the bad records, so one
@@ -31,15 +36,21 @@ import itertools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
 import numpy as np
 
+from monitoring.input_histograms import count_inputs
+from monitoring.inputs import NUM_COMBINATIONS, RequestInputs
 
-Record = tuple[str, Mapping[str, int], int | None, bool | None]
-"""What ``Monitor.record`` appends: ``(route, stage_ns, batch_size, cache_hit)``."""
+Record = tuple[str, Mapping[str, int], int | None, bool | None, RequestInputs | None]
+"""What ``Monitor.record`` appends: ``(route, stage_ns, batch_size, cache_hit, inputs)``."""
+
+NO_INPUTS_CODE = -1
+"""The code of a record without inputs: it joins no input histogram."""
 
 BATCH_SIZE_DIMENSION = "batch_size"
 CACHE_DIMENSION = "cache"
@@ -89,11 +100,16 @@ class CellKey(NamedTuple):
 
 @dataclass(frozen=True)
 class FoldResult:
-    """Arrays (seconds) per cell from one drain, and how many records were unusable."""
+    """Arrays (seconds) per cell from one drain, counts per input value, and how many records were unusable.
+
+    ``input_counts`` maps ``(route, stage)`` to ``(NUM_VALUES, NUM_BINS)``
+    counts of the samples recorded with inputs (absent when there were none).
+    """
 
     values_s: Mapping[CellKey, np.ndarray]
     num_records: int
     num_invalid_records: int
+    input_counts: Mapping[tuple[str, str], np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @functools.lru_cache(maxsize=4096, typed=True)  # each fold asks for the same few dozen cells
@@ -109,36 +125,49 @@ def cell_of(route: str, stage: str, batch_size: object, cache_hit: object) -> Ce
 
 
 def fold_records(records: Sequence[Record]) -> FoldResult:
-    """Group ``records`` and return one float64 array of seconds per cell."""
+    """Group ``records`` and return one float64 array of seconds per cell, and the input-value counts."""
     # Per (route, number of stages): the stage dicts in record order, each
-    # record's pair number, and the (batch_size, cache_hit) pair of each number.
-    groups: dict[tuple[str, int], tuple[list[Mapping[str, int]], list[int], list[tuple[object, object]]]] = {}
+    # record's pair number, the (batch_size, cache_hit) pair of each number,
+    # and each record's inputs (mostly None or the same few interned objects).
+    groups: dict[tuple[str, int], tuple[list[Mapping[str, int]], list[int], list[tuple[object, object]],
+                                        list[RequestInputs | None]]] = {}
     # (route, number of stages, batch_size, cache_hit) -> where such a record goes.
-    slots: dict[tuple[object, ...], tuple[Callable[[Mapping[str, int]], None], Callable[[int], None], int]] = {}
-    for route, stage_ns, batch_size, cache_hit in records:
+    slots: dict[tuple[object, ...], tuple[Callable[[Mapping[str, int]], None], Callable[[int], None],
+                                          Callable[[RequestInputs | None], None], int]] = {}
+    for route, stage_ns, batch_size, cache_hit, inputs in records:
         key = (route, len(stage_ns), batch_size, cache_hit)
         try:
-            append_row, append_id, pair_id = slots[key]
+            append_row, append_id, append_inputs, pair_id = slots[key]
         except KeyError:
-            rows, ids, pairs = groups.setdefault((route, len(stage_ns)), ([], [], []))
-            slots[key] = (append_row, append_id, pair_id) = (rows.append, ids.append, len(pairs))
+            rows, ids, pairs, inputs_list = groups.setdefault((route, len(stage_ns)), ([], [], [], []))
+            slots[key] = (append_row, append_id, append_inputs, pair_id) = (
+                rows.append, ids.append, inputs_list.append, len(pairs))
             pairs.append((batch_size, cache_hit))
         append_row(stage_ns)
         append_id(pair_id)
+        append_inputs(inputs)
 
     columns: defaultdict[CellKey, list[np.ndarray]] = defaultdict(list)
+    input_counts: dict[tuple[str, str], np.ndarray] = {}
     num_invalid = 0
-    for (route, _), (rows, id_list, pairs) in groups.items():
+    for (route, _), (rows, id_list, pairs, inputs_list) in groups.items():
+        codes = input_codes(inputs_list)
         converted = _stage_matrix_ns(rows)
         if converted is None:
             for pair_id, (batch_size, cache_hit) in enumerate(pairs):
                 stage_columns_s, num_bad = _stage_columns_slow_s([r for r, i in zip(rows, id_list) if i == pair_id])
                 num_invalid += num_bad
-                for stage, column_s in stage_columns_s.items():
+                for stage, (column_s, _) in stage_columns_s.items():
                     if column_s.size:
                         columns[cell_of(route, stage, batch_size, cache_hit)].append(column_s)
+            if codes is not None:
+                for stage, (column_s, kept_rows) in _stage_columns_slow_s(rows)[0].items():
+                    column_ns = np.rint(column_s * _NS_PER_S)[:, None]  # (num_kept, 1)
+                    _add_counts(input_counts, route, (stage,), count_inputs(codes[kept_rows], column_ns))
             continue
         stages, by_row_ns = converted
+        if codes is not None:
+            _add_counts(input_counts, route, stages, count_inputs(codes, by_row_ns))
         # The smallest integer type lets argsort use a radix sort.
         ids = np.array(id_list, dtype=np.min_scalar_type(len(pairs))) if len(pairs) > 1 else None
         for pair_id, run_s in _runs_by_id(by_row_ns, ids, len(pairs)):
@@ -148,7 +177,40 @@ def fold_records(records: Sequence[Record]) -> FoldResult:
 
     # Batch sizes that share a bucket (3 and 4) are two runs of one cell.
     values_s = {cell: parts[0] if len(parts) == 1 else np.concatenate(parts) for cell, parts in columns.items()}
-    return FoldResult(values_s=values_s, num_records=len(records), num_invalid_records=num_invalid)
+    return FoldResult(values_s=values_s, num_records=len(records), num_invalid_records=num_invalid,
+                      input_counts=input_counts)
+
+
+def input_codes(inputs_list: list[RequestInputs | None]) -> np.ndarray | None:
+    """Each record's input combination code (``NO_INPUTS_CODE`` without one); ``None`` when no record has one.
+
+    One attribute read per record (``list.count(None)`` would call the
+    dataclass' ``__eq__`` on each). Anything without a valid code (a caller's
+    mistake) counts as no inputs rather than stopping the fold.
+    """
+    if not any(inputs_list):
+        return None
+    try:
+        codes = np.array([NO_INPUTS_CODE if i is None else i.code for i in inputs_list], dtype=np.int64)
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        codes = np.array([i.code if isinstance(i, RequestInputs) else NO_INPUTS_CODE for i in inputs_list],
+                         dtype=np.int64)
+    is_valid = (codes >= 0) & (codes < NUM_COMBINATIONS)
+    if not is_valid.any():
+        return None
+    codes[~is_valid] = NO_INPUTS_CODE
+    return codes
+
+
+def _add_counts(input_counts: dict[tuple[str, str], np.ndarray], route: str, stages: Sequence[str],
+                counts: np.ndarray) -> None:
+    """Add ``(num_stages, NUM_VALUES, NUM_BINS)`` counts to each ``(route, stage)``'s."""
+    for stage, stage_counts in zip(stages, counts):
+        key = (route, stage)
+        if key in input_counts:
+            input_counts[key] += stage_counts
+        else:
+            input_counts[key] = stage_counts
 
 
 def _runs_by_id(by_row_ns: np.ndarray, ids: np.ndarray | None, num_ids: int) -> list[tuple[int, np.ndarray]]:
@@ -200,11 +262,15 @@ def _stage_matrix_ns(rows: list[Mapping[str, int]]) -> tuple[tuple[str, ...], np
     return stages, flat_ns.reshape(len(rows), num_stages)  # (num_rows, num_stages)
 
 
-def _stage_columns_slow_s(rows: list[Mapping[str, int]]) -> tuple[dict[str, np.ndarray], int]:
-    """Per-row path: keeps every valid row whole, drops (and counts) rows with a bad time."""
+def _stage_columns_slow_s(rows: list[Mapping[str, int]]) -> tuple[dict[str, tuple[np.ndarray, list[int]]], int]:
+    """Per-row path: keeps every valid row whole, drops (and counts) rows with a bad time.
+
+    Returns, per stage, its seconds and the indices of the rows they came from.
+    """
     kept: defaultdict[str, list[float]] = defaultdict(list)
+    kept_rows: defaultdict[str, list[int]] = defaultdict(list)
     num_bad = 0
-    for row in rows:
+    for index, row in enumerate(rows):
         try:
             values = [(str(stage), float(ns)) for stage, ns in row.items()]
         except (TypeError, ValueError, AttributeError):
@@ -215,4 +281,6 @@ def _stage_columns_slow_s(rows: list[Mapping[str, int]]) -> tuple[dict[str, np.n
             continue
         for stage, ns in values:
             kept[stage].append(ns)
-    return {stage: np.asarray(ns, dtype=np.float64) / _NS_PER_S for stage, ns in kept.items()}, num_bad
+            kept_rows[stage].append(index)
+    columns_s = {stage: (np.asarray(ns, dtype=np.float64) / _NS_PER_S, kept_rows[stage]) for stage, ns in kept.items()}
+    return columns_s, num_bad

@@ -12,7 +12,11 @@ Life of a sample::
 
 A cell is a (route, stage, batch-size bucket, cache outcome); the all-traffic
 and segment series are merged from cells when read (``StageDigests``), so a
-sample costs one digest insertion however many series it counts in.
+sample costs one digest insertion however many series it counts in. A record
+that carries ``RequestInputs`` is also counted, per (route, stage), in a
+latency histogram of each of its input values (``InputHistograms``: fixed
+values, fixed bins), which slides with the digests; attribution reads them to
+say which inputs filled the named stage's slow tail.
 
 Readers (the Prometheus collector, the JSON views) take the same lock only to
 copy out a snapshot. The baseline is learned from the ``baseline_s`` after
@@ -35,6 +39,7 @@ from functools import partial
 from itertools import repeat, starmap
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry
 
 from monitoring.attribution import Attribution, DigestPair, attribute
@@ -45,6 +50,8 @@ from monitoring.digest import quantiles_of
 from monitoring.drift import DriftState, RouteDriftTracker, StageVerdict, judge_stage, route_condition
 from monitoring.errors import MonitorStateError
 from monitoring.ingest import FoldResult, Record, fold_records
+from monitoring.input_histograms import InputHistograms
+from monitoring.inputs import RequestInputs
 from monitoring.stage_digests import StageDigests
 from monitoring.status import BaselinePhase, ExportSnapshot, RouteDriftStatus, StageExport
 from monitoring.views import digests_document, drift_document
@@ -76,6 +83,7 @@ class Monitor:
         self._lock = threading.Lock()
         self._drain_lock = threading.Lock()
         self._series: dict[tuple[str, str], StageDigests] = {}  # (route, stage)
+        self._inputs: dict[tuple[str, str], InputHistograms] = {}  # (route, stage), once recorded with inputs
         self._stages: dict[str, list[str]] = {}
         self._trackers: dict[str, RouteDriftTracker] = {}
         self._statuses: dict[str, RouteDriftStatus] = {}
@@ -106,17 +114,19 @@ class Monitor:
         *,
         batch_size: int | None = None,
         cache_hit: bool | None = None,
+        inputs: RequestInputs | None = None,
     ) -> None:
         """Record one request's stage times (nanoseconds, from ``time.perf_counter_ns``).
 
         An O(1) append, no lock, never raises. ``stage_ns`` is kept, not
         copied: do not mutate it afterwards. ``batch_size`` and ``cache_hit``
         are optional; when given they let attribution split a shift by
-        batch-size bucket and cache hit/miss.
+        batch-size bucket and cache hit/miss. ``inputs`` (what the request
+        carried, ``RequestInputs.of``) lets it split the shift by input value.
         """
         buffer = self._buffer
         if len(buffer) < self._capacity:
-            buffer.append((route, stage_ns, batch_size, cache_hit))
+            buffer.append((route, stage_ns, batch_size, cache_hit, inputs))
         else:
             self._num_dropped += 1
 
@@ -180,6 +190,13 @@ class Monitor:
             if series is None:
                 series = self._new_series_locked(cell.route, cell.stage)
             series.add(cell, values_s)
+        for key, counts in folded.input_counts.items():
+            histograms = self._inputs.get(key)
+            if histograms is None:
+                if key not in self._series:  # a stage whose samples were all invalid: no digests, no split
+                    continue
+                histograms = self._inputs[key] = InputHistograms(self._config.num_sub_windows)
+            histograms.add(counts)
 
     def _new_series_locked(self, route: str, stage: str) -> StageDigests:
         series = StageDigests(
@@ -207,6 +224,8 @@ class Monitor:
         is_learning = self._phase is BaselinePhase.LEARNING and not force
         for series in self._series.values():
             series.rotate(num_steps, into_baseline=is_learning)
+        for histograms in self._inputs.values():
+            histograms.rotate(num_steps, into_baseline=is_learning)
         self._sub_window_start_s = now_s if force else self._sub_window_start_s + num_steps * sub_window_s
         if is_learning:
             self._num_learned_sub_windows += num_steps
@@ -237,6 +256,8 @@ class Monitor:
                 raise MonitorStateError("the baseline is learned after mark_ready(); nothing to relearn yet")
             for series in self._series.values():
                 series.reset_baseline()
+            for histograms in self._inputs.values():
+                histograms.reset_baseline()
             self._start_learning_locked()
 
     def _start_learning_locked(self) -> None:
@@ -266,13 +287,18 @@ class Monitor:
                 pairs[stage] = (series.window(), series.baseline)
             verdicts = {stage: judge_stage(stage, w, b, self._config) for stage, (w, b) in pairs.items()}
             condition = route_condition(verdicts)
-            attribution = attribute(verdicts, pairs, partial(self._segment_pairs_locked, route), self._config)
+            attribution = attribute(verdicts, pairs, partial(self._segment_pairs_locked, route), self._config,
+                                    partial(self._input_counts_locked, route))
             tracker = self._trackers[route]
             tracker.observe(condition, now_unix_s)
             self._statuses[route] = self._status_of(route, tracker, now_unix_s, condition, verdicts, attribution)
 
     def _segment_pairs_locked(self, route: str, stage: str) -> dict[tuple[str, str], DigestPair]:
         return self._series[(route, stage)].segment_pairs()
+
+    def _input_counts_locked(self, route: str, stage: str) -> tuple[np.ndarray, np.ndarray] | None:
+        histograms = self._inputs.get((route, stage))
+        return None if histograms is None else (histograms.window(), histograms.baseline)
 
     @staticmethod
     def _status_of(
@@ -308,6 +334,12 @@ class Monitor:
     @property
     def baseline_phase(self) -> BaselinePhase:
         return self._phase
+
+    @property
+    def num_input_histograms(self) -> int:
+        """(route, stage) series counted by input value: bounded by routes x stages, never by the values sent."""
+        with self._lock:
+            return len(self._inputs)
 
     def window_quantiles_s(self, route: str, stage: str, qs: tuple[float, ...] = SUMMARY_QUANTILES) -> list[float]:
         """Quantiles (seconds) of one series' sliding window; NaN when unknown or empty."""

@@ -23,6 +23,7 @@ from typing import Any
 from fastdigest import TDigest
 
 from monitoring.attribution import Attribution
+from monitoring.input_attribution import InputAttribution, InputShare
 from monitoring.config import MonitorConfig
 from monitoring.digest import digest_to_json
 from monitoring.drift import StageVerdict
@@ -91,6 +92,7 @@ def _route_json(status: RouteDriftStatus, now_unix_s: float) -> dict[str, Any]:
         "since_unix_s": status.since_unix_s,
         "for_s": max(now_unix_s - status.since_unix_s, 0.0),
         "attributed_stage": attribution.top_stage if attribution is not None else None,
+        "attributed_input": _named_input_json(attribution),
         "evaluated_unix_s": status.evaluated_unix_s,
         "period_shifted": status.condition,
         "shifted_periods_in_row": status.num_shifted_in_row,
@@ -129,4 +131,43 @@ def _attribution_json(attribution: Attribution) -> dict[str, Any]:
         "separating_segments": [
             {"dimension": s.dimension, "value": s.value, "ks": _number(s.ks)} for s in attribution.separating_segments
         ],
+        "inputs": _inputs_json(attribution.inputs) if attribution.inputs is not None else None,
+    }
+
+
+def _named_input_json(attribution: Attribution | None) -> dict[str, Any] | None:
+    """``{"stage", "dimension", "value", "share_growth"}`` of the named input value, if one is named."""
+    if attribution is None or attribution.inputs is None or attribution.inputs.named is None:
+        return None
+    named = attribution.inputs.named
+    return {"stage": attribution.inputs.stage, "dimension": named.dimension, "value": named.value,
+            "share_growth": _number(named.share_growth)}
+
+
+def _share_json(share: InputShare) -> dict[str, Any]:
+    return {
+        "dimension": share.dimension,
+        "value": share.value,
+        "share_growth": _number(share.share_growth),
+        "z": _number(share.z),
+        "tail_share_window": _number(share.tail_share_window),
+        "tail_share_baseline": _number(share.tail_share_baseline),
+        "tail_rate_window": _number(share.tail_rate_window),
+        "tail_rate_baseline": _number(share.tail_rate_baseline),
+        "traffic_share_window": _number(share.traffic_share_window),
+        "traffic_share_baseline": _number(share.traffic_share_baseline),
+        "num_window": share.num_window,
+        "num_baseline": share.num_baseline,
+    }
+
+
+def _inputs_json(inputs: InputAttribution) -> dict[str, Any]:
+    return {
+        "stage": inputs.stage,
+        "quantile": inputs.quantile,
+        "threshold_s": _number(inputs.threshold_s),
+        "num_tail_window": _number(inputs.num_tail_window),
+        "num_tail_baseline": _number(inputs.num_tail_baseline),
+        "named": _share_json(inputs.named) if inputs.named is not None else None,
+        "values": [_share_json(share) for share in inputs.shares],
     }

@@ -45,6 +45,7 @@ from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.tokenizer import TokenizedText
 from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
+from router.image_header import images_encoding
 from router.joint_budget import JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
 from router.router import Router
@@ -215,7 +216,7 @@ class RequestIntake:
     def _prepare_now(self, item: IntakeItem) -> _Prepared:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
         if self._faults is not None:
-            self._faults.after_stage("decode")
+            self._faults.after_stage("decode", images_encoding(item.images))
         self._router.budget.check_images(len(item.images))
         tokens = None
         if item.text is not None:

@@ -25,7 +25,7 @@ from router.request import InferenceResult
 from server.http.error_mapping import api_error_from
 from server.errors import ApiError
 from server.ingest.inputs import ParsedInput, intake_item
-from server.runtime.monitoring_setup import cache_hit_of
+from server.runtime.monitoring_setup import cache_hit_of, request_inputs
 from server.protocols.errors import RowFailedError
 from server.settings import LaneName
 from server.state import ServerState
@@ -62,11 +62,12 @@ def check_row_counts(rows: Sequence[ParsedInput], state: ServerState) -> None:
 
 
 async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id: str,
-                     started_ns: int) -> list[RowOutcome]:
+                     started_ns: int, *, protocol: str) -> list[RowOutcome]:
     """Every row through the intake at once; row ``i`` becomes request ``{request_id}-{i}``.
 
     All rows share the deadline ``started_ns + timeout``. Raises ``ApiError``,
-    ``RowFailedError`` or the router's typed errors.
+    ``RowFailedError`` or the router's typed errors. ``protocol`` labels the
+    rows' latency records (``kserve_v2``, ``openai``).
     """
     check_row_counts(rows, state)
     items = [intake_item(row, f"{request_id}-{row_index}") for row_index, row in enumerate(rows)]
@@ -74,12 +75,14 @@ async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id
         outcomes = await state.intake.run(items, started_ns)
     except IntakeItemError as e:
         raise RowFailedError(e.item_index, e.error) from e.error
-    for outcome in outcomes:
+    for row, outcome in zip(rows, outcomes):
         # A row's queue and compute stages are its own and go to its lane's digests;
         # its decode and end-to-end times are the whole request's, so a row adds no
         # decode or total sample (those stay what /v1/infer requests measured).
+        # Its inputs are the row's own: one row is one request to the monitor.
         state.monitor.record(outcome.result.route.value, outcome.result.stage_ns,
-                             batch_size=outcome.result.batch_size, cache_hit=cache_hit_of(outcome.plan.statuses()))
+                             batch_size=outcome.result.batch_size, cache_hit=cache_hit_of(outcome.plan.statuses()),
+                             inputs=request_inputs(row, outcome, protocol))
         if outcome.joint is not None:
             state.metrics.joint_tokens.labels(route=outcome.result.route.value).observe(outcome.joint.total)
     return [RowOutcome(outcome, outcome.result) for outcome in outcomes]

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from router.faults import FAULT_STAGES, FaultPlan
+from router.image_header import ENCODINGS
 from server.errors import ApiError
 from server.state import ServerState
 
@@ -18,6 +19,8 @@ class FaultRequest(BaseModel):
     delay_ms: float = Field(ge=0, le=60_000)
     fraction: float = Field(1.0, ge=0, le=1)
     duration_s: float = Field(60.0, gt=0, le=86_400)
+    only_encoding: str | None = Field(
+        None, description=f"decode only: delay only requests whose images are {', '.join(ENCODINGS)}.")
 
 
 def _injector(request: Request):
@@ -33,9 +36,10 @@ async def add_fault(request: Request, body: FaultRequest) -> JSONResponse:
     injector = _injector(request)
     try:
         plan = FaultPlan(stage=body.stage, delay_ms=body.delay_ms, fraction=body.fraction,
-                         duration_s=body.duration_s)
+                         duration_s=body.duration_s, only_encoding=body.only_encoding)
     except (ValueError, ValidationError) as e:
-        raise ApiError(422, "invalid_fault", str(e), "stage") from e
+        field = "only_encoding" if body.only_encoding is not None and body.stage in FAULT_STAGES else "stage"
+        raise ApiError(422, "invalid_fault", str(e), field) from e
     injector.activate(plan)
     return JSONResponse({"active": [vars(p) for p in injector.active()]})
 

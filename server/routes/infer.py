@@ -18,7 +18,7 @@ from server.ingest import json_body
 from server.http.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
 from server.ingest.inputs import ParsedInput, intake_item, parse_json, parse_multipart
-from server.runtime.monitoring_setup import cache_hit_of
+from server.runtime.monitoring_setup import cache_hit_of, request_inputs
 from server.schemas import InferResponse
 from server.state import ServerState
 
@@ -177,7 +177,7 @@ async def infer(request: Request) -> Response:
         # (503 when shedding) would pull the latency digests down just as things get
         # slow. Errors are counted in mmserve_requests_total{code}.
         state.monitor.record(result.route.value, stage_ns, batch_size=result.batch_size,
-                             cache_hit=cache_hit_of(body["cache"]))
+                             cache_hit=cache_hit_of(body["cache"]), inputs=request_inputs(parsed, prepared, "native"))
     except ClientDisconnectedError:
         # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
         response = ApiError(499, "client_disconnected", "the client closed the connection").response()

@@ -85,7 +85,7 @@ async def embeddings(request: Request) -> JSONResponse:
         check_model(embeddings_request.model, state.bundle.config.name)
         items = items_from_request(embeddings_request, state.settings)
         check_dimensions(embeddings_request, items, state.bundle)
-        outcomes = await infer_rows(state, items, request_id, started_ns)
+        outcomes = await infer_rows(state, items, request_id, started_ns, protocol="openai")
         response = JSONResponse(embeddings_response(embeddings_request, state.bundle.config.name, outcomes))
     except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI-shaped answer
         response = _error_response(failure_from(e, request_id), is_single_input)

@@ -136,7 +136,7 @@ async def _infer(request: Request, model_name: str, model_version: str | None) -
         v2_request = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
         rows = rows_from_request(v2_request, state.settings)
         chosen = choose_outputs(v2_request, state.bundle)
-        outcomes = await infer_rows(state, rows, request_id, started_ns)
+        outcomes = await infer_rows(state, rows, request_id, started_ns, protocol="kserve_v2")
         encoded = encode_infer_response(V2InferResponse(
             model_name=state.bundle.config.name,
             model_version=MODEL_VERSION,

@@ -8,6 +8,12 @@
 The baseline is learned from traffic after readiness only: requests answered
 during warm-up (there are none on ``/v1/infer``, but a cold process is slower
 anyway) would make a baseline no steady-state window could match.
+
+Each answered request is recorded with what it carried (``request_inputs``),
+so drift can be attributed to input values ("the slow ones were the 4K
+PNGs"). Image sizes come from the headers (``router.image_header``), for
+cache hits too, which are never decoded; a header that cannot be read
+(BMP, TIFF, a cut-short file) is ``unknown``.
 """
 
 from __future__ import annotations
@@ -17,7 +23,10 @@ from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry
 
-from monitoring import Monitor, MonitorConfig
+from monitoring import Monitor, MonitorConfig, RequestInputs
+from router.image_header import images_encoding, largest_image_pixels
+from router.intake import IntakeOutcome
+from server.ingest.inputs import ParsedInput
 from server.settings import Settings
 
 # The folder thread folds the record buffer at least this often; a shorter
@@ -82,3 +91,21 @@ def cache_hit_of(statuses: Mapping[str, str | list[str]]) -> bool | None:
     if not used:
         return None
     return all(status == "hit" for status in used)
+
+
+def request_inputs(parsed: ParsedInput, outcome: IntakeOutcome, protocol: str) -> RequestInputs:
+    """What one answered request (or protocol row) carried, in the monitor's buckets.
+
+    Args:
+        parsed: The item as the client sent it (images, priority).
+        outcome: Its intake outcome (the text's tokens after truncation: what the encoder ran).
+        protocol: ``native``, ``kserve_v2`` or ``openai``.
+    """
+    return RequestInputs.of(
+        largest_image_pixels=largest_image_pixels(parsed.images),
+        image_encoding=images_encoding(parsed.images),
+        num_text_tokens=len(outcome.text.token_ids) if outcome.text is not None else None,
+        num_images=len(parsed.images),
+        priority=parsed.priority,
+        protocol=protocol,
+    )

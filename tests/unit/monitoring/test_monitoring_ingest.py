@@ -14,11 +14,11 @@ from monitoring.ingest import CellKey, batch_size_bucket, fold_records
 def test_records_are_grouped_per_cell() -> None:
     """Each sample lands in exactly one cell: (route, stage, batch-size bucket, cache outcome)."""
     records = [
-        ("fusion", {"vision": 2_000_000, "total": 3_000_000}, 8, False),
-        ("fusion", {"vision": 4_000_000, "total": 5_000_000}, 8, True),
-        ("fusion", {"total": 7_000_000, "vision": 6_000_000}, None, None),  # other key order
-        ("fusion", {"vision": 1_000_000, "total": 1_500_000}, 7, True),  # 7 and 8 share the bucket 5-8
-        ("text", {"text": 1_000, "total": 2_000}, 1, None),
+        ("fusion", {"vision": 2_000_000, "total": 3_000_000}, 8, False, None),
+        ("fusion", {"vision": 4_000_000, "total": 5_000_000}, 8, True, None),
+        ("fusion", {"total": 7_000_000, "vision": 6_000_000}, None, None, None),  # other key order
+        ("fusion", {"vision": 1_000_000, "total": 1_500_000}, 7, True, None),  # 7 and 8 share the bucket 5-8
+        ("text", {"text": 1_000, "total": 2_000}, 1, None, None),
     ]
     folded = fold_records(records)
     values = {key: sorted(v.tolist()) for key, v in folded.values_s.items()}
@@ -40,11 +40,11 @@ def test_records_are_grouped_per_cell() -> None:
 
 def test_malformed_records_are_skipped_and_counted() -> None:
     records = [
-        ("text", {"total": 1_000}, None, None),
-        ("text", {"total": "slow"}, None, None),
-        ("text", {"total": -5}, None, None),
-        ("text", {"total": float("nan")}, None, None),
-        ("text", {"total": 3_000}, None, None),
+        ("text", {"total": 1_000}, None, None, None),
+        ("text", {"total": "slow"}, None, None, None),
+        ("text", {"total": -5}, None, None, None),
+        ("text", {"total": float("nan")}, None, None, None),
+        ("text", {"total": 3_000}, None, None, None),
     ]
     folded = fold_records(records)
     assert folded.num_invalid_records == 3

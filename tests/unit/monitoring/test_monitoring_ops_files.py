@@ -99,7 +99,8 @@ def test_dashboard_parses_and_queries_only_exported_metrics() -> None:
     ]
     assert panels_without_metric == []
     for needed in ("mmserve_stage_latency_seconds", "mmserve_drift_ks_statistic", "mmserve_drift_active",
-                   "mmserve_batch_size_bucket", "mmserve_queue_depth", "mmserve_cache_events_total"):
+                   "mmserve_batch_size_bucket", "mmserve_queue_depth", "mmserve_cache_events_total",
+                   "mmserve_drift_tail_share_growth"):
         assert needed in used
     assert used - exported_sample_names() == set()
 
