@@ -1,6 +1,6 @@
 """``create_app``: builds the object graph once and wires the routes.
 
-    settings -> model bundle -> router (lanes, batcher, compute thread)
+    settings -> model bundle -> tracing (only when on) -> router (lanes, batcher, compute thread)
              -> registry + metrics + latency monitor -> decode pool -> FastAPI routes
 
 The model loads during start-up (a bad repository stops the server with a

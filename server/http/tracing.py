@@ -14,8 +14,10 @@
 
 Every span's start and end come from ``perf_counter_ns`` values the server
 and router took anyway (converted to wall time with that one anchor), so a
-stage span lasts exactly what ``timings_ms`` reports. A batch span is
-emitted by the first kept request it served, and only once.
+stage span lasts exactly what ``timings_ms`` reports, and the server span
+what ``mmserve_request_duration_seconds`` observed (the whole handler, the
+answer's serialisation included). A batch span is emitted by the first kept
+request it served, and only once.
 
 Spans are handed straight to the span processor as finished ``ReadableSpan``s:
 their ids were chosen at arrival and their times are measured, so nothing
