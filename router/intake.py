@@ -50,6 +50,7 @@ from router.joint_budget import JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
 from router.router import Router
 from router.segments import ImageContent, SegmentPlan
+from router.tracing import SpanIds
 
 ImageDecoder = Callable[[bytes], "Image.Image | np.ndarray"]
 """Encoded image bytes -> an RGB Pillow image or (H, W, 3) uint8 pixels; raises on a bad image."""
@@ -74,6 +75,7 @@ class IntakeItem:
     truncate: bool = False
     use_cache: bool = True
     images_as_list: bool = False  # sent as a list: a bad image's error names its index
+    trace: SpanIds | None = None  # the server span it belongs to, while tracing is on (router.tracing)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class IntakeOutcome:
     plan: SegmentPlan
     decode_ns: int  # tokenize + plan + decode, pool queue included
     joint: JointTokens | None = None
+    decode_started_ns: int = 0  # when preparing began (the clock's value): where the decode stage starts
 
 
 @dataclass(frozen=True)
@@ -194,7 +197,7 @@ class RequestIntake:
             result = await self._router.submit(request, plan)
         finally:
             plan.abandon()  # settles whatever is still open; publish and fail already settled the rest
-        return IntakeOutcome(result, prepared.text, plan, decode_ns, prepared.joint)
+        return IntakeOutcome(result, prepared.text, plan, decode_ns, prepared.joint, started_ns)
 
     # -- preparing --------------------------------------------------------------
 
@@ -271,4 +274,5 @@ class RequestIntake:
             priority=item.priority,
             image_segments=plan.image_values,
             text_segment=plan.text_value,
+            trace=item.trace,
         )

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.multimodal import ImageSegment, TextSegment
+
+if TYPE_CHECKING:
+    from router.tracing import BatchTrace, SpanIds
 
 
 class Route(str, Enum):
@@ -43,6 +47,7 @@ class InferenceRequest:
     priority: Priority = Priority.NORMAL
     image_segments: tuple[ImageSegment | None, ...] = ()
     text_segment: TextSegment | None = None
+    trace: SpanIds | None = None  # the server span it belongs to; only while tracing is on (router.tracing)
 
     def __post_init__(self) -> None:
         if not self.image_segments and self.images:
@@ -122,6 +127,7 @@ class InferenceResult:
     stage_ns: dict[str, int] = field(default_factory=dict)
     image_segments: tuple[ImageSegment, ...] = ()
     text_segment: TextSegment | None = None
+    batch_trace: BatchTrace | None = None  # the batch that computed it; only while tracing is on
 
     @property
     def image_embedding(self) -> np.ndarray | None:

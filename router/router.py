@@ -44,6 +44,7 @@ from router.runner import BatchRunner, Outcome
 from router.scheduler import Scheduler
 from router.segments import ImageContent, SegmentCatalog, SegmentPlan
 from router.service_time import ServiceTimeEstimator
+from router.tracing import BatchTracer
 from router.worker import ComputeWorker
 
 logger = logging.getLogger(__name__)
@@ -88,9 +89,11 @@ class Router:
         clock_ns: Callable[[], int] = time.perf_counter_ns,
         hang_timeout_ns: int = 0,
         budget: JointTokenBudget | None = None,
+        batch_tracer: BatchTracer | None = None,
     ) -> None:
         """``hang_timeout_ns``: a batch running longer is a hang (0: never). ``budget``: images per request
-        and joint tokens (default: the model's, ``JointTokenBudget.for_model``)."""
+        and joint tokens (default: the model's, ``JointTokenBudget.for_model``). ``batch_tracer``: records
+        each batch for its span (``router.tracing``); ``None`` while tracing is off."""
         validate(tuple(executors))
         self.bundle = bundle
         self.budget = budget if budget is not None else JointTokenBudget.for_model(bundle)
@@ -98,6 +101,7 @@ class Router:
         self.segments = SegmentCatalog(self.cache, bundle.fingerprint, bundle.config.preprocess.identity())
         self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}
         warm_up_lock = threading.Lock()  # one executor warms up and measures at a time
+        self._batch_tracer = batch_tracer
         self.executors = [self._executor(plan, stage_hook, clock_ns, warm_up_lock) for plan in executors]
         self._executor_of = {route: executor for executor in self.executors for route in executor.plan.routes}
         self.metrics = metrics
@@ -127,7 +131,8 @@ class Router:
                              stage_hook=stage_hook, max_images_per_request=self.budget.max_images_per_request,
                              on_cold_shape=functools.partial(self._on_cold_shape, plan.name))
         worker = ComputeWorker(plan, scheduler, runner, warm_up_lock=warm_up_lock,
-                               on_batch=functools.partial(self._on_batch, runner), clock_ns=clock_ns)
+                               on_batch=functools.partial(self._on_batch, runner), clock_ns=clock_ns,
+                               batch_tracer=self._batch_tracer)
         return Executor(plan, scheduler, runner, worker)
 
     def executor_for(self, route: Route) -> Executor:

@@ -17,6 +17,7 @@ keeps its exception in ``failure``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -28,6 +29,7 @@ from router.lanes import Lane, Pending
 from router.policy import num_work_items
 from router.runner import BatchRunner, Outcome
 from router.scheduler import Scheduler
+from router.tracing import BatchTracer
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class ComputeWorker:
         warm_up_lock: threading.Lock | None = None,
         on_batch: Callable[[Lane, list[Pending], list[Outcome]], None] | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
+        batch_tracer: BatchTracer | None = None,
     ) -> None:
         self.plan = plan
         self.scheduler = scheduler
@@ -73,6 +76,7 @@ class ComputeWorker:
         self._batch_started_ns: int | None = None  # set while a batch runs: the hang heartbeat
         self._on_batch = on_batch
         self._clock_ns = clock_ns
+        self._batch_tracer = batch_tracer  # None while tracing is off: no per-batch work at all
         self._warm_up_lock = warm_up_lock if warm_up_lock is not None else threading.Lock()
         self._thread = threading.Thread(target=self._main, name=f"mmserve-{plan.name}", daemon=True)
 
@@ -140,6 +144,8 @@ class ComputeWorker:
         self.scheduler.mark_running(0)
         if not any(isinstance(o, Exception) for o in outcomes):
             estimator.observe(lane.route, padded, elapsed_ns)
+        if self._batch_tracer is not None:
+            outcomes = self._with_batch_trace(lane, runnable, outcomes, num_items, padded, started_ns, elapsed_ns)
         # Publish to the cache before answering: a client's next request may
         # follow its answer at once, and must find what this batch computed.
         if self._on_batch is not None:
@@ -149,3 +155,16 @@ class ComputeWorker:
                 outcome.stage_ns["queue"] = started_ns - pending.enqueued_ns
             settle(pending, outcome)
         self._batch_started_ns = None
+
+    def _with_batch_trace(self, lane: Lane, runnable: list[Pending], outcomes: list[Outcome], num_items: int,
+                          padded: int, started_ns: int, elapsed_ns: int) -> list[Outcome]:
+        """Each answer carries the record of the batch that computed it (router.tracing)."""
+        assert self._batch_tracer is not None
+        requests = [p.request for p in runnable]
+        results = [o for o in outcomes if not isinstance(o, Exception)]
+        bucket = max((p.length_bucket for p in runnable if p.request.needs_text), default=0)
+        trace = self._batch_tracer.record(
+            lane.route, lane.settings, self.plan.name, requests, [r.stage_ns for r in results],
+            num_work_items=num_items, padded_size=padded, text_length_bucket=bucket,
+            started_ns=started_ns, elapsed_ns=elapsed_ns, num_failed=len(outcomes) - len(results))
+        return [o if isinstance(o, Exception) else dataclasses.replace(o, batch_trace=trace) for o in outcomes]

@@ -1,6 +1,6 @@
 """``create_app``: builds the object graph once and wires the routes.
 
-    settings -> model bundle -> router (lanes, batcher, compute thread)
+    settings -> model bundle -> tracing (only when on) -> router (lanes, batcher, compute thread)
              -> registry + metrics + latency monitor -> decode pool -> FastAPI routes
 
 The model loads during start-up (a bad repository stops the server with a
@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -41,11 +42,15 @@ from server.http.middleware import add_request_guards
 from server.runtime.model_loading import load_model, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
+from server.runtime.tracing_setup import build_tracing
 from server.routes import admin, health, infer, monitoring, openai, v2
 from server.schemas import InferRequest
 from server.settings import Settings
 from server.state import ServerState
 from server.runtime.watchdog import watch_compute
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +111,13 @@ def _openapi(app: FastAPI) -> dict:
     return app.openapi_schema
 
 
-def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI:
-    """The mmserve app; ``bundle`` lets tests share one loaded model between apps."""
+def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
+               span_exporter: SpanExporter | None = None) -> FastAPI:
+    """The mmserve app; ``bundle`` lets tests share one loaded model between apps.
+
+    ``span_exporter`` (tests): tracing on, spans exported there one by one
+    instead of over OTLP (``server.runtime.tracing_setup``).
+    """
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
     monitor = build_monitor(settings, registry)
@@ -120,6 +130,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
         else:  # a bundle shared between apps may have been traced by another
             model.model.drop_encoder_graphs()
         faults = FaultInjector() if settings.enable_fault_injection else None
+        tracing = build_tracing(settings, model, span_exporter=span_exporter)  # OTEL_* are read here, at start
         cache = SegmentCache(
             settings.cache_image_bytes, settings.cache_text_bytes,
             on_event=lambda modality, event, count: metrics.cache_events_total.labels(
@@ -131,14 +142,16 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
                         cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9),
-                        budget=joint_token_budget(settings, model))
+                        budget=joint_token_budget(settings, model),
+                        batch_tracer=tracing.batch_tracer if tracing is not None else None)
         # Decoding is image work too: it yields the cores to text requests like the image executor does.
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,
                                                                       settings.image_work_nice))
         intake = RequestIntake(router, image_decoder(settings), decode_pool, faults=faults)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
-                                        monitor=monitor, intake=intake, faults=faults)
+                                        monitor=monitor, intake=intake, faults=faults,
+                                        tracer=tracing.request_tracer if tracing is not None else None)
         num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
         compile_watch = _watch_cold_compiles(router, metrics)
@@ -155,6 +168,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None) -> FastAPI
             decode_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(monitor.stop)
             compile_watch.uninstall()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(
         title="mmserve",

@@ -127,6 +127,16 @@ class Settings(BaseSettings):
     drift_min_samples: int = Field(5000, ge=1, description="Samples needed in window and baseline to judge.")
     drift_tail_ratio: float = Field(1.5, gt=1, description="P99.9/P99.99 window/baseline ratio that is a shift.")
 
+    # -- tracing (OpenTelemetry; the exporter reads the standard OTEL_* variables) ---------------
+    tracing: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: on when OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set or OTEL_TRACES_EXPORTER=otlp; "
+                            "needs mmserve[otel].")
+    trace_sample_ratio: float = Field(
+        0.01, ge=0, le=1, description="Share of traces kept (by trace id, as TraceIdRatioBased); 5xx answers, slow "
+                                      "requests and a sampled traceparent are always kept.")
+    trace_slow_ms: float = Field(
+        1000.0, ge=0, description="A request slower than this is always traced (0: no slow rule).")
+
     def lane_value(self, lane: LaneName, name: str) -> float:
         """A batching knob for one lane: its override if set, else the shared value."""
         override = getattr(self, f"{lane}_{name}")

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
@@ -16,6 +17,9 @@ from router.faults import FaultInjector
 from router.intake import RequestIntake
 from router.router import Router
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from server.http.tracing import RequestTracer
 
 
 @dataclass
@@ -29,6 +33,7 @@ class ServerState:
     monitor: Monitor  # stage-latency digests and drift (server.runtime.monitoring_setup)
     intake: RequestIntake  # every protocol's way in: tokenize, plan, decode, submit, settle
     faults: FaultInjector | None = None  # only with enable_fault_injection
+    tracer: RequestTracer | None = None  # only while tracing is on (server.runtime.tracing_setup)
 
     @functools.cached_property
     def model_description(self) -> dict:

@@ -45,9 +45,12 @@ class LiveServer:
 
 @contextmanager
 def run_live_server(settings: Settings, bundle: ModelBundle | None = None,
-                    ready_timeout_s: float = 300.0) -> Iterator[LiveServer]:
-    """Serve ``create_app(settings, bundle)`` on a free loopback port until the block ends."""
-    app = create_app(settings, bundle)
+                    ready_timeout_s: float = 300.0, *, span_exporter: object | None = None) -> Iterator[LiveServer]:
+    """Serve ``create_app(settings, bundle)`` on a free loopback port until the block ends.
+
+    ``span_exporter``: tracing on, spans exported there (e.g. the SDK's ``InMemorySpanExporter``).
+    """
+    app = create_app(settings, bundle, span_exporter=span_exporter)  # type: ignore[arg-type]
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

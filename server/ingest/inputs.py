@@ -23,6 +23,7 @@ from starlette.datastructures import FormData, UploadFile
 from router.intake import IntakeItem
 from router.request import Priority
 from router.segments import ImageContent
+from router.tracing import SpanIds
 from server.ingest import json_body
 from server.ingest.decoding import check_pixels_length, decode_base64, decode_image
 from server.errors import ApiError
@@ -183,11 +184,14 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         await form.close()
 
 
-def intake_item(parsed: ParsedInput, request_id: str) -> IntakeItem:
-    """What the router's intake takes: the same fields, the images as content to key and decode."""
+def intake_item(parsed: ParsedInput, request_id: str, trace: SpanIds | None = None) -> IntakeItem:
+    """What the router's intake takes: the same fields, the images as content to key and decode.
+
+    ``trace``: the request's server span, while tracing is on (its batch links to it).
+    """
     return IntakeItem(request_id=request_id, text=parsed.text, images=parsed.images,
                       priority=Priority(parsed.priority), timeout_ms=parsed.timeout_ms, truncate=parsed.truncate,
-                      use_cache=parsed.use_cache, images_as_list=parsed.images_as_list)
+                      use_cache=parsed.use_cache, images_as_list=parsed.images_as_list, trace=trace)
 
 
 def image_decoder(settings: Settings) -> Callable[[bytes], Image.Image]:

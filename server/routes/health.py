@@ -1,10 +1,16 @@
-"""Liveness, readiness and the Prometheus scrape endpoint."""
+"""Liveness, readiness and the Prometheus scrape endpoint.
+
+``/metrics`` speaks the classic Prometheus text format unless the scraper
+asks for OpenMetrics (``Accept: application/openmetrics-text``, which
+Prometheus sends first by default): only OpenMetrics carries exemplars, the
+trace ids of kept traces on the request-duration histogram's buckets.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from server.state import ServerState
 
@@ -27,7 +33,8 @@ async def ready(request: Request) -> JSONResponse:
     return JSONResponse({"status": "not_ready"}, status_code=503)
 
 
-@router.get("/metrics", summary="Prometheus text exposition.")
+@router.get("/metrics", summary="Prometheus text exposition (OpenMetrics, with exemplars, when the Accept header asks).")
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.mmserve
-    return Response(generate_latest(state.registry), media_type=CONTENT_TYPE_LATEST)
+    encode, content_type = choose_encoder(request.headers.get("accept", ""))
+    return Response(encode(state.registry), media_type=content_type)

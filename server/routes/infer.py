@@ -17,6 +17,7 @@ from router.request import InferenceResult
 from server.ingest import json_body
 from server.http.error_mapping import api_error_from
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
+from server.http.traced_answer import TracedAnswer, TracedItem, answer_traced
 from server.ingest.inputs import ParsedInput, intake_item, parse_json, parse_multipart
 from server.runtime.monitoring_setup import cache_hit_of, request_inputs
 from server.schemas import InferResponse
@@ -155,13 +156,19 @@ async def infer(request: Request) -> Response:
     started_ns = time.perf_counter_ns()
     state: ServerState = request.app.state.mmserve
     request_id = uuid.uuid4().hex
+    tracer = state.tracer  # None while tracing is off: then nothing below touches a trace
+    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
     route_label = "invalid"
     stage_ns: dict[str, int] = {}
+    parsed: ParsedInput | None = None
+    prepared: IntakeOutcome | None = None
+    respond: tuple[int, int] | None = None
+    error_code: str | None = None
     try:
         parsed = await _parse(request, state)
         route_label = parsed.route
-        prepared = await until_disconnected(request, state.intake.run_one(intake_item(parsed, request_id),
-                                                                           started_ns))
+        item = intake_item(parsed, request_id, trace.ids if trace is not None else None)
+        prepared = await until_disconnected(request, state.intake.run_one(item, started_ns))
         result = prepared.result
         stage_ns["decode"] = prepared.decode_ns
         stage_ns.update(result.stage_ns)
@@ -170,6 +177,7 @@ async def infer(request: Request) -> Response:
         if prepared.joint is not None:
             state.metrics.joint_tokens.labels(route=result.route.value).observe(prepared.joint.total)
         stage_ns["respond"] = time.perf_counter_ns() - respond_started_ns
+        respond = (respond_started_ns, stage_ns["respond"])
         stage_ns["total"] = time.perf_counter_ns() - started_ns
         body["timings_ms"] = {stage: _ms(ns) for stage, ns in stage_ns.items()}
         response = Response(json_body.dumps(body), media_type="application/json")
@@ -180,15 +188,24 @@ async def infer(request: Request) -> Response:
                              cache_hit=cache_hit_of(body["cache"]), inputs=request_inputs(parsed, prepared, "native"))
     except ClientDisconnectedError:
         # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
-        response = ApiError(499, "client_disconnected", "the client closed the connection").response()
+        error_code = "client_disconnected"
+        response = ApiError(499, error_code, "the client closed the connection").response()
     except Exception as e:  # noqa: BLE001 - every failure becomes a JSON answer
         error = api_error_from(e)
         if error is None:
             logger.exception("unexpected error in request %s", request_id)
             error = ApiError(500, "internal_error", f"internal error (request id {request_id})")
+        error_code = error.code
         response = error.response()
-    duration_s = (time.perf_counter_ns() - started_ns) / 1e9
+    ended_ns = time.perf_counter_ns()
+    exemplar = None
+    if trace is not None and tracer is not None:
+        items = (TracedItem(parsed, prepared),) if parsed is not None else ()
+        exemplar = answer_traced(tracer, trace, TracedAnswer(
+            "/v1/infer", route_label, response.status_code, ended_ns, items, error_code, respond=respond),
+            response)
     state.metrics.requests_total.labels(route=route_label, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=route_label).observe(duration_s)
+    state.metrics.request_duration_seconds.labels(route=route_label).observe((ended_ns - started_ns) / 1e9,
+                                                                             exemplar)
     response.headers["X-Request-ID"] = request_id
     return response

@@ -17,6 +17,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from server.errors import ApiError
+from server.http.traced_answer import answer_traced
+from server.ingest.inputs import ParsedInput
 from server.protocols.openai_embeddings import (
     EmbeddingsRequest,
     check_dimensions,
@@ -27,7 +29,7 @@ from server.protocols.openai_embeddings import (
     model_card,
     parse_embeddings_request,
 )
-from server.protocols.rows import Failure, failure_from, infer_rows
+from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows, traced_rows
 from server.state import ServerState
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -78,19 +80,34 @@ async def embeddings(request: Request) -> JSONResponse:
     started_ns = time.perf_counter_ns()
     state: ServerState = request.app.state.mmserve
     request_id = uuid.uuid4().hex
+    tracer = state.tracer  # None while tracing is off
+    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
     is_single_input = False
+    items: list[ParsedInput] = []
+    outcomes: list[RowOutcome] = []
+    respond_started_ns = 0
+    failure: Failure | None = None
     try:
         embeddings_request = parse_embeddings_request(await request.body())
         is_single_input = isinstance(embeddings_request.input, str)
         check_model(embeddings_request.model, state.bundle.config.name)
         items = items_from_request(embeddings_request, state.settings)
         check_dimensions(embeddings_request, items, state.bundle)
-        outcomes = await infer_rows(state, items, request_id, started_ns, protocol="openai")
+        outcomes = await infer_rows(state, items, request_id, started_ns, protocol="openai",
+                                    trace=trace.ids if trace is not None else None)
+        respond_started_ns = time.perf_counter_ns()
         response = JSONResponse(embeddings_response(embeddings_request, state.bundle.config.name, outcomes))
     except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI-shaped answer
-        response = _error_response(failure_from(e, request_id), is_single_input)
-    duration_s = (time.perf_counter_ns() - started_ns) / 1e9
+        failure = failure_from(e, request_id)
+        response = _error_response(failure, is_single_input)
+    ended_ns = time.perf_counter_ns()
+    exemplar = None
+    if trace is not None and tracer is not None:
+        exemplar = answer_traced(tracer, trace, traced_rows(
+            "/v1/embeddings", METRICS_ROUTE, response.status_code, ended_ns, items, outcomes, failure,
+            respond_started_ns), response)
     state.metrics.requests_total.labels(route=METRICS_ROUTE, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe(duration_s)
+    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe((ended_ns - started_ns) / 1e9,
+                                                                               exemplar)
     response.headers["X-Request-ID"] = request_id
     return response

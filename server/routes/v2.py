@@ -24,6 +24,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.errors import ApiError
+from server.http.traced_answer import answer_traced
+from server.ingest.inputs import ParsedInput
 from server.protocols.kserve_v2_codec import (
     HEADER_LENGTH,
     V2InferResponse,
@@ -37,7 +39,7 @@ from server.protocols.kserve_v2_model import (
     output_tensors,
     rows_from_request,
 )
-from server.protocols.rows import Failure, failure_from, infer_rows
+from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows, traced_rows
 from server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -131,12 +133,20 @@ async def _infer(request: Request, model_name: str, model_version: str | None) -
     started_ns = time.perf_counter_ns()
     state: ServerState = request.app.state.mmserve
     request_id = uuid.uuid4().hex
+    tracer = state.tracer  # None while tracing is off
+    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
+    rows: list[ParsedInput] = []
+    outcomes: list[RowOutcome] = []
+    respond_started_ns = 0
+    failure: Failure | None = None
     try:
         _check_model(state, model_name, model_version)
         v2_request = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
         rows = rows_from_request(v2_request, state.settings)
         chosen = choose_outputs(v2_request, state.bundle)
-        outcomes = await infer_rows(state, rows, request_id, started_ns, protocol="kserve_v2")
+        outcomes = await infer_rows(state, rows, request_id, started_ns, protocol="kserve_v2",
+                                    trace=trace.ids if trace is not None else None)
+        respond_started_ns = time.perf_counter_ns()
         encoded = encode_infer_response(V2InferResponse(
             model_name=state.bundle.config.name,
             model_version=MODEL_VERSION,
@@ -149,10 +159,17 @@ async def _infer(request: Request, model_name: str, model_version: str | None) -
             response = Response(encoded.body, media_type="application/octet-stream",
                                 headers={HEADER_LENGTH: str(encoded.header_length)})
     except Exception as e:  # noqa: BLE001 - every failure becomes a protocol error answer
-        response = _error_response(failure_from(e, request_id))
-    duration_s = (time.perf_counter_ns() - started_ns) / 1e9
+        failure = failure_from(e, request_id)
+        response = _error_response(failure)
+    ended_ns = time.perf_counter_ns()
+    exemplar = None
+    if trace is not None and tracer is not None:
+        exemplar = answer_traced(tracer, trace, traced_rows(
+            "/v2/models/{model_name}/infer", METRICS_ROUTE, response.status_code, ended_ns, rows, outcomes,
+            failure, respond_started_ns), response)
     state.metrics.requests_total.labels(route=METRICS_ROUTE, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe(duration_s)
+    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe((ended_ns - started_ns) / 1e9,
+                                                                               exemplar)
     response.headers["X-Request-ID"] = request_id
     return response
 
