@@ -1,4 +1,7 @@
-"""Named model presets: the default ViT-L/16, a ViT-B/16, and a tiny one for tests.
+"""Named model presets: the default ViT-L/16, a ViT-B/16, a tiny one for tests, and ``synthetic``.
+
+``synthetic`` has towers that sleep for drawn service times instead of
+computing (``models.synthetic``), for drift drills.
 
 A preset is only a ``ModelConfig``; the weights come from a seed (random, for
 trying the server) or from a model repository (``mmserve init-model-repo``).
@@ -12,6 +15,7 @@ from models.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfi
 from models.errors import UnknownPresetError
 
 DEFAULT_PRESET = "vit-l16"
+SYNTHETIC_ARCHITECTURE = "synthetic"  # VisionConfig.architecture of the preset whose towers sleep
 
 # timm's eval transform for the ViT-B/16 and ViT-L/16 (augreg) checkpoints:
 # bicubic resize to floor(224 / 0.9) on the shorter side, centre crop 224,
@@ -58,10 +62,18 @@ def _tiny() -> ModelConfig:
     )
 
 
+def _synthetic() -> ModelConfig:
+    # The tiny preset's text width, limits and preprocessing; the towers are models.synthetic's.
+    tiny = _tiny()
+    return ModelConfig(name="synthetic", vision=VisionConfig(architecture=SYNTHETIC_ARCHITECTURE),
+                       text=tiny.text, fusion=tiny.fusion, preprocess=tiny.preprocess)
+
+
 _PRESETS = {
     "vit-l16": lambda: _vit_with_text_encoder("vit-l16", "vit_large_patch16_224"),
     "vit-b16": lambda: _vit_with_text_encoder("vit-b16", "vit_base_patch16_224"),
     "tiny": _tiny,
+    "synthetic": _synthetic,
 }
 PRESET_NAMES: tuple[str, ...] = tuple(_PRESETS)
 

@@ -45,7 +45,8 @@ from models.config import ModelConfig
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.multimodal import MultimodalModel
-from models.presets import preset_config
+from models.presets import SYNTHETIC_ARCHITECTURE, preset_config
+from models.synthetic import SyntheticServiceTimes, synthetic_towers
 from models.text import TextEncoder
 from models.timm_checkpoint import load_timm_checkpoint
 from models.tokenizer import (
@@ -176,14 +177,26 @@ def finish_bundle(model: MultimodalModel, tokenizer: TextTokenizer, config: Mode
     )
 
 
-def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str | None = None) -> ModelBundle:
-    """A preset with seeded random weights (same seed, same weights, same fingerprint)."""
+def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str | None = None,
+                 service_times: SyntheticServiceTimes | None = None) -> ModelBundle:
+    """A preset with seeded random weights (same seed, same weights, same fingerprint).
+
+    ``service_times`` sets the ``synthetic`` preset's drawn stage times
+    (``models.synthetic``; its defaults when None); other presets take none.
+    """
     config = preset_config(name)
     if backend is not None:
         config = _with_backend(config, backend)
     tokenizer = build_byte_level_tokenizer(config.text.max_position_embeddings)
     torch.manual_seed(seed)
-    model = _build(config, tokenizer, text=None)
+    if config.vision.architecture == SYNTHETIC_ARCHITECTURE:
+        vision, text = synthetic_towers(config.preprocess, config.text, len(tokenizer),
+                                        service_times or SyntheticServiceTimes(seed=seed))
+        model = MultimodalModel(config, vision, text)
+    elif service_times is not None:
+        raise ValueError(f"preset {name!r} computes its stages; only 'synthetic' takes service times")
+    else:
+        model = _build(config, tokenizer, text=None)
     return finish_bundle(model, TextTokenizer.for_encoder(tokenizer, model.text.max_tokens), config, device,
                          f"preset:{name} seed={seed}", True)
 

@@ -1,6 +1,6 @@
 """The ``mmserve`` command line.
 
-    mmserve serve [--preset vit-l16|vit-b16|tiny | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
+    mmserve serve [--preset vit-l16|vit-b16|tiny|synthetic | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
                   [--device auto|cpu|cuda] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]

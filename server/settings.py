@@ -38,6 +38,13 @@ class Settings(BaseSettings):
         None, description="L2-normalise the served embeddings; default: the model family's convention (true for "
                           "SigLIP and CLIP, false for the presets).")
     seed: int = Field(0, description="Seed for a preset's random weights.")
+    synthetic_vision_ms: float = Field(
+        20.0, ge=0, description="The synthetic preset's median vision stage time per batch (slept, not computed).")
+    synthetic_text_ms: float = Field(4.0, ge=0, description="The synthetic preset's median text stage time per batch.")
+    synthetic_distribution: Literal["constant", "lognormal", "uniform"] = Field(
+        "lognormal", description="How the synthetic preset's stage times spread around their medians.")
+    synthetic_spread: float = Field(
+        0.25, ge=0, description="lognormal: sigma of log(time); uniform: half-width as a fraction of the median.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
     fusion_backend: Literal["auto", "triton", "torch"] = Field(
         "auto", description="Cross-attention kernel: auto = Triton on CUDA, torch on CPU.")

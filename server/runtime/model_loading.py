@@ -9,6 +9,7 @@ import torch
 from models.errors import ModelRepositoryError
 from models.pretrained import load_pretrained
 from models.repository import ModelBundle, build_preset, load_repository
+from models.synthetic import ServiceTime, SyntheticServiceTimes
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -19,6 +20,15 @@ def resolve_device(setting: str) -> str:
     if setting == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return setting
+
+
+def synthetic_service_times(settings: Settings) -> SyntheticServiceTimes | None:
+    """The ``synthetic`` preset's drawn stage times from the settings; None for every other model."""
+    if settings.preset != "synthetic" or settings.model is not None or settings.model_repo is not None:
+        return None
+    spread = dict(distribution=settings.synthetic_distribution, spread=settings.synthetic_spread)
+    return SyntheticServiceTimes(vision=ServiceTime(settings.synthetic_vision_ms, **spread),
+                                 text=ServiceTime(settings.synthetic_text_ms, **spread), seed=settings.seed)
 
 
 def load_model(settings: Settings) -> ModelBundle:
@@ -35,7 +45,7 @@ def load_model(settings: Settings) -> ModelBundle:
             raise ModelRepositoryError(f"fusion head {settings.fusion_head} needs the model it was trained on: "
                                        "serve it with --model DIR or --model-repo DIR, not a preset")
         bundle = build_preset(settings.preset, seed=settings.seed, device=device,
-                              backend=settings.fusion_backend)
+                              backend=settings.fusion_backend, service_times=synthetic_service_times(settings))
         logger.warning(
             "serving preset %r with RANDOM weights (seed %d): outputs are meaningless. To serve real "
             "weights, write a model repository with `mmserve init-model-repo DIR --preset %s`, put "

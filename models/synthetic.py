@@ -1,0 +1,139 @@
+"""The ``synthetic`` preset: towers whose stage times are drawn, not computed.
+
+A drift drill must tell a 20 % stall of 172 ms from the everyday movement of
+the latency distribution. With real encoders on shared cores the everyday
+movement is large (a neighbour starting work moves CPU-bound stage times by
+a KS distance of 0.1 to 0.6), so a drill could only use a full stall. These
+towers instead *sleep* for a service time drawn from a seeded distribution
+and do next to no arithmetic (a pooled projection of the pixels, an
+embedding lookup), so neighbour CPU load barely moves their stage times,
+and the drill can run as the incident happened.
+
+    distribution   a draw, in milliseconds
+    constant       median
+    lognormal      median * exp(spread * N(0, 1))      (spread is sigma of log)
+    uniform        median * U(1 - spread, 1 + spread)
+
+One draw per batch, per stage (a batch runs each encoder once, as the real
+towers do). The outputs are deterministic functions of the inputs (seeded
+weights), so segments, fusion and the cache behave as with any model; the
+answers mean nothing and the server says the weights are random.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.config import PreprocessConfig, TextConfig
+from models.graphs import TraceOutcome
+from models.text import TextEncoder
+from models.vision import UInt8VisionEncoder
+
+SERVICE_TIME_DISTRIBUTIONS: tuple[str, ...] = ("constant", "lognormal", "uniform")
+
+
+@dataclass(frozen=True)
+class ServiceTime:
+    """How long one batch of one stage sleeps: a distribution around ``median_ms``."""
+
+    median_ms: float
+    distribution: str = "lognormal"
+    spread: float = 0.25
+
+    def __post_init__(self) -> None:
+        if self.distribution not in SERVICE_TIME_DISTRIBUTIONS:
+            raise ValueError(f"distribution must be one of {SERVICE_TIME_DISTRIBUTIONS}, got {self.distribution!r}")
+        if self.median_ms < 0 or self.spread < 0:
+            raise ValueError("median_ms and spread must be >= 0")
+        if self.distribution == "uniform" and self.spread > 1:
+            raise ValueError("a uniform spread above 1 would draw negative times")
+
+
+@dataclass(frozen=True)
+class SyntheticServiceTimes:
+    """The stage times of the synthetic towers, and the seed their draws come from."""
+
+    vision: ServiceTime = ServiceTime(median_ms=20.0)
+    text: ServiceTime = ServiceTime(median_ms=4.0)
+    seed: int = 0
+
+
+class ServiceTimeSampler:
+    """Seeded draws of one stage's service time, safe to call from several compute threads."""
+
+    def __init__(self, service_time: ServiceTime, seed: int) -> None:
+        self.service_time = service_time
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def draw_ms(self) -> float:
+        median, spread = self.service_time.median_ms, self.service_time.spread
+        with self._lock:
+            if self.service_time.distribution == "lognormal":
+                return median * math.exp(spread * self._random.gauss(0.0, 1.0))
+            if self.service_time.distribution == "uniform":
+                return median * self._random.uniform(1.0 - spread, 1.0 + spread)
+            return median
+
+    def sleep(self) -> None:
+        time.sleep(self.draw_ms() / 1000.0)
+
+
+def _untraceable(encoder: str) -> TraceOutcome:
+    # A trace would record the arithmetic and drop the sleep the preset exists for.
+    return TraceOutcome(encoder=encoder, graph=None, reason="synthetic towers sleep; a graph would not")
+
+
+class SyntheticVisionEncoder(UInt8VisionEncoder):
+    """Patch tokens from average-pooled pixels through one linear map; then sleep."""
+
+    def __init__(self, preprocess: PreprocessConfig, width: int, grid: int, sampler: ServiceTimeSampler) -> None:
+        super().__init__(preprocess, embed_dim=width, embedding_dim=width, num_tokens=grid * grid)
+        self.grid = grid
+        self.patch = nn.Linear(3, width)
+        self.sampler = sampler
+
+    def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        patches = F.adaptive_avg_pool2d(pixels, self.grid).flatten(2).transpose(1, 2)  # (B, g*g, 3)
+        tokens = torch.tanh(self.patch(patches))  # (B, g*g, width)
+        self.sampler.sleep()
+        return tokens, tokens.mean(dim=1)
+
+    def trace_graph(self) -> TraceOutcome:
+        return _untraceable("vision")
+
+
+class SyntheticTextEncoder(TextEncoder):
+    """Token states from an embedding table, masked-mean pooled; then sleep."""
+
+    def __init__(self, config: TextConfig, vocab_size: int, sampler: ServiceTimeSampler) -> None:
+        super().__init__(nn.Embedding(vocab_size, config.hidden_size), hidden_size=config.hidden_size,
+                         max_tokens=config.max_position_embeddings, vocab_size=vocab_size)
+        self.sampler = sampler
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.model(input_ids)  # (B, Lt, d_t)
+        mask = attention_mask.unsqueeze(-1).to(tokens.dtype)  # (B, Lt, 1)
+        pooled = (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)  # (B, d_t)
+        self.sampler.sleep()
+        return tokens, pooled
+
+    def trace_graph(self) -> TraceOutcome:
+        return _untraceable("text")
+
+
+def synthetic_towers(preprocess: PreprocessConfig, text: TextConfig, vocab_size: int,
+                     times: SyntheticServiceTimes) -> tuple[SyntheticVisionEncoder, SyntheticTextEncoder]:
+    """Both towers, each with its own seeded sampler (the two streams of draws never interleave)."""
+    vision = SyntheticVisionEncoder(preprocess, width=text.hidden_size, grid=4,
+                                    sampler=ServiceTimeSampler(times.vision, seed=times.seed))
+    text_encoder = SyntheticTextEncoder(text, vocab_size, ServiceTimeSampler(times.text, seed=times.seed + 1))
+    return vision, text_encoder

@@ -1,0 +1,47 @@
+"""The synthetic preset: seeded draws of each distribution, towers that sleep them, answers that are deterministic."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from models.repository import build_preset
+from models.synthetic import ServiceTime, ServiceTimeSampler, SyntheticServiceTimes
+
+
+@pytest.mark.parametrize("distribution, spread", [("constant", 0.0), ("lognormal", 0.5), ("uniform", 0.5)])
+def test_draws_are_seeded_and_centred_on_the_median(distribution, spread):
+    sampler, twin = (ServiceTimeSampler(ServiceTime(20.0, distribution, spread), seed=3) for _ in range(2))
+    draws = [sampler.draw_ms() for _ in range(4000)]
+    assert draws == [twin.draw_ms() for _ in range(4000)]
+    assert statistics.median(draws) == pytest.approx(20.0, rel=0.05)
+    if distribution == "uniform":
+        assert 10.0 <= min(draws) and max(draws) <= 30.0
+    if distribution == "constant":
+        assert set(draws) == {20.0}
+
+
+def test_bad_service_times_are_refused():
+    with pytest.raises(ValueError, match="distribution"):
+        ServiceTime(10.0, "gamma")
+    with pytest.raises(ValueError, match="negative"):
+        ServiceTime(10.0, "uniform", 1.5)
+
+
+def test_the_towers_sleep_their_draws_and_answer_deterministically():
+    times = SyntheticServiceTimes(vision=ServiceTime(30.0, "constant", 0.0), text=ServiceTime(5.0, "constant", 0.0))
+    bundle = build_preset("synthetic", service_times=times)
+    twin = build_preset("synthetic", service_times=times)
+    size = bundle.config.preprocess.input_size
+    images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (2, size, size, 3), dtype=np.uint8))
+    started = time.perf_counter()
+    segments = bundle.model.encode_images(images)
+    assert time.perf_counter() - started >= 0.030  # one draw per batch, slept
+    torch.testing.assert_close(segments[0].pooled, twin.model.encode_images(images[:1])[0].pooled)
+    assert bundle.fingerprint == twin.fingerprint and bundle.has_random_weights
+    with pytest.raises(ValueError, match="only 'synthetic'"):
+        build_preset("tiny", service_times=times)
