@@ -6,16 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-pytest.importorskip("opentelemetry.sdk", reason="tracing needs mmserve[otel]")
-
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
-from opentelemetry.trace import SpanKind  # noqa: E402
-from prometheus_client.openmetrics.parser import text_string_to_metric_families  # noqa: E402
-
-from encoded_images import encoded_image_b64  # noqa: E402
-from otlp_receiver import otlp_grpc_receiver, otlp_receiver  # noqa: E402
-from server.settings import Settings  # noqa: E402
+from encoded_images import encoded_image_b64
+from otlp_receiver import otlp_grpc_receiver, otlp_receiver
+from server.settings import Settings
 
 TEXT = "a secret caption that must never reach a span"
 PARENT_TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
