@@ -24,6 +24,7 @@ and each configuration's throughput relative to "off" in the same round
 build before tracing existed (base); 1 % costs <= 2 % throughput.
 
     python -m benchmarks.tracing_overhead --presets tiny vit-b16 --base-commit e4fa521
+    python -m benchmarks.tracing_overhead --presets tiny --base-commit e4fa521 --fresh-servers --rounds 4
 """
 
 from __future__ import annotations
@@ -147,26 +148,47 @@ def measure_once(server: ServerProcess, plan: PresetPlan, image_px: int, seed: i
             "errors": closed["errors"] + opened["errors"], "behind": float(bool(opened.get("generator_bottleneck")))}
 
 
+def _start(config: str, plan: PresetPlan, sink_url: str, base_dir: str | None) -> ServerProcess:
+    settings, env = server_settings(config, sink_url, base_dir)
+    command = mmserve_command(plan.preset, settings)
+    server = ServerProcess(dataclasses.replace(command, env={**command.env, **env}))
+    try:
+        server.wait_ready(600.0)
+    except BaseException:
+        server.stop()
+        raise
+    server.pause()
+    return server
+
+
 def measure_preset(plan: PresetPlan, num_rounds: int, configs: Sequence[str],
-                   base_dir: str | None) -> dict[str, dict[str, float]]:
+                   base_dir: str | None, is_fresh_each_round: bool = False) -> dict[str, dict[str, float]]:
+    """Every configuration once per round, in a rotated order.
+
+    ``is_fresh_each_round``: start each configuration's server anew for every
+    measurement, so a difference between two server processes (memory
+    layout, what their warm-up left behind) falls on every configuration
+    alike instead of sticking to one.
+    """
     image_px = build_preset(plan.preset).config.preprocess.input_size
     rows: dict[str, list[dict[str, float]]] = {config: [] for config in configs}
     with otlp_sink() as sink_url, ExitStack() as stack:
         servers: dict[str, ServerProcess] = {}
-        for config in configs:  # one at a time: warm-ups would compete for the cores
-            settings, env = server_settings(config, sink_url, base_dir)
-            command = mmserve_command(plan.preset, settings)
-            server = ServerProcess(dataclasses.replace(command, env={**command.env, **env}))
-            stack.callback(server.stop)
-            server.wait_ready(600.0)
-            server.pause()
-            servers[config] = server
+        if not is_fresh_each_round:
+            for config in configs:  # one at a time: warm-ups would compete for the cores
+                servers[config] = _start(config, plan, sink_url, base_dir)
+                stack.callback(servers[config].stop)
         exported_before = sink_stats(sink_url)
         for round_index in range(num_rounds):
             shift = round_index % len(configs)
             order = tuple(configs[shift:]) + tuple(configs[:shift])
             for config in order:
-                rows[config].append(measure_once(servers[config], plan, image_px, seed=round_index))
+                server = servers[config] if not is_fresh_each_round else _start(config, plan, sink_url, base_dir)
+                try:
+                    rows[config].append(measure_once(server, plan, image_px, seed=round_index))
+                finally:
+                    if is_fresh_each_round:
+                        server.stop()
         exported = sink_stats(sink_url)
     summary: dict[str, dict[str, float]] = {}
     for config in configs:
@@ -189,13 +211,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"], choices=sorted(PLANS))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--fresh-servers", action="store_true",
+                        help="start every configuration's server anew for each measurement")
     parser.add_argument("--seconds", type=float, help="override each phase's duration")
     parser.add_argument("--base-commit", help="also serve this commit (the build before tracing) as 'base'")
     args = parser.parse_args()
     configs = (("base",) if args.base_commit else ()) + TRACED_CONFIGS
     print(f"tracing overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()} "
           f"x{torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}, "
-          f"{args.rounds} rounds (order rotated), cache off, OTLP/HTTP to a discarding sink, slow rule off"
+          f"{args.rounds} rounds (order rotated), {'a fresh server per run' if args.fresh_servers else 'one server each'}, "
+          "cache off, OTLP/HTTP to a discarding sink, slow rule off"
           + (f", base = {args.base_commit}" if args.base_commit else ""))
     header = ("preset", "mix", "tracing", "closed_rps", "vs_off", "closed_p99", "open_rps", "open_p99",
               "rps per round", "errors")
@@ -203,7 +228,7 @@ def main() -> None:
     with base_source(args.base_commit) as base_dir:
         for name in args.presets:
             plan = PLANS[name] if args.seconds is None else dataclasses.replace(PLANS[name], seconds=args.seconds)
-            print_preset(name, plan, measure_preset(plan, args.rounds, configs, base_dir), configs)
+            print_preset(name, plan, measure_preset(plan, args.rounds, configs, base_dir, args.fresh_servers), configs)
 
 
 def print_preset(name: str, plan: PresetPlan, summary: dict[str, dict[str, float]], configs: Sequence[str]) -> None:
