@@ -65,3 +65,24 @@ def test_padding_to_a_warmed_shape_does_not_change_answers(runner):
 def test_length_buckets_cover_the_limit():
     assert text_length_buckets(64) == (8, 16, 32, 64)
     assert text_length_buckets(100) == (8, 16, 32, 64, 100)
+
+
+def test_a_failing_request_with_several_images_fails_alone_and_the_others_keep_their_images(runner, tiny_bundle):
+    size = tiny_bundle.config.preprocess.input_size
+
+    def fusion(i: int, num_images: int, poisoned: bool = False) -> InferenceRequest:
+        images = tuple(np.full((size, size, 3), 20 * i + k, np.uint8) for k in range(num_images))
+        return InferenceRequest(request_id=f"f{i}", token_ids=_request(i, poisoned).token_ids, images=images,
+                                deadline_ns=10**18)
+
+    batch = [fusion(0, 3), fusion(1, 2, poisoned=True), fusion(2, 1), fusion(3, 2)]
+    outcomes = runner.run(Route.FUSION, batch)
+    assert [isinstance(o, ItemFailedError) for o in outcomes] == [False, True, False, False]
+    for request, outcome in zip(batch, outcomes):
+        if isinstance(outcome, Exception):
+            continue
+        alone = runner.run(Route.FUSION, [request])[0]
+        assert len(outcome.image_embeddings) == request.num_images
+        np.testing.assert_allclose(outcome.fused_embedding, alone.fused_embedding, atol=1e-5)
+        for got, want in zip(outcome.image_embeddings, alone.image_embeddings, strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-5)
