@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import base64
 import io
-import random
 import statistics
 import time
 from collections.abc import Sequence
@@ -215,7 +214,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=12)
     args = parser.parse_args(argv)
-    random.seed(0)
     print(f"machine: {machine_line()}")
     print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     for preset in args.presets:

@@ -220,7 +220,6 @@ class RequestIntake:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
         if self._faults is not None:
             self._faults.after_stage("decode", images_encoding(item.images))
-        self._router.budget.check_images(len(item.images))
         tokens = None
         if item.text is not None:
             tokens = self._router.bundle.tokenizer.encode(item.text, truncate=item.truncate)

@@ -69,14 +69,11 @@ class JointTokenBudget:
             max_joint_tokens = max_images * tokens_per_image + bundle.tokenizer.max_tokens
         return cls(tokens_per_image, max_images, max_joint_tokens)
 
-    def check_images(self, num_images: int) -> None:
-        if num_images > self.max_images_per_request:
-            raise TooManyImagesError(num_images, self.max_images_per_request)
-
     def fit(self, num_images: int, text: TokenizedText | None, *, truncate: bool) -> tuple[TokenizedText | None,
                                                                                          JointTokens]:
         """The text as it will run (cut to fit when ``truncate``) and the joint count; raises over budget."""
-        self.check_images(num_images)
+        if num_images > self.max_images_per_request:
+            raise TooManyImagesError(num_images, self.max_images_per_request)
         num_text_tokens = 0 if text is None else len(text.token_ids)
         joint = JointTokens(num_images, self.tokens_per_image, num_text_tokens, self.max_joint_tokens)
         if text is None or joint.total <= self.max_joint_tokens:

@@ -204,34 +204,33 @@ class BatchRunner:
         bucket), fusion once per (batch size, length bucket, images per
         request) -- the fused kernel's tiles follow the longest text, so each
         bucket is a variant to compile on a GPU; a shape two lanes share runs
-        once. The shapes are remembered for the cold-shape check.
+        once. The shapes are remembered for the cold-shape check (fusion by
+        its bucket, the one thing of its shape that selects a kernel variant).
         """
         input_size = self.bundle.config.preprocess.input_size
         image = torch.zeros((input_size, input_size, 3), dtype=torch.uint8)
         one_image = self.model.encode_images(image[None])  # the shape fusion meets is the segments'
-        done: set[tuple] = set()
+        image_counts = range(1, self.max_images_per_request + 1)
+        num_runs = 0
         for route, settings in self.lane_settings.items():
             for size in settings.warm_batch_sizes:
-                if route != Route.TEXT and ("vision", size) not in done:
+                if route != Route.TEXT and ("vision", size) not in self._warmed_shapes:
                     self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
-                    done.add(("vision", size))
+                    self._warmed_shapes.add(("vision", size))
+                    num_runs += 1
                 if route == Route.VISION:
                     continue
                 # Text, and fusion (which runs on the text lane too: a fusion request whose images are cached).
                 for bucket in self.text_buckets:
-                    if ("text", size, bucket) in done and all(
-                            ("fusion", size, bucket, n) in done for n in range(1, self.max_images_per_request + 1)):
+                    if ("text", size, bucket) in self._warmed_shapes:
                         continue
                     ids = [(self.pad_token_id,) * bucket] * size
                     texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
-                    done.add(("text", size, bucket))
-                    for num_images in range(1, self.max_images_per_request + 1):
-                        if ("fusion", size, bucket, num_images) not in done:
-                            self.model.fuse_multi([one_image * num_images] * size, texts)
-                            done.add(("fusion", size, bucket, num_images))
-        self._warmed_shapes = {shape for shape in done if shape[0] != "fusion"}
-        self._warmed_shapes |= {("fusion", shape[2]) for shape in done if shape[0] == "fusion"}
-        return len(done)
+                    for num_images in image_counts:
+                        self.model.fuse_multi([one_image * num_images] * size, texts)
+                    self._warmed_shapes |= {("text", size, bucket), ("fusion", bucket)}
+                    num_runs += 1 + len(image_counts)
+        return num_runs
 
     def measure_service_times(self, observe: Callable[[Route, int, int], None]) -> None:
         """Time batches of the smallest, a middle and the largest warmed size per lane.

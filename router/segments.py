@@ -103,13 +103,6 @@ class SegmentPlan:
     lookup: Callable[[SegmentKey, bool], SegmentSlot] = dataclasses.field(repr=False)
     use_cache: bool = True
 
-    @property
-    def image(self) -> SegmentSlot | None:
-        """The one image's slot of a single-image request; None without images."""
-        if len(self.images) > 1:
-            raise ValueError(f"this plan has {len(self.images)} image slots; use .images")
-        return self.images[0] if self.images else None
-
     def _slots(self) -> tuple[SegmentSlot, ...]:
         return self.images if self.text is None else (*self.images, self.text)
 
@@ -130,10 +123,11 @@ class SegmentPlan:
     def image_statuses(self) -> tuple[str, ...]:
         return tuple(slot.status.value for slot in self.images)
 
-    def statuses(self) -> dict[str, str | list[str]]:
-        """What the response's ``cache`` field says, per segment: ``image`` for one image, ``images`` for more."""
+    def statuses(self, *, images_as_list: bool = False) -> dict[str, str | list[str]]:
+        """What the response's ``cache`` field says, per segment: ``image`` for one image, ``images`` (one
+        status per image) for more, or for any number when the request sent a list."""
         statuses: dict[str, str | list[str]] = {}
-        if len(self.images) == 1:
+        if len(self.images) == 1 and not images_as_list:
             statuses["image"] = self.images[0].status.value
         elif self.images:
             statuses["images"] = list(self.image_statuses())

@@ -197,18 +197,10 @@ def _encoded_images(tensor: Tensor, row_index: int) -> list[bytes]:
     """Row ``row_index``'s images in order: its elements up to the first empty one (the padding)."""
     num_per_row = images_per_row(tensor)
     elements = tensor.data.reshape(tensor.shape[0], num_per_row)[row_index]  # (K,)
-    if num_per_row == 1:  # [N] or [N, 1]: one image a row, and an empty one is a bad image, not padding
-        element = elements[0]
-        if tensor.is_binary:
-            if not element:
-                raise RowFailedError(row_index, _bad("empty_image", f"{IMAGE} row {row_index} is empty", IMAGE))
-            return [element]
-        try:
-            return [decode_base64(element.decode("latin-1"), IMAGE)]
-        except ApiError as e:
-            raise RowFailedError(row_index, e) from e
     images: list[bytes] = []
     for index, element in enumerate(elements):
+        if not element and num_per_row == 1:  # [N] or [N, 1]: an empty element is a bad image, not padding
+            raise RowFailedError(row_index, _bad("empty_image", f"{IMAGE} row {row_index} is empty", IMAGE))
         if not element:
             if any(elements[index:]):
                 raise RowFailedError(row_index, _bad(

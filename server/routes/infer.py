@@ -119,10 +119,7 @@ def _response_body(request_id: str, state: ServerState, result: InferenceResult,
         body["joint_tokens"] = {"num_images": joint.num_images, "tokens_per_image": joint.tokens_per_image,
                                 "num_text_tokens": joint.num_text_tokens, "total": joint.total,
                                 "limit": joint.max_joint_tokens}
-    cache = prepared.plan.statuses()
-    if images_as_list and "image" in cache:
-        cache["images"] = [cache.pop("image")]
-    body["cache"] = cache
+    body["cache"] = prepared.plan.statuses(images_as_list=images_as_list)
     return body
 
 

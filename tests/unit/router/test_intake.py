@@ -237,7 +237,7 @@ def test_a_waiter_whose_owner_went_away_takes_the_claim_and_decodes_the_image(ma
         return await asyncio.wait_for(waiter, WAIT_S)
 
     outcome = asyncio.run(owner_leaves())
-    assert outcome.plan.image.status == SlotStatus.MISS  # looked up again and owned
+    assert outcome.plan.images[0].status == SlotStatus.MISS  # looked up again and owned
     assert outcome.result.image_embedding is not None and outcome.result.route == Route.FUSION
     assert decoder.num_calls == 2
     assert router.cache.num_in_flight == 0
@@ -262,7 +262,7 @@ def test_a_segment_plan_never_changes_once_made(make_router):
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.images = ()  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        plan.image.status = SlotStatus.HIT  # type: ignore[misc]
+        plan.images[0].status = SlotStatus.HIT  # type: ignore[misc]
     resolved = asyncio.run(plan.resolved())
     assert resolved == plan and resolved is not plan  # nothing was coalesced, so nothing new to know
     plan.abandon()

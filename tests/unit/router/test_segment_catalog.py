@@ -20,10 +20,10 @@ def test_a_different_model_fingerprint_misses():
     image = ImageContent(encoded=b"the same uploaded bytes")
 
     plan = old_model.plan((image,), None, use_cache=True)
-    assert plan.image.status == SlotStatus.MISS
+    assert plan.images[0].status == SlotStatus.MISS
     plan.publish((_segment(),), None)
-    assert old_model.plan((image,), None, use_cache=True).image.status == SlotStatus.HIT
-    assert new_model.plan((image,), None, use_cache=True).image.status == SlotStatus.MISS
+    assert old_model.plan((image,), None, use_cache=True).images[0].status == SlotStatus.HIT
+    assert new_model.plan((image,), None, use_cache=True).images[0].status == SlotStatus.MISS
 
 
 def test_preprocessing_is_part_of_the_key_and_abandon_frees_the_claim():
@@ -31,11 +31,11 @@ def test_preprocessing_is_part_of_the_key_and_abandon_frees_the_claim():
     image = ImageContent(pixels=bytes(12), shape=(2, 2, 3))
     first = SegmentCatalog(cache, "fp", "size=32").plan((image,), (2, 5, 3), use_cache=True)
     other_preprocessing = SegmentCatalog(cache, "fp", "size=64").plan((image,), None, use_cache=True)
-    assert other_preprocessing.image.status == SlotStatus.MISS
+    assert other_preprocessing.images[0].status == SlotStatus.MISS
     other_preprocessing.abandon()
     first.abandon()
     assert cache.num_in_flight == 0
-    assert SegmentCatalog(cache, "fp", "size=32").plan((image,), None, use_cache=True).image.status == SlotStatus.MISS
+    assert SegmentCatalog(cache, "fp", "size=32").plan((image,), None, use_cache=True).images[0].status == SlotStatus.MISS
 
 
 def test_a_published_segment_owns_only_its_bytes():
@@ -45,7 +45,7 @@ def test_a_published_segment_owns_only_its_bytes():
     row = ImageSegment(pooled=torch.zeros(8, 4)[5], k=batch_k[5], v=batch_v[5])
     plan = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), None, use_cache=True)
     plan.publish((row,), None)
-    stored = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), None, use_cache=True).image.value
+    stored = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), None, use_cache=True).images[0].value
     assert stored.k.untyped_storage().nbytes() == 3 * 2 * 4
     assert stored.v.untyped_storage().nbytes() == 3 * 4 * 4
     assert cache.stats().of(cache.stats().image.modality).size_bytes == row.size_bytes
