@@ -26,6 +26,9 @@ Why the defaults are what they are:
   value is named when its share of the named stage's slow tail grew by 10
   points and by 3.5 standard errors (34 values are tested each period; see
   ``monitoring.input_attribution``).
+* ``request_stages = ("decode", "respond")``: the stages each request
+  spends on its own. Every other stage's noise floor counts batches, not
+  requests (``monitoring.drift``).
 * ``tail_ratio = 1.5`` on P99.9 / P99.99 with at least
   ``tail_min_exceedances`` samples beyond the quantile on both sides: KS is
   blind to a shift of the last 0.01 % (D moves by 1e-4), the ratio is not.
@@ -75,6 +78,9 @@ class MonitorConfig:
         input_min_share_growth: Growth of an input value's share of the slow
             tail (window minus baseline) needed to name it.
         input_min_z: The same growth in standard errors needed to name it.
+        request_stages: Stages whose samples are independent per request;
+            the noise floor of any other stage counts the batches its
+            samples came from.
     """
 
     window_s: float = 120.0
@@ -94,6 +100,7 @@ class MonitorConfig:
     max_buffered_records: int = 1_000_000
     input_min_share_growth: float = 0.1
     input_min_z: float = 3.5
+    request_stages: tuple[str, ...] = ("decode", "respond")
 
     def __post_init__(self) -> None:
         positive = {
@@ -152,7 +159,7 @@ class MonitorConfig:
         """Sub-windows that make up the baseline (``baseline_s`` rounded up)."""
         return math.ceil(self.baseline_s / self.sub_window_s - 1e-9)
 
-    def ks_noise_floor(self, num_a: int, num_b: int) -> float:
-        """Two-sample KS critical value at ``ks_alpha`` for sample sizes ``num_a``, ``num_b``."""
+    def ks_noise_floor(self, num_a: float, num_b: float) -> float:
+        """Two-sample KS critical value at ``ks_alpha`` for ``num_a``, ``num_b`` independent observations."""
         c_alpha = math.sqrt(-0.5 * math.log(self.ks_alpha / 2))
         return c_alpha * math.sqrt((num_a + num_b) / (num_a * num_b))

@@ -4,7 +4,14 @@ A period judges each stage of a route with two tests on its digests:
 
 * **KS**: ``D = sup |F_window - F_baseline|`` must exceed ``threshold`` *and*
   the two-sample noise floor at ``ks_alpha`` (so a quiet route cannot alarm
-  on sampling noise). Both sides need ``min_samples``.
+  on sampling noise). Both sides need ``min_samples``. The floor is computed
+  from the *independent observations* on each side, not the samples: the
+  requests of one batch share its compute time, so a stage measured across
+  a batch (compute, queue, total) counts the batches its samples came from
+  (``monitoring.sliding_count``); only the stages each request spends on its
+  own (``request_stages``: decode, respond) count requests. Counting a
+  batch of 8 as 8 observations would put the floor ``sqrt(8)`` too low, and
+  a stationary route's D wanders above it.
 * **Tail ratio**: for each quantile q of ``tail_quantiles`` with at least
   ``tail_min_exceedances`` samples beyond it on both sides,
   ``Q_window(q) / Q_baseline(q) >= tail_ratio``. KS cannot see a shift of the
@@ -51,9 +58,12 @@ class StageVerdict:
     Attributes:
         stage: Stage name.
         ks: KS statistic D (NaN when either side is empty).
-        noise_floor: KS critical value at ``ks_alpha`` for these sample sizes.
+        noise_floor: KS critical value at ``ks_alpha`` for the observations on each side.
         num_window: Samples in the window.
         num_baseline: Samples in the baseline.
+        observations_window: Independent observations in the window (batches
+            for a stage measured across a batch, else ``num_window``).
+        observations_baseline: The same in the baseline.
         is_judged: Both sides hold at least ``min_samples``.
         is_ks_shift: Judged and D above both threshold and noise floor.
         tail_ratios: ``{q: Q_window(q) / Q_baseline(q)}`` for the tail
@@ -66,6 +76,8 @@ class StageVerdict:
     noise_floor: float
     num_window: int
     num_baseline: int
+    observations_window: float
+    observations_baseline: float
     is_judged: bool
     is_ks_shift: bool
     tail_ratios: Mapping[float, float]
@@ -76,12 +88,20 @@ class StageVerdict:
         return self.is_ks_shift or self.is_tail_shift
 
 
-def judge_stage(stage: str, window: TDigest, baseline: TDigest, config: MonitorConfig) -> StageVerdict:
-    """Compare one stage's window with its baseline under ``config``'s rule."""
+def judge_stage(stage: str, window: TDigest, baseline: TDigest, config: MonitorConfig,
+                observations: tuple[float, float] | None = None) -> StageVerdict:
+    """Compare one stage's window with its baseline under ``config``'s rule.
+
+    ``observations``: independent observations ``(window, baseline)`` for the
+    noise floor (the batches the samples came from); ``None``: every sample.
+    """
     num_window = int(window.n_values)
     num_baseline = int(baseline.n_values)
+    obs_window, obs_baseline = (float(num_window), float(num_baseline)) if observations is None else observations
+    # Never more observations than samples (a batch share is <= 1), never fewer than one.
+    obs_window, obs_baseline = min(max(obs_window, 1.0), num_window), min(max(obs_baseline, 1.0), num_baseline)
     ks = ks_distance(window, baseline)
-    noise_floor = config.ks_noise_floor(num_window, num_baseline) if num_window and num_baseline else math.inf
+    noise_floor = config.ks_noise_floor(obs_window, obs_baseline) if num_window and num_baseline else math.inf
     is_judged = num_window >= config.min_samples and num_baseline >= config.min_samples
     is_ks_shift = is_judged and ks > config.threshold and ks > noise_floor
     tail_ratios = tail_ratios_of(window, baseline, config.tail_quantiles, config.tail_min_exceedances)
@@ -92,6 +112,8 @@ def judge_stage(stage: str, window: TDigest, baseline: TDigest, config: MonitorC
         noise_floor=noise_floor,
         num_window=num_window,
         num_baseline=num_baseline,
+        observations_window=obs_window,
+        observations_baseline=obs_baseline,
         is_judged=is_judged,
         is_ks_shift=is_ks_shift,
         tail_ratios=tail_ratios,

@@ -18,6 +18,12 @@ all-traffic and segment series are unions of cells merged when read
    seconds into a stage-major array, and cut it into one contiguous run per
    pair; pairs in the same cell (batch sizes 3 and 4) are concatenated.
 
+Each cell also gets its samples counted in batches: a sample of a request
+served in a batch of b counts ``1 / b`` (a record without a batch size counts
+1), which the drift rule's noise floor reads as the number of independent
+observations (``monitoring.sliding_count``). The pairs already split records
+by exact batch size, so this is one division per run, not per sample.
+
 Records that carry ``RequestInputs`` are also counted per input value and
 latency bin for each (route, stage) (``monitoring.input_histograms``), from
 the same ``(num_records, num_stages)`` matrix: one int read per record and
@@ -104,22 +110,33 @@ class FoldResult:
 
     ``input_counts`` maps ``(route, stage)`` to ``(NUM_VALUES, NUM_BINS)``
     counts of the samples recorded with inputs (absent when there were none).
+    ``num_batches`` holds, per cell, its samples counted in batches (each
+    ``1 / batch_size``; 1 without a batch size): the batches they came from.
     """
 
     values_s: Mapping[CellKey, np.ndarray]
     num_records: int
     num_invalid_records: int
     input_counts: Mapping[tuple[str, str], np.ndarray] = dataclasses.field(default_factory=dict)
+    num_batches: Mapping[CellKey, float] = dataclasses.field(default_factory=dict)
+
+
+def _is_batch_size(batch_size: object) -> bool:
+    return isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0
+
+
+def batch_share(batch_size: object) -> float:
+    """What one sample of a request served in a batch of ``batch_size`` counts in batches (1 when not recorded)."""
+    return 1.0 / batch_size if _is_batch_size(batch_size) else 1.0  # type: ignore[operator]
 
 
 @functools.lru_cache(maxsize=4096, typed=True)  # each fold asks for the same few dozen cells
 def cell_of(route: str, stage: str, batch_size: object, cache_hit: object) -> CellKey:
     """The cell of a sample; a batch size that is no positive int, or a cache outcome no bool, is not recorded."""
-    is_batch_size = isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size > 0
     return CellKey(
         str(route),
         str(stage),
-        batch_size_bucket(batch_size) if is_batch_size else NOT_RECORDED,  # type: ignore[arg-type]
+        batch_size_bucket(batch_size) if _is_batch_size(batch_size) else NOT_RECORDED,  # type: ignore[arg-type]
         cache_label(cache_hit) if isinstance(cache_hit, bool) else NOT_RECORDED,
     )
 
@@ -148,6 +165,7 @@ def fold_records(records: Sequence[Record]) -> FoldResult:
         append_inputs(inputs)
 
     columns: defaultdict[CellKey, list[np.ndarray]] = defaultdict(list)
+    num_batches: defaultdict[CellKey, float] = defaultdict(float)
     input_counts: dict[tuple[str, str], np.ndarray] = {}
     num_invalid = 0
     for (route, _), (rows, id_list, pairs, inputs_list) in groups.items():
@@ -159,7 +177,9 @@ def fold_records(records: Sequence[Record]) -> FoldResult:
                 num_invalid += num_bad
                 for stage, (column_s, _) in stage_columns_s.items():
                     if column_s.size:
-                        columns[cell_of(route, stage, batch_size, cache_hit)].append(column_s)
+                        cell = cell_of(route, stage, batch_size, cache_hit)
+                        columns[cell].append(column_s)
+                        num_batches[cell] += column_s.size * batch_share(batch_size)
             if codes is not None:
                 for stage, (column_s, kept_rows) in _stage_columns_slow_s(rows)[0].items():
                     column_ns = np.rint(column_s * _NS_PER_S)[:, None]  # (num_kept, 1)
@@ -172,13 +192,16 @@ def fold_records(records: Sequence[Record]) -> FoldResult:
         ids = np.array(id_list, dtype=np.min_scalar_type(len(pairs))) if len(pairs) > 1 else None
         for pair_id, run_s in _runs_by_id(by_row_ns, ids, len(pairs)):
             batch_size, cache_hit = pairs[pair_id]
+            run_batches = run_s.shape[1] * batch_share(batch_size)
             for stage, column_s in zip(stages, run_s):
-                columns[cell_of(route, stage, batch_size, cache_hit)].append(column_s)
+                cell = cell_of(route, stage, batch_size, cache_hit)
+                columns[cell].append(column_s)
+                num_batches[cell] += run_batches
 
     # Batch sizes that share a bucket (3 and 4) are two runs of one cell.
     values_s = {cell: parts[0] if len(parts) == 1 else np.concatenate(parts) for cell, parts in columns.items()}
     return FoldResult(values_s=values_s, num_records=len(records), num_invalid_records=num_invalid,
-                      input_counts=input_counts)
+                      input_counts=input_counts, num_batches=dict(num_batches))
 
 
 def input_codes(inputs_list: list[RequestInputs | None]) -> np.ndarray | None:

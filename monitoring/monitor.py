@@ -189,7 +189,7 @@ class Monitor:
             series = self._series.get((cell.route, cell.stage))
             if series is None:
                 series = self._new_series_locked(cell.route, cell.stage)
-            series.add(cell, values_s)
+            series.add(cell, values_s, folded.num_batches.get(cell))
         for key, counts in folded.input_counts.items():
             histograms = self._inputs.get(key)
             if histograms is None:
@@ -282,10 +282,12 @@ class Monitor:
         now_unix_s = self._clock.unix_s()
         for route, stages in self._stages.items():
             pairs: dict[str, DigestPair] = {}
+            verdicts: dict[str, StageVerdict] = {}
             for stage in stages:
                 series = self._series[(route, stage)]
                 pairs[stage] = (series.window(), series.baseline)
-            verdicts = {stage: judge_stage(stage, w, b, self._config) for stage, (w, b) in pairs.items()}
+                observations = None if stage in self._config.request_stages else series.batch_counts()
+                verdicts[stage] = judge_stage(stage, *pairs[stage], self._config, observations)
             condition = route_condition(verdicts)
             attribution = attribute(verdicts, pairs, partial(self._segment_pairs_locked, route), self._config,
                                     partial(self._input_counts_locked, route))

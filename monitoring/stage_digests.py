@@ -42,6 +42,7 @@ from monitoring.attribution import DigestPair
 from monitoring.digest import merge_all, new_digest
 from monitoring.ingest import CellKey
 from monitoring.series import SeriesDigests
+from monitoring.sliding_count import SlidingCount
 
 # Values a cell buffers before it inserts them. Into 2000 centroids, a batch_update
 # of 8192 values costs ~64 ns a value, of 1000 values ~82 ns, of 10^5 no less than 8192.
@@ -118,16 +119,22 @@ class StageDigests:
         self._cells: dict[CellLabel, _Cell] = {}
         self._cell_segments: dict[CellLabel, tuple[Segment, ...]] = {}
         self._all_traffic = SeriesDigests(max_centroids, num_sub_windows, keep_lifetime=True)
+        self._batches = SlidingCount(num_sub_windows)  # all traffic's samples counted in batches
         self._segments: dict[Segment, SeriesDigests] = {}
         # The current sub-window of each series (None: all traffic), merged from
         # its cells on first read; dropped whenever a cell changes.
         self._current: dict[Segment | None, TDigest] = {}
         self._window: dict[Segment | None, TDigest] = {}
 
-    def add(self, cell: CellKey, values_s: np.ndarray) -> None:
-        """Fold latencies (seconds, float64) into ``cell``'s current sub-window."""
+    def add(self, cell: CellKey, values_s: np.ndarray, num_batches: float | None = None) -> None:
+        """Fold latencies (seconds, float64) into ``cell``'s current sub-window.
+
+        ``num_batches``: the batches they came from (``FoldResult.num_batches``);
+        ``None`` counts every sample as its own.
+        """
         if not values_s.size:
             return
+        self._batches.add(float(values_s.size) if num_batches is None else num_batches)
         label = (cell.batch_bucket, cell.cache)
         target = self._cells.get(label)
         if target is None:
@@ -148,6 +155,7 @@ class StageDigests:
         if num_steps <= 0:
             return
         self._all_traffic.rotate(self._current_of(None), num_steps, into_baseline)
+        self._batches.rotate(num_steps, into_baseline)
         for segment, series in self._segments.items():
             series.rotate(self._current_of(segment), num_steps, into_baseline)
         for cell in self._cells.values():
@@ -168,9 +176,14 @@ class StageDigests:
         """All traffic's baseline (being learned or frozen); do not mutate."""
         return self._all_traffic.baseline
 
+    def batch_counts(self) -> tuple[float, float]:
+        """All traffic's samples counted in batches: ``(window, baseline)``, the independent observations."""
+        return self._batches.window, self._batches.baseline
+
     def reset_baseline(self) -> None:
         """Forget every series' baseline so that it is learned again."""
         self._all_traffic.reset_baseline()
+        self._batches.reset_baseline()
         for series in self._segments.values():
             series.reset_baseline()
 

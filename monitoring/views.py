@@ -109,6 +109,8 @@ def _verdict_json(verdict: StageVerdict) -> dict[str, Any]:
         "noise_floor": _number(verdict.noise_floor),
         "num_window": verdict.num_window,
         "num_baseline": verdict.num_baseline,
+        "observations_window": _number(verdict.observations_window),
+        "observations_baseline": _number(verdict.observations_baseline),
         "judged": verdict.is_judged,
         "ks_shift": verdict.is_ks_shift,
         "tail_ratios": {str(q): _number(r) for q, r in verdict.tail_ratios.items()},

@@ -65,6 +65,52 @@ def test_stationary_traffic_never_drifts(simulator_factory, small_config: Monito
     assert all(s.verdicts["total"].ks < s.verdicts["total"].noise_floor for s in judged)
 
 
+BATCH = 8
+
+
+def batch_shared(rng: np.random.Generator, n: int, now_s: float, hits: np.ndarray | None) -> dict[str, np.ndarray]:
+    """``steady``, but each batch of ``BATCH`` requests shares one vision time, as a real batch does."""
+    stages = steady(rng, n, now_s, hits)
+    stages["vision"] = np.repeat(lognormal_ns(rng, 0.020, 0.3, -(-n // BATCH)), BATCH)[:n]
+    return stages
+
+
+def stationary_batched_run(sim, config: MonitorConfig, record_batch_sizes: bool) -> list:
+    sizes = np.array([BATCH]) if record_batch_sizes else None
+    sim.run(10, 400, batch_shared, batch_sizes=sizes)
+    sim.monitor.mark_ready()
+    sim.run(int(config.baseline_s), 400, batch_shared, batch_sizes=sizes)
+    start = len(sim.evaluations)
+    sim.run(300, 400, batch_shared, batch_sizes=sizes)
+    return [statuses["vision"] for _, statuses in sim.evaluations[start:]]
+
+
+def test_batch_shared_times_are_judged_on_their_batches_not_their_requests(simulator_factory,
+                                                                           small_config: MonitorConfig) -> None:
+    """Requests of one batch share its vision time: 16000 window samples are 2000 observations.
+
+    Counted as requests, the floor sits sqrt(8) too low and stationary
+    traffic crosses it; counted in batches (the batch size recorded), it
+    never does, and the verdict says how many observations it judged.
+    """
+    config = dataclasses.replace(small_config, threshold=0.01)  # the floor alone guards against noise
+    counted_in_batches = stationary_batched_run(simulator_factory(config, seed=3), config, True)
+    counted_as_requests = stationary_batched_run(simulator_factory(config, seed=3), config, False)
+
+    assert len(counted_in_batches) == len(counted_as_requests) == 30
+    vision = [s.verdicts["vision"] for s in counted_in_batches]
+    assert all(v.observations_window == pytest.approx(v.num_window / BATCH) for v in vision)
+    assert all(v.observations_baseline == pytest.approx(v.num_baseline / BATCH) for v in vision)
+    assert all(not v.is_ks_shift for v in vision), [(v.ks, v.noise_floor) for v in vision]
+    assert all(s.state is DriftState.STABLE for s in counted_in_batches)
+    decode = counted_in_batches[-1].verdicts["decode"]  # each request's own stage counts requests
+    assert decode.observations_window == decode.num_window
+
+    as_requests = [s.verdicts["vision"] for s in counted_as_requests]
+    assert all(v.observations_window == v.num_window for v in as_requests)
+    assert sum(v.is_ks_shift for v in as_requests) >= 3, [(v.ks, v.noise_floor) for v in as_requests]
+
+
 def test_vision_stall_is_detected_within_three_periods_and_attributed(
     simulator_factory, small_config: MonitorConfig
 ) -> None:

@@ -38,6 +38,24 @@ def test_records_are_grouped_per_cell() -> None:
     assert CellKey("fusion", "total").segments == ()
 
 
+def test_each_cell_counts_its_samples_in_batches() -> None:
+    """A sample of a request served in a batch of b counts 1/b; one without a batch size counts 1."""
+    records = [
+        *[("vision", {"vision": 2_000_000, "total": 3_000_000}, 8, False, None)] * 8,  # one batch of 8
+        *[("vision", {"vision": 1_000_000, "total": 2_000_000}, 7, False, None)] * 14,  # two of 7, same bucket
+        *[("vision", {"vision": 1_000_000, "total": 2_000_000}, None, None, None)] * 3,  # not recorded
+        ("vision", {"vision": 1_000_000, "total": "slow"}, 2, False, None),  # bad: dropped whole
+        ("vision", {"vision": 1_000_000}, 1, True, None),
+    ]
+    folded = fold_records(records)
+    assert folded.num_batches[CellKey("vision", "vision", "5-8", "miss")] == pytest.approx(3.0)
+    assert folded.num_batches[CellKey("vision", "total", "5-8", "miss")] == pytest.approx(3.0)
+    assert folded.num_batches[CellKey("vision", "vision")] == pytest.approx(3.0)
+    assert folded.num_batches[CellKey("vision", "vision", "1", "hit")] == pytest.approx(1.0)
+    assert CellKey("vision", "total", "2", "miss") not in folded.num_batches  # its record was dropped
+    assert set(folded.num_batches) == set(folded.values_s)
+
+
 def test_malformed_records_are_skipped_and_counted() -> None:
     records = [
         ("text", {"total": 1_000}, None, None, None),
