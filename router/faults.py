@@ -5,10 +5,11 @@ it to rehearse their alerts (a 172 ms stall in ``vision`` for 20 % of
 requests should raise drift attributed to ``vision``); tests use it to keep
 the compute thread busy on purpose. A compute stage (``vision``, ``text``,
 ``fusion``) is delayed per batch, so every request in a delayed batch sees
-it; ``decode`` is delayed per request, and a ``decode`` drill can be kept to
-requests whose images have one encoding (``only_encoding="png"``: the
-"clients started sending 4K PNGs" incident, which attribution by input value
-should name).
+it; ``decode`` is delayed per request. A drill can be kept to one image
+encoding (``only_encoding="png"``: the "clients started sending 4K PNGs"
+incident, which attribution by input value should name): a ``decode`` drill
+then delays only requests whose images have it, a compute drill only batches
+holding such a request (a batch waits for its slowest image).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from router.image_header import ENCODINGS
@@ -30,7 +31,7 @@ class FaultPlan:
     delay_ms: float
     fraction: float
     duration_s: float
-    only_encoding: str | None = None  # decode only: delay only requests whose images have this encoding
+    only_encoding: str | None = None  # delay only requests (decode) or batches (compute) with this encoding
 
     def __post_init__(self) -> None:
         if self.stage not in FAULT_STAGES:
@@ -39,11 +40,8 @@ class FaultPlan:
             raise ValueError("fraction must lie in [0, 1]")
         if self.delay_ms < 0 or self.duration_s <= 0:
             raise ValueError("delay_ms must be >= 0 and duration_s > 0")
-        if self.only_encoding is not None:
-            if self.stage != "decode":
-                raise ValueError("only_encoding filters the per-request decode stage; compute stages run per batch")
-            if self.only_encoding not in ENCODINGS:
-                raise ValueError(f"only_encoding must be one of {ENCODINGS}, got {self.only_encoding!r}")
+        if self.only_encoding is not None and self.only_encoding not in ENCODINGS:
+            raise ValueError(f"only_encoding must be one of {ENCODINGS}, got {self.only_encoding!r}")
 
 
 class FaultInjector:
@@ -73,8 +71,13 @@ class FaultInjector:
         with self._lock:
             return [plan for plan, ends_at in self._plans.values() if ends_at > now]
 
-    def after_stage(self, stage: str, image_encoding: str | None = None) -> None:
-        """Sleep if a plan for ``stage`` says so; ``image_encoding`` is the request's (decode only)."""
+    def after_stage(self, stage: str, image_encodings: Collection[str | None] = ()) -> None:
+        """Sleep if a plan for ``stage`` says so.
+
+        ``image_encodings``: of the request (decode) or of the batch's
+        requests (compute stages), as ``router.image_header`` names them; a
+        plan kept to one encoding delays only when it is among them.
+        """
         with self._lock:
             entry = self._plans.get(stage)
             if entry is None:
@@ -83,7 +86,7 @@ class FaultInjector:
             if self._clock_s() >= ends_at:
                 del self._plans[stage]
                 return
-            if plan.only_encoding is not None and plan.only_encoding != image_encoding:
+            if plan.only_encoding is not None and plan.only_encoding not in image_encodings:
                 return
             hit = self._random.random() < plan.fraction
         if hit:

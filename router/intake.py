@@ -219,7 +219,7 @@ class RequestIntake:
     def _prepare_now(self, item: IntakeItem) -> _Prepared:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
         if self._faults is not None:
-            self._faults.after_stage("decode", images_encoding(item.images))
+            self._faults.after_stage("decode", (images_encoding(item.images),))
         tokens = None
         if item.text is not None:
             tokens = self._router.bundle.tokenizer.encode(item.text, truncate=item.truncate)
@@ -274,4 +274,5 @@ class RequestIntake:
             image_segments=plan.image_values,
             text_segment=plan.text_value,
             trace=item.trace,
+            image_encoding=images_encoding(item.images),
         )

@@ -40,7 +40,7 @@ from router.joint_budget import JointTokenBudget
 from router.lanes import Lane, LaneSettings, Pending
 from router.policy import urgency_ns
 from router.request import InferenceRequest, InferenceResult, Route
-from router.runner import BatchRunner, Outcome
+from router.runner import BatchRunner, Outcome, StageHook
 from router.scheduler import Scheduler
 from router.segments import ImageContent, SegmentCatalog, SegmentPlan
 from router.service_time import ServiceTimeEstimator
@@ -84,7 +84,7 @@ class Router:
         *,
         executors: Sequence[ExecutorPlan] = shared_executor(),
         priority_step_ns: int = 1_000_000_000,
-        stage_hook: Callable[[str], None] | None = None,
+        stage_hook: StageHook | None = None,
         cache: SegmentCache | None = None,
         clock_ns: Callable[[], int] = time.perf_counter_ns,
         hang_timeout_ns: int = 0,
@@ -124,7 +124,7 @@ class Router:
                 metrics.cache_entries.labels(modality=modality.value).set_function(
                     lambda modality=modality: self.cache.stats().of(modality).num_entries)
 
-    def _executor(self, plan: ExecutorPlan, stage_hook: Callable[[str], None] | None,
+    def _executor(self, plan: ExecutorPlan, stage_hook: StageHook | None,
                   clock_ns: Callable[[], int], warm_up_lock: threading.Lock) -> Executor:
         scheduler = Scheduler([self.lanes[route] for route in plan.routes], ServiceTimeEstimator(), clock_ns)
         runner = BatchRunner(self.bundle, {route: self.lanes[route].settings for route in plan.routes},

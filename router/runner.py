@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 import torch
@@ -47,11 +47,16 @@ def _to_host(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).numpy()
 
 
+StageHook = Callable[[str, Collection[str | None]], None]
+"""Called after a compute stage ran, with its name and the image encodings of the requests it ran for."""
+
+
 class BatchRunner:
     """Turns a list of same-lane requests into per-item outcomes."""
 
     def __init__(self, bundle: ModelBundle, lane_settings: dict[Route, LaneSettings],
-                 stage_hook: Callable[[str], None] | None = None, max_images_per_request: int = 1,
+                 stage_hook: StageHook | None = None,
+                 max_images_per_request: int = 1,
                  on_cold_shape: Callable[[tuple], None] | None = None) -> None:
         self.bundle = bundle
         self._on_cold_shape = on_cold_shape
@@ -64,7 +69,7 @@ class BatchRunner:
         self.text_buckets = (fixed_length,) if fixed_length else text_length_buckets(bundle.tokenizer.max_tokens)
         self._serves_match_score = bundle.fusion_head.is_trained
         self.pad_token_id = bundle.tokenizer.pad_token_id
-        # Called with a stage name after that stage ran (fault drills delay here).
+        # Fault drills delay here (StageHook).
         self._stage_hook = stage_hook
         # Streams, pinned copies and waiting are the model side's (models/device.py).
         self.device_work = DeviceWork(self.model.device)
@@ -74,10 +79,11 @@ class BatchRunner:
 
     # -- timing -------------------------------------------------------------
 
-    def _stage_done(self, stage: str, started_ns: int, stage_ns: dict[str, int]) -> None:
+    def _stage_done(self, stage: str, started_ns: int, stage_ns: dict[str, int],
+                    requests: Sequence[InferenceRequest]) -> None:
         self.device_work.wait()
         if self._stage_hook is not None:
-            self._stage_hook(stage)
+            self._stage_hook(stage, {r.image_encoding for r in requests})
         stage_ns[stage] = time.perf_counter_ns() - started_ns
 
     # -- one padded batch -------------------------------------------------------
@@ -88,13 +94,13 @@ class BatchRunner:
             raise ValueError(f"a text of {longest} tokens is longer than the model's {self.text_buckets[-1]}")
         return bucket
 
-    def _encode_images(self, pixels: Sequence[np.ndarray], settings: LaneSettings,
-                       stage_ns: dict[str, int]) -> list[ImageSegment]:
+    def _encode_images(self, pixels: Sequence[np.ndarray], settings: LaneSettings, stage_ns: dict[str, int],
+                       owners: Sequence[InferenceRequest]) -> list[ImageSegment]:
         """Every image in ``pixels`` through the vision encoder, ``max_batch_size`` at a time, each chunk padded.
 
         The batcher counts images, not requests, against the cap, so one
         chunk is the usual case; a request with more images than the cap
-        runs in several.
+        runs in several. ``owners``: the request of each image.
         """
         started = time.perf_counter_ns()
         segments: list[ImageSegment] = []
@@ -105,7 +111,7 @@ class BatchRunner:
             if padded > len(chunk):
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], padded - len(chunk), axis=0)])  # (padded, S, S, 3)
             segments += self.model.encode_images(self.device_work.host_tensor(chunk))[: min(len(chunk), len(pixels) - first)]
-        self._stage_done("vision", started, stage_ns)
+        self._stage_done("vision", started, stage_ns, owners)
         self.num_images_encoded += len(pixels)
         return segments
 
@@ -117,7 +123,7 @@ class BatchRunner:
         pad_to = self._bucket(max(len(ids) for ids in token_ids))
         self._check_shape(("text", padded, pad_to))
         segments = self.model.encode_texts(token_ids, pad_to=pad_to, pad_token_id=self.pad_token_id)
-        self._stage_done("text", started, stage_ns)
+        self._stage_done("text", started, stage_ns, requests)
         self.num_texts_encoded += len(requests)
         return segments[: len(requests)]
 
@@ -145,7 +151,7 @@ class BatchRunner:
         to_encode = [(row, index) for row, r in enumerate(requests) for index in r.image_rows_to_encode]
         if to_encode:
             computed = self._encode_images([requests[row].images[index] for row, index in to_encode],
-                                           settings, stage_ns)
+                                           settings, stage_ns, [requests[row] for row, _ in to_encode])
             for (row, index), segment in zip(to_encode, computed):
                 images[row][index] = segment
         text_rows = [i for i, r in enumerate(requests) if r.needs_text]
@@ -161,7 +167,7 @@ class BatchRunner:
             started = time.perf_counter_ns()
             outputs = self.model.fuse_multi([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
             fused = dict(zip(fusion_rows, outputs))
-            self._stage_done("fusion", started, stage_ns)
+            self._stage_done("fusion", started, stage_ns, [requests[i] for i in fusion_rows])
         results = []
         for i, request in enumerate(requests):
             text, fusion = texts[i], fused.get(i)

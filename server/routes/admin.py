@@ -20,7 +20,8 @@ class FaultRequest(BaseModel):
     fraction: float = Field(1.0, ge=0, le=1)
     duration_s: float = Field(60.0, gt=0, le=86_400)
     only_encoding: str | None = Field(
-        None, description=f"decode only: delay only requests whose images are {', '.join(ENCODINGS)}.")
+        None, description=f"Delay only requests (decode) or batches (vision, text, fusion) holding images of this "
+                          f"encoding: one of {', '.join(ENCODINGS)}.")
 
 
 def _injector(request: Request):

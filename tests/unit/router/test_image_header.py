@@ -73,11 +73,21 @@ def test_a_decode_drill_kept_to_one_encoding_delays_only_those_requests() -> Non
     injector = FaultInjector(clock_s=lambda: 0.0, sleep_s=slept.append, seed=0)
     injector.activate(FaultPlan(stage="decode", delay_ms=50, fraction=1.0, duration_s=10, only_encoding="png"))
     for encoding in ("png", "jpeg", None, "mixed", "png"):
-        injector.after_stage("decode", encoding)
+        injector.after_stage("decode", (encoding,))
     assert slept == [0.05, 0.05]
 
 
-@pytest.mark.parametrize(("stage", "encoding"), [("vision", "png"), ("decode", "bmp")])
-def test_an_encoding_filter_is_for_decode_and_known_encodings_only(stage: str, encoding: str) -> None:
+def test_a_compute_drill_kept_to_one_encoding_delays_only_batches_holding_it() -> None:
+    slept: list[float] = []
+    injector = FaultInjector(clock_s=lambda: 0.0, sleep_s=slept.append, seed=0)
+    injector.activate(FaultPlan(stage="vision", delay_ms=172, fraction=1.0, duration_s=10, only_encoding="png"))
+    for encodings in ({"jpeg"}, {"jpeg", "png"}, set(), {None}, {"png"}):
+        injector.after_stage("vision", encodings)
+    injector.after_stage("text", {"png"})  # another stage's plan
+    assert slept == [0.172, 0.172]
+
+
+@pytest.mark.parametrize("stage", ["decode", "vision"])
+def test_an_encoding_filter_takes_known_encodings_only(stage: str) -> None:
     with pytest.raises(ValueError):
-        FaultPlan(stage=stage, delay_ms=1, fraction=1.0, duration_s=1, only_encoding=encoding)
+        FaultPlan(stage=stage, delay_ms=1, fraction=1.0, duration_s=1, only_encoding="bmp")
