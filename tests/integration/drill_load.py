@@ -11,6 +11,8 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from encoded_images import encoded_image_b64
+
 
 class SteadyLoad:
     """Image-only requests back to back from ``num_clients`` threads, bounded in count and time.
@@ -58,6 +60,48 @@ class SteadyLoad:
             time.sleep(0.05)
 
     def __enter__(self) -> SteadyLoad:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+
+class PngJpegLoad:
+    """PNG and JPEG requests in turn from each of ``num_clients`` threads, each a new 32 x 32 image, bounded."""
+
+    def __init__(self, url: str, num_clients: int = 1, max_requests: int = 20_000,
+                 max_duration_s: float = 60.0) -> None:
+        self._url = url
+        self._max_requests = max_requests
+        self._max_duration_s = max_duration_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(client,), name=f"png-jpeg-load-{client}",
+                                          daemon=True) for client in range(num_clients)]
+        self._num_clients = num_clients
+        self.num_ok = 0
+        self.failures: list[str] = []
+
+    def _run(self, client_index: int) -> None:
+        deadline = time.monotonic() + self._max_duration_s
+        with httpx.Client(base_url=self._url, timeout=30.0) as client:
+            # Seeds client_index, client_index + n, ...: every image is new, and each client alternates.
+            for seed in range(client_index, self._max_requests, self._num_clients):
+                if self._stop.is_set() or time.monotonic() > deadline:
+                    return
+                fmt = "PNG" if (seed // self._num_clients) % 2 else "JPEG"
+                response = client.post("/v1/infer", json={"image": {"b64": encoded_image_b64(seed, (32, 32), fmt)}})
+                with self._lock:
+                    if response.status_code == 200:
+                        self.num_ok += 1
+                    else:
+                        self.failures.append(f"{response.status_code} {response.text[:200]}")
+
+    def __enter__(self) -> PngJpegLoad:
         for thread in self._threads:
             thread.start()
         return self

@@ -1,0 +1,121 @@
+"""The alert drill as the incident happened: 172 ms added to the vision stage of 20 % of requests.
+
+The ``synthetic`` preset's towers sleep seeded lognormal draws (median 10 ms,
+sigma of log 0.5) instead of computing, so a neighbour's CPU load barely
+moves the vision stage. The server runs as its own process, so this test's
+client shares no interpreter lock with it. One client alternates PNG and
+JPEG images, back to back, with no batching delay: every batch holds one
+request, so nothing queues behind a stalled batch (a grown queue would
+rightly be named instead of vision), and a vision stall kept to batches
+holding a PNG, on 40 % of them, stalls exactly 20 % of requests, all PNGs.
+
+The drift rule is the default one (KS threshold 0.02, three periods in a
+row, the noise floor at alpha 1e-3); only the windows are short. A 20 %
+stall moves D to 0.2 however long it is, and a 20 % stall of 172 ms caps the
+vision executor at about 20 batches a second, so a window must hold ~300 of
+them for D to clear its noise floor (about 0.125, see
+``monitoring.drift``) by three standard errors: 15 s windows, judged every
+15 s, so each period judges traffic no other period saw. The first period
+after the stall starts may straddle it, so drift is raised within
+``CONSECUTIVE + 1`` periods, and cleared within as many after it ends.
+
+Before the drill, the same server runs stationary for as long as the drill
+may take to raise drift, and must raise nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.integration.drill_load import PngJpegLoad, vision_route
+
+PERIOD_S = 15.0
+WINDOW_S = PERIOD_S  # every period judges new traffic
+BASELINE_S = 2 * PERIOD_S
+CONSECUTIVE = 3  # the default rule: 3 periods in a row, KS threshold 0.02
+STALL = {"stage": "vision", "delay_ms": 172, "fraction": 0.4, "only_encoding": "png", "duration_s": 600}
+# One period may straddle the change, then CONSECUTIVE whole ones; one fold and a poll of slack.
+WITHIN_S = (CONSECUTIVE + 1) * PERIOD_S + 3.0
+SERVER_ENV = {
+    "MMSERVE_ENABLE_FAULT_INJECTION": "true",
+    "MMSERVE_MAX_QUEUE_DELAY_MS": "0",
+    "MMSERVE_SYNTHETIC_VISION_MS": "10",
+    "MMSERVE_SYNTHETIC_SPREAD": "0.5",
+    "MMSERVE_DRIFT_PERIOD_S": str(PERIOD_S),
+    "MMSERVE_DRIFT_WINDOW_S": str(WINDOW_S),
+    "MMSERVE_DRIFT_BASELINE_S": str(BASELINE_S),
+    "MMSERVE_DRIFT_CONSECUTIVE": str(CONSECUTIVE),
+    "MMSERVE_DRIFT_MIN_SAMPLES": "100",
+}
+
+
+def next_period(client: httpx.Client, after_unix_s: float | None, timeout_s: float) -> dict:
+    """The vision route's entry once a period later than ``after_unix_s`` has been judged."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        route = vision_route(client)
+        if route["evaluated_unix_s"] is not None and route["evaluated_unix_s"] != after_unix_s:
+            return route
+        time.sleep(0.2)
+    raise AssertionError(f"no period was judged within {timeout_s:.0f} s")
+
+
+def periods_until(client: httpx.Client, route: dict, is_done, within_s: float) -> tuple[dict, list[dict]]:
+    """Every judged period until ``is_done(entry)`` holds, which must happen within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    seen: list[dict] = []
+    while not is_done(route):
+        assert time.monotonic() < deadline, [(p["state"], p["stages"]["total"]["ks"]) for p in seen]
+        route = next_period(client, route["evaluated_unix_s"], PERIOD_S + 5.0)
+        seen.append(route)
+    return route, seen
+
+
+def describe(periods: list[dict]) -> list[tuple[str, float, float, float]]:
+    """Per period: state, total's D, its noise floor and the observations it judged (for failure messages)."""
+    return [(p["state"], round(p["stages"]["total"]["ks"], 3), round(p["stages"]["total"]["noise_floor"], 3),
+             p["stages"]["total"]["observations_window"]) for p in periods]
+
+
+def test_a_20_percent_vision_stall_of_png_batches_is_raised_named_and_cleared(serve_process):
+    with (serve_process(["--preset", "synthetic"], SERVER_ENV) as served,
+          httpx.Client(base_url=served.url, timeout=10.0) as client,
+          PngJpegLoad(served.url, num_clients=1, max_requests=100_000, max_duration_s=400.0) as load):
+        while load.num_ok < 50:
+            assert not load.failures, load.failures[:3]
+            time.sleep(0.05)
+        assert client.post("/v1/monitoring/baseline").status_code == 200
+        route = next_period(client, None, BASELINE_S + PERIOD_S + 5.0)
+        while route["state"] == "learning_baseline":
+            route = next_period(client, route["evaluated_unix_s"], PERIOD_S + 5.0)
+        assert route["state"] == "stable", route
+
+        # Stationary, as long as the stall may take to raise drift: nothing is raised.
+        stationary_until = time.monotonic() + WITHIN_S
+        stationary: list[dict] = []
+        while time.monotonic() < stationary_until:
+            route = next_period(client, route["evaluated_unix_s"], PERIOD_S + 5.0)
+            stationary.append(route)
+            assert not route["active"], describe(stationary)
+        assert len(stationary) >= CONSECUTIVE + 1, describe(stationary)
+        # A batch holds one request here: every observation is a request.
+        assert all(p["stages"]["total"]["observations_window"] == p["stages"]["total"]["num_window"]
+                   for p in stationary), describe(stationary)
+
+        injected = client.post("/v1/admin/faults", json=STALL)
+        assert injected.status_code == 200, injected.text
+        raised, stalled = periods_until(client, route, lambda r: r["active"], WITHIN_S)
+        assert raised["state"] == "drifting", describe(stalled)
+        assert raised["attributed_stage"] == "vision", raised["attribution"]
+        named = raised["attributed_input"]
+        assert (named["dimension"], named["value"]) == ("image_encoding", "png"), raised["attribution"]["inputs"]
+        total = raised["stages"]["total"]
+        assert 0.1 < total["ks"] < 0.35, total  # a 20 % stall: D near 0.2, not near 1
+        assert total["ks"] > total["noise_floor"] > 0.02, total  # the floor, not the threshold, was the bar
+
+        assert client.delete("/v1/admin/faults").status_code == 200
+        cleared, calm = periods_until(client, raised, lambda r: not r["active"], WITHIN_S)
+        assert cleared["state"] == "stable", describe(calm)
+    assert not load.failures, load.failures[:3]
