@@ -6,6 +6,14 @@ hot path) and ``Monitor.tick`` (the folder the background thread runs), one
 simulated second at a time, on a ``ManualClock``. Default ``MonitorConfig``
 (window 120 s, period 30 s, baseline 600 s, threshold 0.02, 3 periods).
 
+Requests come in batches of 1 to 16, as the server runs them: the requests
+of one batch share its compute times (``vision``, ``text``, ``fusion``; a
+stall delays a whole batch), while decode, queue, respond and cache reads
+are each request's own. Each detection scenario runs twice: with the noise
+floor counted in batches (the rule) and counted in requests (the rule before
+it, ``request_stages`` = every stage), which batch-shared times push over
+its floor.
+
 Scenarios:
 
   stationary   10 min baseline, then 60 min of the same traffic: count alarms.
@@ -54,31 +62,40 @@ def _ln(rng: np.random.Generator, median_s: float, sigma: float, n: int) -> np.n
     return rng.lognormal(np.log(median_s * 1e9), sigma, n)
 
 
+def _batches(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Each of ``n`` requests' batch size and batch index (consecutive requests share a batch), and the count."""
+    sizes = rng.choice(BATCH_SIZES, n)  # at least n requests' worth; the last batch may be cut
+    index = np.repeat(np.arange(n), sizes)[:n]
+    num_batches = int(index[-1]) + 1
+    return sizes[index], index, num_batches
+
+
 def sample_route(
     route: str, rng: np.random.Generator, n: int, vision_sigma: float, stall_fraction: float, stall_s: float
 ) -> tuple[list[str], list[np.ndarray], np.ndarray | None, np.ndarray | None]:
-    """Stage names, per-stage ns columns, batch sizes and cache hits for ``n`` requests of ``route``."""
+    """Stage names, per-stage ns columns, batch sizes and cache hits for ``n`` requests of ``route``.
+
+    Compute stages are drawn once per batch and shared by its requests.
+    """
     stages: dict[str, np.ndarray] = {}
-    batch = None
     hits = None
+    batch, index, num_batches = _batches(rng, n)
     if route == "text":
         stages["decode"] = _ln(rng, 0.00005, 0.3, n)
         stages["queue"] = _ln(rng, 0.001, 0.6, n)
-        stages["text"] = _ln(rng, 0.003, 0.25, n)
+        stages["text"] = _ln(rng, 0.003, 0.25, num_batches)[index]
         stages["respond"] = _ln(rng, 0.0001, 0.3, n)
-        batch = rng.choice(BATCH_SIZES, n)
     else:
         stages["decode"] = _ln(rng, 0.002, 0.3, n)
         stages["queue"] = _ln(rng, 0.002, 0.6, n)
-        vision = _ln(rng, VISION_MEDIAN_S, vision_sigma, n)
-        vision += (rng.random(n) < stall_fraction) * stall_s * 1e9
-        stages["vision"] = vision
-        batch = rng.choice(BATCH_SIZES, n)
+        vision = _ln(rng, VISION_MEDIAN_S, vision_sigma, num_batches)
+        vision += (rng.random(num_batches) < stall_fraction) * stall_s * 1e9
+        stages["vision"] = vision[index]
         if route == "fusion":
             hits = rng.random(n) < FUSION_CACHE_HIT_RATIO
-            stages["vision"] = np.where(hits, _ln(rng, 0.0001, 0.3, n), vision)  # a hit is a cache read
-            stages["text"] = _ln(rng, 0.003, 0.25, n)
-            stages["fusion"] = _ln(rng, 0.0015, 0.2, n)
+            stages["vision"] = np.where(hits, _ln(rng, 0.0001, 0.3, n), stages["vision"])  # a hit is a cache read
+            stages["text"] = _ln(rng, 0.003, 0.25, num_batches)[index]
+            stages["fusion"] = _ln(rng, 0.0015, 0.2, num_batches)[index]
         stages["respond"] = _ln(rng, 0.0002, 0.3, n)
     stages["total"] = np.sum(list(stages.values()), axis=0)
     names = list(stages)
@@ -118,9 +135,16 @@ class Simulation:
                     on_period(self)
 
 
-def new_simulation(seed: int) -> Simulation:
+ALL_STAGES = ("decode", "queue", "vision", "text", "fusion", "respond", "total")
+FLOORS: dict[str, dict[str, object]] = {
+    "batches": {},  # the rule: stages measured across a batch count batches
+    "requests": {"request_stages": ALL_STAGES},  # every sample an observation, as before
+}
+
+
+def new_simulation(seed: int, floor: str = "batches") -> Simulation:
     clock = ManualClock()
-    sim = Simulation(Monitor(MonitorConfig(), clock=clock), clock, np.random.default_rng(seed))
+    sim = Simulation(Monitor(MonitorConfig(**FLOORS[floor]), clock=clock), clock, np.random.default_rng(seed))
     sim.run(30)  # warm-up traffic before readiness, kept out of the baseline
     sim.monitor.mark_ready()
     sim.run(int(sim.monitor.config.baseline_s))
@@ -128,10 +152,11 @@ def new_simulation(seed: int) -> Simulation:
     return sim
 
 
-def scenario_stationary(seed: int, minutes: int) -> list[tuple[str, str]]:
-    sim = new_simulation(seed)
+def scenario_stationary(seed: int, minutes: int, floor: str) -> list[tuple[str, str]]:
+    sim = new_simulation(seed, floor)
     alarms: list[str] = []
     max_ks: dict[str, float] = {}
+    max_over_floor: dict[str, float] = {}
     shifted_periods = 0
     judged = 0
 
@@ -144,6 +169,7 @@ def scenario_stationary(seed: int, minutes: int) -> list[tuple[str, str]]:
             judged += total.is_judged
             shifted_periods += bool(status.condition)
             max_ks[route] = max(max_ks.get(route, 0.0), total.ks)
+            max_over_floor[route] = max(max_over_floor.get(route, 0.0), total.ks / total.noise_floor)
             if status.state is DriftState.DRIFTING:
                 alarms.append(route)
 
@@ -151,17 +177,19 @@ def scenario_stationary(seed: int, minutes: int) -> list[tuple[str, str]]:
     sim.run(minutes * 60, on_period)
     elapsed = time.perf_counter() - started
     ks_text = ", ".join(f"{r} {v:.4f}" for r, v in sorted(max_ks.items()))
+    floor_text = ", ".join(f"{r} {v:.2f}" for r, v in sorted(max_over_floor.items()))
     return [
-        (f"stationary {minutes} min, 3 routes",
+        (f"stationary {minutes} min, 3 routes, floor in {floor}",
          f"false alarms: {len(set(alarms))} routes / {len(alarms)} periods drifting"),
         ("", f"periods judged: {judged} (route x period); single shifted periods: {shifted_periods}"),
         ("", f"max D(total): {ks_text}"),
+        ("", f"max D(total) / its noise floor: {floor_text}"),
         ("", f"simulated {minutes * 60 + 630} s of traffic in {elapsed:.1f} s wall"),
     ]
 
 
-def scenario_stall(seed: int) -> list[tuple[str, str]]:
-    sim = new_simulation(seed)
+def scenario_stall(seed: int, floor: str) -> list[tuple[str, str]]:
+    sim = new_simulation(seed, floor)
     sim.run(120)
     start_period = sim.periods
     detected: dict[str, tuple[int, str | None, float]] = {}
@@ -187,7 +215,7 @@ def scenario_stall(seed: int) -> list[tuple[str, str]]:
     separating = status.attribution.separating_segments if status.attribution else ()
     separated = ", ".join(f"{s.dimension}={s.value} (D {s.ks:.3f})" for s in separating)
     rows.append(("  fusion, separating segment", separated or "none"))
-    return [("vision stall +172 ms on 20 %", "")] + rows
+    return [(f"vision stall +172 ms on 20 % of batches, floor in {floor}", "")] + rows
 
 
 def p99_total_vision(sigma: float, rng: np.random.Generator) -> float:
@@ -208,9 +236,9 @@ def calibrate_creep_sigma(seed: int) -> tuple[float, float]:
     return (low + high) / 2, base
 
 
-def scenario_creep(seed: int) -> list[tuple[str, str]]:
+def scenario_creep(seed: int, floor: str) -> list[tuple[str, str]]:
     target_sigma, base_p99_ns = calibrate_creep_sigma(seed)
-    sim = new_simulation(seed)
+    sim = new_simulation(seed, floor)
     sim.run(120)
     ramp_s = 600
     detected: dict[str, tuple[float, str | None, str, float]] = {}
@@ -230,8 +258,9 @@ def scenario_creep(seed: int) -> list[tuple[str, str]]:
                 detected[route] = (elapsed_s + 1, top, rule or "-", s.vision_sigma)
 
     sim.run(ramp_s + 300, on_period, each_second)
-    rows = [("P99 creep +10 % over 10 min", f"vision sigma {VISION_SIGMA} -> {target_sigma:.3f}, median fixed; "
-                                            f"base P99(total) {base_p99_ns / 1e6:.2f} ms")]
+    rows = [(f"P99 creep +10 % over 10 min, floor in {floor}",
+             f"vision sigma {VISION_SIGMA} -> {target_sigma:.3f}, median fixed; "
+             f"base P99(total) {base_p99_ns / 1e6:.2f} ms")]
     for route in ("vision", "fusion"):
         if route not in detected:
             rows.append((f"  {route}", "NOT detected within 15 min"))
@@ -449,12 +478,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"traffic: {', '.join(f'{r} {n}/s' for r, n in RATES.items())}; simulated clock, 1 fold per simulated second")
     print()
     rows: list[tuple[str, str]] = []
-    if "stationary" in args.scenarios:
-        rows += scenario_stationary(args.seed, args.minutes)
-    if "stall" in args.scenarios:
-        rows += scenario_stall(args.seed + 1)
-    if "creep" in args.scenarios:
-        rows += scenario_creep(args.seed + 2)
+    for floor in FLOORS:
+        if "stationary" in args.scenarios:
+            rows += scenario_stationary(args.seed, args.minutes, floor)
+        if "stall" in args.scenarios:
+            rows += scenario_stall(args.seed + 1, floor)
+        if "creep" in args.scenarios:
+            rows += scenario_creep(args.seed + 2, floor)
     if "ingest" in args.scenarios:
         rows += scenario_ingest(args.seed + 3)
     print_table(rows)
