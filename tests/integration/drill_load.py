@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import abc
 import base64
+import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Self
 
 import httpx
 import numpy as np
@@ -14,37 +17,36 @@ from prometheus_client.parser import text_string_to_metric_families
 from encoded_images import encoded_image_b64
 
 
-class SteadyLoad:
-    """Image-only requests back to back from ``num_clients`` threads, bounded in count and time.
+class ClosedLoopLoad(abc.ABC):
+    """``/v1/infer`` bodies back to back from ``num_clients`` threads, each bounded in count and time.
 
-    Every request carries a new image, so every request runs the vision
-    stage; each client waits for its answer before sending again, so the
-    queue holds at most ``num_clients`` requests.
+    Each client waits for its answer before sending again, so the queue holds
+    at most ``num_clients`` requests. Subclasses say what each client sends.
     """
 
     def __init__(self, url: str, num_clients: int = 1, max_requests: int = 20_000,
-                 max_duration_s: float = 50.0, image_size: int = 32) -> None:
+                 max_duration_s: float = 50.0) -> None:
         self._url = url
-        self._max_requests = max_requests
+        self._num_clients = num_clients
+        self._max_requests = max_requests  # per client
         self._max_duration_s = max_duration_s
-        self._image_size = image_size
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(seed,), name=f"steady-load-{seed}", daemon=True)
-                         for seed in range(num_clients)]
+        self._threads = [threading.Thread(target=self._run, args=(index,), name=f"drill-load-{index}", daemon=True)
+                         for index in range(num_clients)]
         self._lock = threading.Lock()
         self.num_ok = 0
         self.failures: list[str] = []
 
-    def _run(self, seed: int) -> None:
-        rng = np.random.default_rng(7 + seed)
+    @abc.abstractmethod
+    def _bodies(self, client_index: int) -> Iterator[dict]:
+        """What client ``client_index`` sends, request after request."""
+
+    def _run(self, client_index: int) -> None:
         deadline = time.monotonic() + self._max_duration_s
-        shape = [self._image_size, self._image_size, 3]
         with httpx.Client(base_url=self._url, timeout=30.0) as client:
-            for _ in range(self._max_requests):
+            for _, body in zip(range(self._max_requests), self._bodies(client_index)):
                 if self._stop.is_set() or time.monotonic() > deadline:
                     return
-                pixels = rng.integers(0, 256, shape, dtype=np.uint8)
-                body = {"image": {"uint8": {"shape": shape, "b64": base64.b64encode(pixels.tobytes()).decode()}}}
                 response = client.post("/v1/infer", json=body)
                 with self._lock:
                     if response.status_code == 200:
@@ -59,7 +61,7 @@ class SteadyLoad:
             assert time.monotonic() < deadline and not self.failures, (self.num_ok, self.failures[:3])
             time.sleep(0.05)
 
-    def __enter__(self) -> SteadyLoad:
+    def __enter__(self) -> Self:
         for thread in self._threads:
             thread.start()
         return self
@@ -70,46 +72,28 @@ class SteadyLoad:
             thread.join(timeout=30)
 
 
-class PngJpegLoad:
-    """PNG and JPEG requests in turn from each of ``num_clients`` threads, each a new 32 x 32 image, bounded."""
+class SteadyLoad(ClosedLoopLoad):
+    """A new raw uint8 image in every request, so every request runs the vision stage."""
 
     def __init__(self, url: str, num_clients: int = 1, max_requests: int = 20_000,
-                 max_duration_s: float = 60.0) -> None:
-        self._url = url
-        self._max_requests = max_requests
-        self._max_duration_s = max_duration_s
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(client,), name=f"png-jpeg-load-{client}",
-                                          daemon=True) for client in range(num_clients)]
-        self._num_clients = num_clients
-        self.num_ok = 0
-        self.failures: list[str] = []
+                 max_duration_s: float = 50.0, image_size: int = 32) -> None:
+        super().__init__(url, num_clients, max_requests, max_duration_s)
+        self._shape = [image_size, image_size, 3]
 
-    def _run(self, client_index: int) -> None:
-        deadline = time.monotonic() + self._max_duration_s
-        with httpx.Client(base_url=self._url, timeout=30.0) as client:
-            # Seeds client_index, client_index + n, ...: every image is new, and each client alternates.
-            for seed in range(client_index, self._max_requests, self._num_clients):
-                if self._stop.is_set() or time.monotonic() > deadline:
-                    return
-                fmt = "PNG" if (seed // self._num_clients) % 2 else "JPEG"
-                response = client.post("/v1/infer", json={"image": {"b64": encoded_image_b64(seed, (32, 32), fmt)}})
-                with self._lock:
-                    if response.status_code == 200:
-                        self.num_ok += 1
-                    else:
-                        self.failures.append(f"{response.status_code} {response.text[:200]}")
+    def _bodies(self, client_index: int) -> Iterator[dict]:
+        rng = np.random.default_rng(7 + client_index)
+        while True:
+            pixels = rng.integers(0, 256, self._shape, dtype=np.uint8)
+            yield {"image": {"uint8": {"shape": self._shape, "b64": base64.b64encode(pixels.tobytes()).decode()}}}
 
-    def __enter__(self) -> PngJpegLoad:
-        for thread in self._threads:
-            thread.start()
-        return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=30)
+class PngJpegLoad(ClosedLoopLoad):
+    """A new 32 x 32 image in every request, PNG and JPEG in turn from each client (every one is decoded)."""
+
+    def _bodies(self, client_index: int) -> Iterator[dict]:
+        # Seeds client_index, client_index + n, ...: no two requests send the same image.
+        for turn, seed in enumerate(itertools.count(client_index, self._num_clients)):
+            yield {"image": {"b64": encoded_image_b64(seed, (32, 32), "PNG" if turn % 2 else "JPEG")}}
 
 
 def vision_route(client: httpx.Client) -> dict:
