@@ -6,6 +6,8 @@ with ``--base-commit``), all but one paused (SIGSTOP) while that one is measured
     base    the build before tracing existed (``--base-commit REV``: ``git archive`` of it, run from a
             temporary directory), to show that "off" is today's build
     off     no OTEL_* variables: tracing=auto stays off
+    0%      tracing on, nothing kept (MMSERVE_TRACE_SAMPLE_RATIO=0; ``--configs``): what being on
+            costs every request, kept or not
     1%      OTLP/HTTP to a local sink, MMSERVE_TRACE_SAMPLE_RATIO=0.01
     100%    the same, MMSERVE_TRACE_SAMPLE_RATIO=1
 
@@ -25,6 +27,7 @@ build before tracing existed (base); 1 % costs <= 2 % throughput.
 
     python -m benchmarks.tracing_overhead --presets tiny vit-b16 --base-commit e4fa521
     python -m benchmarks.tracing_overhead --presets tiny --base-commit e4fa521 --fresh-servers --rounds 4
+    python -m benchmarks.tracing_overhead --presets tiny --fresh-servers --configs off 0% 1%
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from benchmarks.serving_processes import ServerProcess, free_port, mmserve_comma
 from models.repository import build_preset
 
 TRACED_CONFIGS = ("off", "1%", "100%")
+SAMPLE_RATIOS = {"0%": "0", "1%": "0.01", "100%": "1"}
 NO_CACHE = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0"}
 TEXT_CHARS = TextLengthRange(16, 48)
 
@@ -124,7 +128,7 @@ def server_settings(config: str, sink_url: str, base_dir: str | None) -> tuple[d
         return dict(NO_CACHE), {"PYTHONPATH": os.pathsep.join([base_dir, os.environ.get("PYTHONPATH", "")])}
     if config == "off":
         return dict(NO_CACHE), {}
-    ratio = "0.01" if config == "1%" else "1"
+    ratio = SAMPLE_RATIOS[config]
     env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink_url + "/v1/traces", "OTEL_SERVICE_NAME": "mmserve-bench"}
     return {**NO_CACHE, "TRACE_SAMPLE_RATIO": ratio, "TRACE_SLOW_MS": "0"}, env
 
@@ -215,8 +219,10 @@ def main() -> None:
                         help="start every configuration's server anew for each measurement")
     parser.add_argument("--seconds", type=float, help="override each phase's duration")
     parser.add_argument("--base-commit", help="also serve this commit (the build before tracing) as 'base'")
+    parser.add_argument("--configs", nargs="+", choices=["off", *SAMPLE_RATIOS], default=list(TRACED_CONFIGS),
+                        help="the configurations besides 'base' ('off' is always measured: ratios are against it)")
     args = parser.parse_args()
-    configs = (("base",) if args.base_commit else ()) + TRACED_CONFIGS
+    configs = (("base",) if args.base_commit else ()) + ("off",) + tuple(c for c in args.configs if c != "off")
     print(f"tracing overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()} "
           f"x{torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}, "
           f"{args.rounds} rounds (order rotated), {'a fresh server per run' if args.fresh_servers else 'one server each'}, "
@@ -242,7 +248,7 @@ def print_preset(name: str, plan: PresetPlan, summary: dict[str, dict[str, float
         print(" ".join(f"{v:>12}" for v in values), f"{rounds:>26}", f"{int(row['errors']):>7}{behind}", flush=True)
     sink = summary["sink"]
     print(f"{'':>12} sink received {int(sink['requests'])} OTLP export requests, "
-          f"{sink['bytes'] / 1e6:.1f} MB, from the two traced servers", flush=True)
+          f"{sink['bytes'] / 1e6:.1f} MB, from the traced servers", flush=True)
 
 
 if __name__ == "__main__":

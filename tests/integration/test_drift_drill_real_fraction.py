@@ -23,10 +23,16 @@ them for D to clear its noise floor (about 0.12, see ``monitoring.drift``)
 by three standard errors: 18 s windows, judged every 18 s, so each period
 judges traffic no other period saw. The first period
 after the stall starts may straddle it, so drift is raised within
-``CONSECUTIVE + 1`` periods, and cleared within as many after it ends.
+``CONSECUTIVE + 1`` periods, and cleared within two more after it ends (one
+noisy period restarts the count of calm ones).
 
 Before the drill, the same server runs stationary for as long as the drill
 may take to raise drift, and must raise nothing.
+
+Checked on a busy machine: 10 of 10 passes in a row (2026-12-02, 2-core
+guest), each run beside a process spinning on one of the two cores the
+whole time (load average 1.3 to 1.6). With sigma 0.5 and 15 s windows it
+had passed 4 of 5 that way.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ CONSECUTIVE = 3  # the default rule: 3 periods in a row, KS threshold 0.02
 STALL = {"stage": "vision", "delay_ms": 172, "fraction": 0.4, "only_encoding": "png", "duration_s": 600}
 # One period may straddle the change, then CONSECUTIVE whole ones; one fold and a poll of slack.
 WITHIN_S = (CONSECUTIVE + 1) * PERIOD_S + 3.0
+# Clearing needs CONSECUTIVE calm periods in a row, and one noisy period (D of the CPU-bound part of
+# total crossing its floor, seen once in a full-suite run) starts the count again: two periods more.
+CLEAR_WITHIN_S = WITHIN_S + 2 * PERIOD_S
 SERVER_ENV = {
     "MMSERVE_ENABLE_FAULT_INJECTION": "true",
     "MMSERVE_MAX_QUEUE_DELAY_MS": "0",
@@ -80,10 +89,13 @@ def periods_until(client: httpx.Client, route: dict, is_done, within_s: float) -
     return route, seen
 
 
-def describe(periods: list[dict]) -> list[tuple[str, float, float, dict[str, float]]]:
-    """Per period: state, total's observations and noise floor, every stage's D (for failure messages)."""
-    return [(p["state"], p["stages"]["total"]["observations_window"], round(p["stages"]["total"]["noise_floor"], 3),
-             {stage: round(verdict["ks"], 3) for stage, verdict in p["stages"].items()}) for p in periods]
+def describe(periods: list[dict]) -> str:
+    """Per period: state, streaks, total's observations, noise floor and D, every stage's D (failure messages)."""
+    return "\n".join(
+        f"{p['state']} shifted={p['period_shifted']} in_row={p['shifted_periods_in_row']}/{p['calm_periods_in_row']} "
+        f"total obs={p['stages']['total']['observations_window']:.0f} floor={p['stages']['total']['noise_floor']:.3f} "
+        + " ".join(f"{stage}={verdict['ks']:.3f}" for stage, verdict in p["stages"].items())
+        for p in periods)
 
 
 def test_a_20_percent_vision_stall_of_png_batches_is_raised_named_and_cleared(serve_process):
@@ -123,6 +135,6 @@ def test_a_20_percent_vision_stall_of_png_batches_is_raised_named_and_cleared(se
         assert total["ks"] > total["noise_floor"] > 0.02, total  # the floor, not the threshold, was the bar
 
         assert client.delete("/v1/admin/faults").status_code == 200
-        cleared, calm = periods_until(client, raised, lambda r: not r["active"], WITHIN_S)
+        cleared, calm = periods_until(client, raised, lambda r: not r["active"], CLEAR_WITHIN_S)
         assert cleared["state"] == "stable", describe(calm)
     assert not load.failures, load.failures[:3]
