@@ -96,6 +96,7 @@ class _Prepared:
     joint: JointTokens
     plan: SegmentPlan
     images: tuple[np.ndarray | None, ...]  # each (S, S, 3) uint8; None where the plan did not need the pixels
+    image_encoding: str | None  # what drills filter on; read only while fault drills are enabled
 
 
 class _NeighbourRefusedError(Exception):
@@ -193,7 +194,7 @@ class RequestIntake:
             for index in plan.image_indices_to_compute:
                 if images[index] is None:  # an owner gave up and the claim is ours now
                     images[index] = await self._off_loop(self._model_input, item, index)
-            request = self._request(item, prepared.text, tuple(images), plan, arrival_ns)
+            request = self._request(item, prepared, tuple(images), plan, arrival_ns)
             result = await self._router.submit(request, plan)
         finally:
             plan.abandon()  # settles whatever is still open; publish and fail already settled the rest
@@ -218,8 +219,10 @@ class RequestIntake:
 
     def _prepare_now(self, item: IntakeItem) -> _Prepared:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
+        encoding = None
         if self._faults is not None:
-            self._faults.after_stage("decode", (images_encoding(item.images),))
+            encoding = images_encoding(item.images)
+            self._faults.after_stage("decode", (encoding,))
         tokens = None
         if item.text is not None:
             tokens = self._router.bundle.tokenizer.encode(item.text, truncate=item.truncate)
@@ -233,7 +236,7 @@ class RequestIntake:
         except BaseException:
             plan.abandon()
             raise
-        return _Prepared(tokens, joint, plan, images)
+        return _Prepared(tokens, joint, plan, images, encoding)
 
     def _model_input(self, item: IntakeItem, index: int) -> np.ndarray:
         """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here, off the loop.
@@ -262,8 +265,9 @@ class RequestIntake:
         return await asyncio.wrap_future(self._executor.submit(work, *args))
 
     @staticmethod
-    def _request(item: IntakeItem, tokens: TokenizedText | None, images: tuple[np.ndarray | None, ...],
+    def _request(item: IntakeItem, prepared: _Prepared, images: tuple[np.ndarray | None, ...],
                  plan: SegmentPlan, arrival_ns: int) -> InferenceRequest:
+        tokens = prepared.text
         return InferenceRequest(
             request_id=item.request_id,
             token_ids=tokens.token_ids if tokens is not None else None,
@@ -274,5 +278,5 @@ class RequestIntake:
             image_segments=plan.image_values,
             text_segment=plan.text_value,
             trace=item.trace,
-            image_encoding=images_encoding(item.images),
+            image_encoding=prepared.image_encoding,
         )
