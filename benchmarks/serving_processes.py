@@ -134,6 +134,11 @@ class ServerProcess:
     def url(self) -> str:
         return self.command.url
 
+    @property
+    def pid(self) -> int:
+        """The server's main process (the group's leader), e.g. for a profiler to attach to."""
+        return self._process.pid
+
     def stderr_tail(self) -> str:
         self._stderr.flush()
         self._stderr.seek(0, os.SEEK_END)
