@@ -125,10 +125,9 @@ def tracing_share(stacks: Sequence[tuple[tuple[Frame, ...], int]], num_top: int 
     return Share(num_samples, num_tracing, tuple(by_frame.most_common(num_top)))
 
 
-def profile_once(config: str, plan: PresetPlan, sink_url: str, seconds: float, rate_hz: int,
+def profile_once(config: str, plan: PresetPlan, image_px: int, sink_url: str, seconds: float, rate_hz: int,
                  is_gil_only: bool = False) -> Share:
     """A fresh server of ``config``, saturated, sampled for ``seconds`` (``is_gil_only``: samples holding the GIL)."""
-    image_px = build_preset(plan.preset).config.preprocess.input_size
     server = start_server(config, plan, sink_url, None)
     try:
         server.resume()
@@ -172,14 +171,15 @@ def main() -> None:
     args = parser.parse_args()
     print(f"tracing CPU share, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
           f"python {platform.python_version()}, py-spy --rate {args.rate} --nonblocking{' --gil' if args.gil else ''}, "
-          f"{args.seconds:g} s per "
-          "configuration, a fresh server each, cache off, OTLP/HTTP to a discarding sink, slow rule off")
+          f"{args.seconds:g} s per configuration, a fresh server each, cache off, OTLP/HTTP to a discarding sink, "
+          "slow rule off")
     print(f"{'preset':>10} {'tracing':>8} {'samples':>9} {'tracing':>9} {'share':>8}  tracing frames that held most")
     for name in args.presets:
         plan = PLANS[name]
+        image_px = build_preset(plan.preset).config.preprocess.input_size
         with otlp_sink() as sink_url:
             for config in args.configs:
-                share = profile_once(config, plan, sink_url, args.seconds, args.rate, args.gil)
+                share = profile_once(config, plan, image_px, sink_url, args.seconds, args.rate, args.gil)
                 frames = ", ".join(f"{frame} {count / share.num_samples:.1%}" for frame, count in share.top_frames)
                 print(f"{name:>10} {config:>8} {share.num_samples:>9} {share.num_tracing:>9} {share.fraction:>8.2%}  "
                       f"{frames or '-'}", flush=True)

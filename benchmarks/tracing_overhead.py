@@ -311,8 +311,10 @@ def print_preset(name: str, plan: PresetPlan, summary: dict[str, dict[str, float
         rounds = "/".join(f"{rps:.0f}" if rps >= 100 else f"{rps:.1f}" for rps in row["rounds_rps"])
         cpu_rounds = "/".join(f"{ms:.2f}" for ms in row["rounds_cpu_ms"])
         if config != "off":
+            interval = (f"95 % interval {low:.3f}-{high:.3f}" if row["num_server_sets"] > 1
+                        else "no interval from one set: --restart-every")
             print(f"{'':>12} {config}: throughput vs off, mean over {int(row['num_server_sets'])} sets of servers "
-                  f"{mean:.3f} (95 % interval {low:.3f}-{high:.3f})")
+                  f"{mean:.3f} ({interval})")
         print(f"{'':>12} {config}: req/s per round {rounds}")
         print(f"{'':>12} {config}: CPU ms/req per round {cpu_rounds}", flush=True)
     sink = summary["sink"]

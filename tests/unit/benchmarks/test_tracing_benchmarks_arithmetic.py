@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 import benchmarks
-
 from benchmarks.tracing_cpu_share import parse_raw, tracing_share
 from benchmarks.tracing_overhead import mean_interval
 
