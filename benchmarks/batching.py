@@ -38,7 +38,7 @@ from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
 from benchmarks.serving_processes import litserve_command, mmserve_command, running
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 BATCH_CAP = 8
 BATCH_DELAY_MS = 5.0  # mmserve's default max_queue_delay_ms, given to LitServe too

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.encoder_tracing import trace_all_encoders
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 BATCH_SIZE = 8
 TEXT_TOKENS = 16

@@ -46,8 +46,8 @@ from benchmarks.peer_request import PeerLimits, PeerRefusal, checked_request, de
 from models.errors import TextTooLongError
 from models.multimodal import ImageSegment, TextSegment
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from models.presets import PRESET_NAMES
-from models.repository import ModelBundle, build_preset
+from models.families.presets import PRESET_NAMES
+from models.loading.repository import ModelBundle, build_preset
 from models.tokenizer import TokenizedText
 
 INFER_PATH = "/v1/infer"

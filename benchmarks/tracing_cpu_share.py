@@ -55,7 +55,7 @@ from pathlib import Path
 from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import RunMode
 from benchmarks.tracing_overhead import PLANS, PresetPlan, bench_config, otlp_sink, start_server
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 CONFIGS = ("off", "0%", "1%", "100%")
 TRACING_FILES = ("server/http/tracing.py", "server/http/traced_answer.py", "server/http/tail_sampling.py",

@@ -67,7 +67,7 @@ from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
 from benchmarks.serving_processes import ServerProcess, free_port, mmserve_command
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 TRACED_CONFIGS = ("off", "1%", "100%")
 SAMPLE_RATIOS = {"0%": "0", "1%": "0.01", "100%": "1"}

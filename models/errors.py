@@ -19,7 +19,7 @@ class ModelRepositoryError(ModelError):
 
 
 class UnknownPresetError(ModelError):
-    """A preset name that is not one of ``models.presets.PRESET_NAMES``."""
+    """A preset name that is not one of ``models.families.presets.PRESET_NAMES``."""
 
 
 class TextTooLongError(ModelError):

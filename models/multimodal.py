@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import ModelConfig
+from models.loading.config import ModelConfig
 from models.fusion import LowRankCrossAttention
 from models.graphs import TraceOutcome
 from models.scores import CalibratedScore

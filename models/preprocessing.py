@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from models.config import PreprocessConfig
+from models.loading.config import PreprocessConfig
 
 _RESAMPLE = {
     "bicubic": Image.Resampling.BICUBIC,

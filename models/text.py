@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from transformers import AutoModel, BertConfig, BertModel
 
-from models.config import TextConfig
+from models.loading.config import TextConfig
 from models.errors import ModelRepositoryError
 from models.graphs import EncoderGraph, TraceOutcome, trace
 
@@ -49,7 +49,7 @@ class TextEncoder(nn.Module):
     length (SigLIP was trained on texts padded to 64 tokens and pools the last
     position; OpenCLIP adds a positional table of its full context): the
     batch runner then pads every text to it. Subclasses for pretrained
-    families (``models.pretrained_towers``) override ``encode``.
+    families (``models.families.transformers_towers``) override ``encode``.
     """
 
     def __init__(self, model: nn.Module, *, hidden_size: int | None = None, embedding_dim: int | None = None,

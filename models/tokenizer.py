@@ -100,7 +100,7 @@ class TextTokenizer:
     every open_clip tokenizer), mmserve cuts it too, whatever the request's
     ``truncate`` says, and the answer's ``text.truncated`` tells the client;
     elsewhere a too-long text is refused unless the request asks to truncate.
-    Subclasses for other libraries (``models.open_clip_tokenizer``) override
+    Subclasses for other libraries (``models.families.open_clip_tokenizer``) override
     ``token_ids`` and ``identity``; the limit and the cut stay here.
     """
 

@@ -5,7 +5,7 @@ batching and the host-to-device copy than float32); normalisation happens on
 the device in one pass (``kernels.preprocess_uint8``). The encoder returns
 every token (class token + patches) for the cross-modal attention, and the
 image embedding its library defines (timm's pre-logits for the presets;
-``models.pretrained_towers`` for SigLIP, CLIP and OpenCLIP). After ``trace_graph`` the ViT
+``models.families.transformers_towers`` for SigLIP, CLIP and OpenCLIP). After ``trace_graph`` the ViT
 part runs as a TorchScript graph (``models.graphs``); normalisation stays
 outside it, a Triton kernel on GPU.
 """
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from kernels import preprocess_uint8
-from models.config import PreprocessConfig, VisionConfig
+from models.loading.config import PreprocessConfig, VisionConfig
 from models.graphs import EncoderGraph, TraceOutcome, trace
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from models.tokenizer import TokenizedText, cut_to
 from router.errors import JointTokensExceededError, TooManyImagesError
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cache import Modality, SegmentCache
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.errors import ComputeUnavailableError, DeadlineExceededError, QueueFullError, ShuttingDownError
 from router.executors import ExecutorPlan, shared_executor, validate

@@ -22,7 +22,7 @@ import torch
 
 from models.device import DeviceWork
 from models.multimodal import FusedOutput, ImageSegment, TextSegment
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from router.errors import ItemFailedError
 from router.lanes import LaneSettings
 from router.request import InferenceRequest, InferenceResult, Route

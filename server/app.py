@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from cache import SegmentCache
 from kernels.compile_watch import CompileWatch
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
 from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector

@@ -15,7 +15,7 @@ import logging
 import sys
 from pathlib import Path
 
-from models.presets import DEFAULT_PRESET, PRESET_NAMES
+from models.families.presets import DEFAULT_PRESET, PRESET_NAMES
 
 _EPILOG = """\
 examples:
@@ -166,7 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _init_model_repo(args: argparse.Namespace) -> int:
-    from models.repository import build_preset, write_repository
+    from models.loading.repository import build_preset, write_repository
 
     bundle = build_preset(args.preset, seed=args.seed)
     write_repository(args.directory, bundle)
@@ -176,14 +176,14 @@ def _init_model_repo(args: argparse.Namespace) -> int:
 
 
 def _train_fusion(args: argparse.Namespace) -> int:
-    from models.fusion_pairs import read_pairs
+    from models.training.pairs import read_pairs
 
     pairs = read_pairs(args.pairs)  # a bad line stops here, before torch and the model are loaded
 
     from tqdm import tqdm
 
-    from models.fusion_training import TrainingConfig
-    from models.train_fusion import train_fusion
+    from models.training.loop import TrainingConfig
+    from models.training.train_fusion import train_fusion
     from server.runtime.model_loading import resolve_device
 
     def progress(description: str, total: int) -> tqdm:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector

@@ -21,7 +21,7 @@ import httpx
 import pytest
 import uvicorn
 
-from models.repository import ModelBundle, build_preset
+from models.loading.repository import ModelBundle, build_preset
 from server.app import create_app
 from server.runtime.lifecycle import uvicorn_config
 from server.settings import Settings

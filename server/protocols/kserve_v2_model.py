@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from router.request import InferenceResult
 from router.segments import ImageContent
 from server.ingest.decoding import decode_base64

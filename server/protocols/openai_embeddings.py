@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 from server.ingest.decoding import decode_base64
 from server.errors import ApiError
 from server.ingest.inputs import ParsedInput, image_content, parsed_input

@@ -7,9 +7,9 @@ import logging
 import torch
 
 from models.errors import ModelRepositoryError
-from models.pretrained import load_pretrained
-from models.repository import ModelBundle, build_preset, load_repository
-from models.synthetic import ServiceTime, SyntheticServiceTimes
+from models.families.pretrained import load_pretrained
+from models.loading.repository import ModelBundle, build_preset, load_repository
+from models.families.synthetic import ServiceTime, SyntheticServiceTimes
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)

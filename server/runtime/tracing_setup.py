@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from models.repository import ModelBundle
+    from models.loading.repository import ModelBundle
     from server.http.tracing import RequestTracer
 
 logger = logging.getLogger(__name__)

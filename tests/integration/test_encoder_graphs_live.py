@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from encoded_images import encoded_image_b64
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 
 BODIES = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from encoded_images import encoded_image_b64
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 
 def test_triton_and_torch_backends_give_the_same_answers(monkeypatch, live_server_factory, tiny_server):

@@ -12,7 +12,7 @@ from PIL import Image
 
 from encoded_images import b64, encoded_image
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from models.repository import ModelBundle
+from models.loading.repository import ModelBundle
 
 TOLERANCE = 1e-5
 

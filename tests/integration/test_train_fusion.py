@@ -23,9 +23,9 @@ import pytest
 
 from benchmarks.random_pretrained import write_siglip
 from models.fusion_head_file import FUSION_HEAD_FILE
-from models.fusion_pairs import read_pairs, split_by_image
-from models.pretrained import load_pretrained
-from models.train_fusion import CARD_FILE
+from models.training.pairs import read_pairs, split_by_image
+from models.families.pretrained import load_pretrained
+from models.training.train_fusion import CARD_FILE
 from server.settings import Settings
 from tests.shape_pairs import COLOURS, SHAPES, write_shape_pairs
 

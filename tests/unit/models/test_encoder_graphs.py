@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from models.graphs import trace
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 
 @pytest.fixture

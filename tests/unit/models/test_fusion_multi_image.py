@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.multimodal import FusedOutput, ImageSegment, MultimodalModel, TextSegment
-from models.repository import build_preset
+from models.loading.repository import build_preset
 from models.scores import CalibratedScore, ScoreKind
 
 # Images per text: one, none, four, two, three (indices into the encoded images).

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from models.errors import TrainingDataError
-from models.fusion_pairs import read_pairs, sample_mismatches, split_by_image
+from models.training.pairs import read_pairs, sample_mismatches, split_by_image
 
 
 def _write(tmp_path: Path, records: list[object], num_images: int = 6) -> Path:

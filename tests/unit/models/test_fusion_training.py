@@ -9,9 +9,9 @@ import torch
 
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, save_fusion_head
-from models.fusion_training import fresh_head, roc_auc
-from models.pretrained import load_pretrained
-from models.repository import build_preset, fingerprint, load_repository, write_repository
+from models.training.loop import fresh_head, roc_auc
+from models.families.pretrained import load_pretrained
+from models.loading.repository import build_preset, fingerprint, load_repository, write_repository
 
 
 @pytest.mark.parametrize(("scores", "labels", "auc"), [
@@ -65,7 +65,7 @@ def test_a_head_trained_on_other_towers_is_refused(tmp_path: Path):
 
 
 def test_packed_text_rows_gather_each_texts_own_tokens_in_order():
-    from models.fusion_features import TowerFeatures
+    from models.training.features import TowerFeatures
 
     lengths = [2, 3, 1]
     offsets = torch.tensor([0, 2, 5, 6])

@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertModel
 
 from models.errors import ModelRepositoryError
-from models.repository import build_preset, load_repository, write_repository
+from models.loading.repository import build_preset, load_repository, write_repository
 from models.tokenizer import build_byte_level_tokenizer
 
 
@@ -104,8 +104,8 @@ def test_a_hugging_face_directory_loads_as_the_text_encoder(tmp_path: Path, tiny
     config["text"]["hf_dir"] = "text-model"
     repo = tmp_path / "repo"
     (repo / "model.yaml").write_text(yaml.safe_dump(config))
-    from models.config import ModelConfig
-    from models.repository import _build  # the same builder load_repository uses
+    from models.loading.config import ModelConfig
+    from models.loading.repository import _build  # the same builder load_repository uses
     from models.text import TextEncoder
 
     torch.manual_seed(0)

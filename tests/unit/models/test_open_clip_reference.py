@@ -22,7 +22,7 @@ from benchmarks.random_pretrained import write_hub_cache, write_open_clip
 from kernels import preprocess_uint8
 from models.errors import ModelRepositoryError
 from models.preprocessing import resize_to_model_input
-from models.pretrained import load_pretrained
+from models.families.pretrained import load_pretrained
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs!! playing on the grass", "一只猫坐在窗台上，看着外面的雨", "猫" * 200]

@@ -9,7 +9,7 @@ from PIL import Image
 from timm.data import create_transform
 
 from models.preprocessing import crop_box, pixels_to_model_input, resize_to_model_input
-from models.presets import preset_config
+from models.families.presets import preset_config
 
 
 @pytest.mark.parametrize(("width", "height"), [(640, 480), (480, 640), (300, 300), (1000, 200)])

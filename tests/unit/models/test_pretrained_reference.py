@@ -23,7 +23,7 @@ from benchmarks.random_pretrained import write_clip, write_hub_cache, write_sigl
 from kernels import preprocess_uint8
 from models.errors import ModelRepositoryError, TextTooLongError
 from models.preprocessing import resize_to_model_input
-from models.pretrained import load_pretrained
+from models.families.pretrained import load_pretrained
 
 TOLERANCE = 1e-5
 FAMILIES = {

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.repository import build_preset
-from models.synthetic import ServiceTime, ServiceTimeSampler, SyntheticServiceTimes
+from models.loading.repository import build_preset
+from models.families.synthetic import ServiceTime, ServiceTimeSampler, SyntheticServiceTimes
 
 
 @pytest.mark.parametrize("distribution, spread", [("constant", 0.0), ("lognormal", 0.5), ("uniform", 0.5)])

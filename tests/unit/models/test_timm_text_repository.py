@@ -24,8 +24,8 @@ from benchmarks.random_pretrained import write_timm_bert_repository, write_timm_
 from kernels import preprocess_uint8
 from models.errors import ModelRepositoryError
 from models.preprocessing import resize_to_model_input
-from models.pretrained import load_pretrained
-from models.repository import load_repository
+from models.families.pretrained import load_pretrained
+from models.loading.repository import load_repository
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs playing", "一只猫坐在窗台上", "猫" * 200]

@@ -6,7 +6,7 @@ import pytest
 
 from benchmarks.encoder_tracing import EncoderNotTracedError, trace_all_encoders
 from models.graphs import TraceOutcome
-from models.repository import build_preset
+from models.loading.repository import build_preset
 
 
 def test_both_encoders_of_the_tiny_model_are_traced():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from models.errors import ModelRepositoryError
-from models.repository import build_preset, write_repository
+from models.loading.repository import build_preset, write_repository
 from server.runtime.model_loading import load_model
 from server.settings import Settings
 

@@ -71,7 +71,7 @@ def test_tracing_off_loads_no_opentelemetry_sdk():
     script = textwrap.dedent("""
         import sys
         from fastapi.testclient import TestClient
-        from models.repository import build_preset
+        from models.loading.repository import build_preset
         from server.app import create_app
         from server.settings import Settings
         app = create_app(Settings(preset="tiny", device="cpu"), build_preset("tiny", seed=0))

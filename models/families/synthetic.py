@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.config import PreprocessConfig, TextConfig
+from models.loading.config import PreprocessConfig, TextConfig
 from models.graphs import TraceOutcome
 from models.text import TextEncoder
 from models.vision import UInt8VisionEncoder

@@ -10,7 +10,7 @@ directory (``save_pretrained`` output, relative to the repository or
 absolute); the text encoder and its tokenizer then come from there and
 ``weights.safetensors`` holds the vision and fusion tensors only. Likewise
 ``vision.timm_dir`` names a timm checkpoint in the Hub layout
-(``models.timm_checkpoint``): the image tower, its architecture and its
+(``models.families.timm_checkpoint``): the image tower, its architecture and its
 preprocessing come from there. With both, each tower is loaded by its own
 library and ``weights.safetensors`` (the fusion head) is optional:
 
@@ -41,14 +41,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
-from models.config import ModelConfig
+from models.loading.config import ModelConfig
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.multimodal import MultimodalModel
-from models.presets import SYNTHETIC_ARCHITECTURE, preset_config
-from models.synthetic import SyntheticServiceTimes, synthetic_towers
+from models.families.presets import SYNTHETIC_ARCHITECTURE, preset_config
+from models.families.synthetic import SyntheticServiceTimes, synthetic_towers
 from models.text import TextEncoder
-from models.timm_checkpoint import load_timm_checkpoint
+from models.families.timm_checkpoint import load_timm_checkpoint
 from models.tokenizer import (
     TextTokenizer,
     build_byte_level_tokenizer,
@@ -182,7 +182,7 @@ def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str 
     """A preset with seeded random weights (same seed, same weights, same fingerprint).
 
     ``service_times`` sets the ``synthetic`` preset's drawn stage times
-    (``models.synthetic``; its defaults when None); other presets take none.
+    (``models.families.synthetic``; its defaults when None); other presets take none.
     """
     config = preset_config(name)
     if backend is not None:

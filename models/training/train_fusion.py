@@ -23,8 +23,8 @@ Serve the result by copying ``fusion_head.safetensors`` beside the model or
 with ``mmserve serve --model M --fusion-head DIR/fusion_head.safetensors``.
 
 The towers are loaded as serving loads them and stay frozen; their outputs
-are computed once (``models.fusion_features``), and only the head learns
-(``models.fusion_training``). The towers must be float32 as loaded, which
+are computed once (``models.training.features``), and only the head learns
+(``models.training.loop``). The towers must be float32 as loaded, which
 every pretrained family is: the head file names the towers by the
 fingerprint of their tensors as read, and a float16 / bfloat16 repository's
 served tensors are not those.
@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import ModelRepositoryError, TrainingDataError
-from models.fusion_features import compute_tower_features
+from models.training.features import compute_tower_features
 from models.fusion_head_file import FUSION_HEAD_FILE, save_fusion_head
-from models.fusion_pairs import ImageTextPair, PairsFile, PairSplit, read_pairs, sample_mismatches, split_by_image
-from models.fusion_training import Evaluation, TrainingConfig, evaluate, fresh_head, train_head
-from models.pretrained import load_pretrained
-from models.progress import ProgressFactory, silent_progress
-from models.repository import fingerprint
+from models.training.pairs import ImageTextPair, PairsFile, PairSplit, read_pairs, sample_mismatches, split_by_image
+from models.training.loop import Evaluation, TrainingConfig, evaluate, fresh_head, train_head
+from models.families.pretrained import load_pretrained
+from models.training.progress import ProgressFactory, silent_progress
+from models.loading.repository import fingerprint
 
 CARD_FILE = "fusion_head_card.json"
 CARD_FORMAT = "mmserve-fusion-head-card"
@@ -97,7 +97,7 @@ def train_fusion(model: str, pairs: Path | PairsFile, out_dir: Path, config: Tra
     bundle = load_pretrained(model, device=device, is_trained_head_read=False)
     if bundle.config.dtype != "float32":
         raise ModelRepositoryError(f"{model}: train-fusion trains on float32 towers; this model is declared "
-                                   f"dtype {bundle.config.dtype} (module docstring of models.train_fusion)")
+                                   f"dtype {bundle.config.dtype} (module docstring of models.training.train_fusion)")
     towers_fingerprint = fingerprint(bundle.model, bundle.tokenizer, bundle.config, skip_prefix="fusion.")
 
     split = split_by_image(pairs_file.pairs, config.held_out_fraction, config.seed)

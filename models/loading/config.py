@@ -27,7 +27,7 @@ class VisionConfig:
     ``timm_dir`` (relative to the repository, or absolute) names a timm
     checkpoint in the Hub layout (``config.json`` + ``model.safetensors``, as
     timm's ``save_for_hf`` writes it); the architecture, weights and
-    preprocessing then come from there (``models.timm_checkpoint``).
+    preprocessing then come from there (``models.families.timm_checkpoint``).
     """
 
     architecture: str = "vit_large_patch16_224"
@@ -105,7 +105,7 @@ class ModelConfig:
     preprocess: PreprocessConfig
     dtype: str = "float32"
     # Which library defines the towers: "mmserve" (timm ViT + BERT-style text,
-    # this file's numbers) or a pretrained family loaded by ``models.pretrained``.
+    # this file's numbers) or a pretrained family loaded by ``models.families.pretrained``.
     family: str = "mmserve"
 
     def to_dict(self) -> dict[str, Any]:

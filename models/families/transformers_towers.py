@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.config import PreprocessConfig
+from models.loading.config import PreprocessConfig
 from models.text import TextEncoder
 from models.vision import UInt8VisionEncoder
 

@@ -8,7 +8,7 @@
 The model is built and loaded by ``open_clip.create_model("local-dir:DIR")``,
 the tokenizer by ``open_clip.get_tokenizer("local-dir:DIR")``: the same calls
 open_clip makes for ``hf-hub:`` ids, here on the directory or Hub cache
-snapshot ``models.hub`` found. open_clip would fall back to a pickled
+snapshot ``models.loading.hub`` found. open_clip would fall back to a pickled
 ``open_clip_pytorch_model.bin`` when the safetensors file is missing, so such
 a directory is refused before it looks.
 
@@ -35,11 +35,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from models.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
+from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
 from models.errors import ModelRepositoryError
 from models.multimodal import MultimodalModel
-from models.open_clip_tokenizer import OpenClipTokenizer
-from models.processor_settings import preprocess_from_open_clip
+from models.families.open_clip_tokenizer import OpenClipTokenizer
+from models.families.processor_settings import preprocess_from_open_clip
 from models.scores import CalibratedScore, ScoreKind
 from models.text import TextEncoder
 from models.vision import UInt8VisionEncoder

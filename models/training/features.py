@@ -31,10 +31,10 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 
 from models.errors import TrainingDataError
-from models.fusion_pairs import ImageTextPair
+from models.training.pairs import ImageTextPair
 from models.multimodal import MultimodalModel
 from models.preprocessing import resize_to_model_input
-from models.progress import ProgressBar, ProgressFactory, silent_progress
+from models.training.progress import ProgressBar, ProgressFactory, silent_progress
 from models.rgb import to_rgb
 from models.tokenizer import TextTokenizer
 

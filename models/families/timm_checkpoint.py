@@ -10,7 +10,7 @@ the weights, as it does for ``hf-hub:`` ids. timm would fall back to a
 pickled ``pytorch_model.bin`` when ``model.safetensors`` is missing, so such
 a directory is refused before timm looks. The preprocessing is timm's eval
 transform for the model (``timm.data.resolve_data_config``), mapped to
-``PreprocessConfig`` by ``models.processor_settings.preprocess_from_timm``.
+``PreprocessConfig`` by ``models.families.processor_settings.preprocess_from_timm``.
 
 A timm checkpoint is an image tower only: it is served paired with a text
 encoder (``text.hf_dir``), with no calibrated image–text score.
@@ -25,9 +25,9 @@ import timm
 from timm.data import resolve_data_config
 from torch import nn
 
-from models.config import PreprocessConfig
+from models.loading.config import PreprocessConfig
 from models.errors import ModelRepositoryError
-from models.processor_settings import preprocess_from_timm
+from models.families.processor_settings import preprocess_from_timm
 
 TIMM_WEIGHTS_FILE = "model.safetensors"
 

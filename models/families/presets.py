@@ -1,7 +1,7 @@
 """Named model presets: the default ViT-L/16, a ViT-B/16, a tiny one for tests, and ``synthetic``.
 
 ``synthetic`` has towers that sleep for drawn service times instead of
-computing (``models.synthetic``), for drift drills.
+computing (``models.families.synthetic``), for drift drills.
 
 A preset is only a ``ModelConfig``; the weights come from a seed (random, for
 trying the server) or from a model repository (``mmserve init-model-repo``).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from models.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
+from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
 from models.errors import UnknownPresetError
 
 DEFAULT_PRESET = "vit-l16"
@@ -63,7 +63,7 @@ def _tiny() -> ModelConfig:
 
 
 def _synthetic() -> ModelConfig:
-    # The tiny preset's text width, limits and preprocessing; the towers are models.synthetic's.
+    # The tiny preset's text width, limits and preprocessing; the towers are models.families.synthetic's.
     tiny = _tiny()
     return ModelConfig(name="synthetic", vision=VisionConfig(architecture=SYNTHETIC_ARCHITECTURE),
                        text=tiny.text, fusion=tiny.fusion, preprocess=tiny.preprocess)

@@ -1,12 +1,12 @@
 """Serve a pretrained image–text model from where users keep it (``mmserve serve --model``).
 
     --model DIR_OR_HUB_ID
-        model.yaml                 an mmserve model repository (models.repository), also
+        model.yaml                 an mmserve model repository (models.loading.repository), also
                                    vision.timm_dir + text.hf_dir: a timm ViT with a
                                    transformers text encoder                   score: none
         config.json  siglip        transformers SiglipModel                    score: siglip_sigmoid
         config.json  clip          transformers CLIPModel                      score: clip_logit
-        open_clip_config.json      open_clip CLIP (models.open_clip_model)     score: clip_logit,
+        open_clip_config.json      open_clip CLIP (models.families.open_clip)     score: clip_logit,
                                    or siglip_sigmoid when it has a logit_bias
 
 Each family is loaded by the library that defines it (``from_pretrained``,
@@ -37,17 +37,17 @@ from pathlib import Path
 import torch
 from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
-from models.config import FusionConfig, ModelConfig, TextConfig, VisionConfig
+from models.loading.config import FusionConfig, ModelConfig, TextConfig, VisionConfig
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FusionHeadInfo
-from models.hub import require_safetensors, resolve_model_directory
+from models.loading.hub import require_safetensors, resolve_model_directory
 from models.multimodal import MultimodalModel
-from models.open_clip_model import is_open_clip_checkpoint, load_open_clip
-from models.pretrained_towers import TransformersTextEncoder, TransformersVisionEncoder
-from models.processor_settings import preprocess_from_hf_processor
-from models.repository import CONFIG_FILE, ModelBundle, attach_fusion_head, finish_bundle, load_repository
+from models.families.open_clip import is_open_clip_checkpoint, load_open_clip
+from models.families.transformers_towers import TransformersTextEncoder, TransformersVisionEncoder
+from models.families.processor_settings import preprocess_from_hf_processor
+from models.loading.repository import CONFIG_FILE, ModelBundle, attach_fusion_head, finish_bundle, load_repository
 from models.scores import CalibratedScore, ScoreKind
-from models.timm_checkpoint import is_timm_checkpoint
+from models.families.timm_checkpoint import is_timm_checkpoint
 from models.tokenizer import TextTokenizer
 
 _TRANSFORMERS_SCORES = {"siglip": ScoreKind.SIGLIP_SIGMOID, "clip": ScoreKind.CLIP_LOGIT}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.config import PreprocessConfig
+from models.loading.config import PreprocessConfig
 from models.errors import ModelRepositoryError
 
 _PIL_RESAMPLE_NAMES = {0: "nearest", 2: "bilinear", 3: "bicubic"}

@@ -1,7 +1,7 @@
 """Training the low-rank fusion head on frozen tower features, and judging it on held-out pairs.
 
 Only the head's parameters learn; the towers' outputs are fixed tensors
-(``models.fusion_features``), so an epoch costs the head's own work: the
+(``models.training.features``), so an epoch costs the head's own work: the
 K/V/Q projections, the cross-attention (the torch reference, which autograd
 differentiates; the Triton kernel has no backward) and the pooled head.
 
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from models.fusion import LowRankCrossAttention
-from models.fusion_features import TowerFeatures
-from models.fusion_pairs import ImageTextPair, sample_mismatches
-from models.progress import ProgressFactory, silent_progress
+from models.training.features import TowerFeatures
+from models.training.pairs import ImageTextPair, sample_mismatches
+from models.training.progress import ProgressFactory, silent_progress
 
 
 _MAX_GRAD_NORM = 1.0  # one odd batch early on (the logit scale starts at 10) must not throw the head off
