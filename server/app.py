@@ -193,7 +193,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
 
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
                        on_reject=count_early_rejection)
-    add_request_guards(app, settings, count_early_rejection)
+    add_request_guards(app, settings, count_early_rejection, registry=registry)
     app.include_router(infer.router)
     app.include_router(health.router)
     app.include_router(admin.router)

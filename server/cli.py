@@ -6,6 +6,7 @@
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
     mmserve bench URL ...           (the load generator; see `mmserve bench --help`)
     mmserve quantiles URL [URL ...] [--source window|lifetime]   (fleet-wide latency quantiles)
+    mmserve hash-key < KEY          (the sha256: line standing for a key in a key file)
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
     serve.add_argument("--enable-fault-injection", action="store_true", default=None,
                        help="turn on POST /v1/admin/faults for alert drills (off by default)")
+    serve.add_argument("--allow-open-admin", action="store_true", default=None,
+                       help="with no admin keys, leave the admin routes open off loopback too (default: 403 there)")
 
 
 def _init_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -141,6 +144,12 @@ def build_parser() -> argparse.ArgumentParser:
     _init_parser(subparsers)
     _train_fusion_parser(subparsers)
     _quantiles_parser(subparsers)
+    subparsers.add_parser(
+        "hash-key", help="print the sha256: key-file line of a key read from standard input",
+        description="Read a key from standard input (all of it, less one trailing newline; no other whitespace is "
+                    "stripped) and print sha256:<lowercase hex SHA-256 of its UTF-8 bytes>, a line for "
+                    "MMSERVE_API_KEY_FILE or MMSERVE_ADMIN_API_KEY_FILE that does not hold the key itself. "
+                    "Example: printf %s \"$KEY\" | mmserve hash-key >> admin-keys")
     subparsers.add_parser("bench", help="drive a server with open-loop load (mmserve bench --help)",
                           add_help=False)
     return parser
@@ -155,7 +164,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
         fusion_head=args.fusion_head, seed=args.seed,
         host=args.host, port=args.port, device=args.device,
-        enable_fault_injection=args.enable_fault_injection,
+        enable_fault_injection=args.enable_fault_injection, allow_open_admin=args.allow_open_admin,
     )
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -202,6 +211,26 @@ def _train_fusion(args: argparse.Namespace) -> int:
     return 0
 
 
+def _hash_key() -> int:
+    from server.http.keys import hashed_key_line
+
+    key = sys.stdin.buffer.read()
+    key = key[:-1] if key.endswith(b"\n") else key
+    try:
+        key.decode("utf-8")
+    except UnicodeDecodeError:
+        print("mmserve: the key on standard input is not UTF-8", file=sys.stderr)
+        return 2
+    if not key:
+        print("mmserve: no key on standard input", file=sys.stderr)
+        return 2
+    if key != key.strip():
+        print("mmserve: warning: the key starts or ends with whitespace, which a Bearer header cannot carry",
+              file=sys.stderr)
+    print(hashed_key_line(key))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "bench":
@@ -209,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "hash-key":
+        return _hash_key()
     if args.command == "quantiles":
         from clients.quantiles import run_quantiles
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -116,7 +116,21 @@ class Settings(BaseSettings):
     keep_alive_timeout_s: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
     api_keys: SecretStr | None = Field(
         None, description="Comma-separated API keys; when set, requests need Authorization: Bearer <key>.")
-    api_key_file: Path | None = Field(None, description="A file of API keys, one per line (# starts a comment).")
+    api_key_file: Path | None = Field(
+        None, description="A file of API keys, one per line (# starts a comment); a line may be sha256:<hex> "
+                          "(mmserve hash-key) instead of the key itself.")
+    admin_api_keys: SecretStr | None = Field(
+        None, description="Comma-separated admin keys: the only keys the admin routes (DELETE /v1/cache, "
+                          "/v1/admin/*, POST /v1/monitoring/baseline) accept; they may call every other route too.")
+    admin_api_key_file: Path | None = Field(
+        None, description="A file of admin keys, one per line, plain or sha256:<hex>, as api_key_file.")
+    allow_open_admin: bool = Field(
+        False, description="With no admin keys, leave the admin routes as open as the inference routes even when "
+                           "bound to a non-loopback address (where they otherwise answer 403).")
+    rate_limit: str | None = Field(
+        None, pattern=r"^\s*\d+(\.\d+)?\s*/\s*s\s*(,\s*burst\s*=\s*\d+\s*)?$",
+        description="Requests per second per key (per client address for requests without a key), as N/s or "
+                    "N/s,burst=M (burst default N); over it: 429 rate_limited with Retry-After. Off when unset.")
     open_health_and_metrics: bool = Field(
         True, description="With keys set, /health/*, /v2/health/* and /metrics still answer without one.")
     metrics_port: int | None = Field(
@@ -143,6 +157,16 @@ class Settings(BaseSettings):
                                       "requests and a sampled traceparent are always kept.")
     trace_slow_ms: float = Field(
         1000.0, ge=0, description="A request slower than this is always traced (0: no slow rule).")
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate_limit_is_positive(cls, value: str | None) -> str | None:
+        """``N/s`` with N > 0, and a burst of at least 1 when one is given (the pattern checked the form)."""
+        if value is not None:
+            rate, _, burst = value.partition(",")
+            if float(rate.split("/")[0]) <= 0 or (burst and int(burst.split("=")[1]) < 1):
+                raise ValueError("the rate must be > 0 requests per second and the burst >= 1, e.g. 100/s,burst=20")
+        return value
 
     def lane_value(self, lane: LaneName, name: str) -> float:
         """A batching knob for one lane: its override if set, else the shared value."""

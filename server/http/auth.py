@@ -1,68 +1,68 @@
-"""Optional API keys: ``Authorization: Bearer <key>`` in front of every route but health and metrics.
+"""API keys in two roles: ``Authorization: Bearer <key>`` checked in front of every route.
 
-Keys come from ``api_keys`` (comma-separated) and ``api_key_file`` (one per
-line, ``#`` starts a comment); with neither set the server is open, as suits
-a loopback or sidecar deployment. With keys:
+Which routes need which role, and what a server without keys allows, is
+``server.http.access_policy``; the keys themselves (plain or ``sha256:``
+lines, compared as digests in constant time) are ``server.http.keys``.
+This layer applies them before a byte of the request body is read:
 
-    /health/*, /v2/health/*, /metrics   open while open_health_and_metrics (default), else need a key
-    every other path                    needs a key; the admin routes (/v1/admin/*, DELETE /v1/cache,
-                                        /v1/monitoring/*) are never in the open set
+    401 missing_api_key / invalid_api_key   no key, or one that is not configured (WWW-Authenticate: Bearer)
+    403 forbidden                           a valid key without the admin role on an admin route, or an
+                                            unkeyed server bound off loopback (field "authorization")
 
-A missing or wrong key gets 401 with ``WWW-Authenticate: Bearer`` and the
-usual JSON error body, before a byte of the request body is read. The key a
-client presents is compared with every configured key by
-``hmac.compare_digest``, so neither the time taken nor an early exit tells an
-attacker how much of a key was right. A configured key file that holds no
-key stops the server: running open by mistake is worse than not starting.
+A recognised key's id goes on the ASGI scope (``request.state.mmserve_key_id``)
+for the rate limit and anything downstream that wants to name the caller;
+the key itself goes nowhere. Each call of an admin route is written to the
+audit log (``server.http.audit``) with its outcome. A configured key file
+that holds no key stops the server: running open by mistake is worse than
+not starting.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Callable, Sequence
-from pathlib import Path
+import functools
+import logging
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import ApiError
+from server.http.access_policy import AccessPolicy, Decision, RouteClass
+from server.http.audit import INVALID_KEY_ID, NO_KEY_ID, run_audited
+from server.http.keys import ApiKeyConfigError, KeyMatch, KeyRing
+from server.http.rate_limit import SCOPE_KEY_ID
 from server.settings import Settings
 
-OPEN_PREFIXES = ("/health/", "/v2/health/")
-OPEN_PATHS = frozenset({"/metrics"})
+__all__ = ["ApiKeyAuth", "ApiKeyConfigError", "access_policy", "load_key_ring", "warn_about_open_routes"]
+
+logger = logging.getLogger(__name__)
 
 
-class ApiKeyConfigError(ValueError):
-    """The configured keys cannot be used (an unreadable or empty key file)."""
+def load_key_ring(settings: Settings) -> KeyRing:
+    """Every configured key of both roles, as digests; raises ApiKeyConfigError for an unusable file."""
+    return KeyRing.from_sources(api_keys=settings.api_keys, api_key_file=settings.api_key_file,
+                                admin_api_keys=settings.admin_api_keys,
+                                admin_api_key_file=settings.admin_api_key_file)
 
 
-def load_api_keys(settings: Settings) -> tuple[bytes, ...]:
-    """Every configured key as UTF-8 bytes; empty when authentication is off."""
-    keys = []
-    if settings.api_keys is not None:
-        keys += [key.strip() for key in settings.api_keys.get_secret_value().split(",")]
-    if settings.api_key_file is not None:
-        try:
-            lines = Path(settings.api_key_file).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise ApiKeyConfigError(f"MMSERVE_API_KEY_FILE {settings.api_key_file}: cannot be read: {e}") from e
-        from_file = [line.split("#", 1)[0].strip() for line in lines]
-        if not any(from_file):
-            raise ApiKeyConfigError(f"MMSERVE_API_KEY_FILE {settings.api_key_file} holds no key")
-        keys += from_file
-    return tuple(key.encode() for key in keys if key)
+def access_policy(settings: Settings) -> AccessPolicy:
+    return AccessPolicy.for_bind(load_key_ring(settings), host=settings.host,
+                                 open_health_and_metrics=settings.open_health_and_metrics,
+                                 allow_open_admin=settings.allow_open_admin)
 
 
-def is_open_path(path: str) -> bool:
-    """Health and metrics: what probes and scrapers reach (never an admin route)."""
-    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
-
-
-def is_valid_key(presented: bytes, keys: Sequence[bytes]) -> bool:
-    """Constant-time per key, and every key is compared (no early exit on a match)."""
-    is_valid = False
-    for key in keys:
-        is_valid |= hmac.compare_digest(presented, key)
-    return is_valid
+def warn_about_open_routes(policy: AccessPolicy, host: str) -> None:
+    """Off loopback, say at start-up which routes anyone reaching the port may call, and which setting closes them."""
+    if policy.is_loopback:
+        return
+    if policy.is_inference_open:
+        logger.warning("bound to %s (not loopback) with no inference keys: the inference routes are open to anyone "
+                       "who reaches the port; set MMSERVE_API_KEYS or MMSERVE_API_KEY_FILE to require a key", host)
+    if policy.is_admin_open:
+        logger.warning("bound to %s (not loopback) with MMSERVE_ALLOW_OPEN_ADMIN: the admin routes (DELETE /v1/cache, "
+                       "/v1/admin/*, POST /v1/monitoring/baseline) are open to anyone who reaches the port", host)
+    elif not policy.keys.has_admin_keys and not policy.keys.has_inference_keys:
+        logger.warning("bound to %s (not loopback) with no admin keys: the admin routes answer 403 until "
+                       "MMSERVE_ADMIN_API_KEYS or MMSERVE_ADMIN_API_KEY_FILE is set (or --allow-open-admin)", host)
 
 
 def _presented_key(scope: Scope) -> bytes | None:
@@ -75,37 +75,60 @@ def _presented_key(scope: Scope) -> bytes | None:
     return None
 
 
-class ApiKeyAuth:
-    """Pure ASGI, in front of body limits and parsing: a refused client sends its body to no one."""
+def _refusal(decision: Decision) -> ApiError:
+    if decision is Decision.MISSING_KEY:
+        return ApiError(401, "missing_api_key", "this server needs an API key: send Authorization: Bearer <key>",
+                        "authorization")
+    if decision is Decision.INVALID_KEY:
+        return ApiError(401, "invalid_api_key", "the API key is not valid", "authorization")
+    if decision is Decision.NEEDS_ADMIN:
+        return ApiError(403, "forbidden", "this route needs a key of the admin role (MMSERVE_ADMIN_API_KEYS or "
+                                          "MMSERVE_ADMIN_API_KEY_FILE); the key sent has the inference role",
+                        "authorization")
+    return ApiError(403, "forbidden", "this route needs a key of the admin role, and this server, bound to a "
+                                      "non-loopback address, has none: set MMSERVE_ADMIN_API_KEYS or "
+                                      "MMSERVE_ADMIN_API_KEY_FILE (or start it with --allow-open-admin)",
+                    "authorization")
 
-    def __init__(self, app: ASGIApp, keys: Sequence[bytes], open_health_and_metrics: bool,
-                 on_reject: Callable[[str], None] | None = None) -> None:
+
+class ApiKeyAuth:
+    """Pure ASGI, in front of rate limits, body limits and parsing: a refused client sends its body to no one."""
+
+    def __init__(self, app: ASGIApp, policy: AccessPolicy, on_reject: Callable[[str, str], None] | None = None) -> None:
         self.app = app
-        self.keys = tuple(keys)
-        self.open_health_and_metrics = open_health_and_metrics
-        self._on_reject = on_reject  # called with the path of each refusal
+        self.policy = policy
+        self._has_keys = policy.keys.has_inference_keys or policy.keys.has_admin_keys
+        self._on_reject = on_reject  # called with the path and status ("401" or "403") of each refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
-        if self.open_health_and_metrics and is_open_path(path):
+        route_class = self.policy.route_class(scope.get("method", "GET"), path)
+        if route_class is RouteClass.OPEN:
             await self.app(scope, receive, send)
             return
-        presented = _presented_key(scope)
-        if presented and is_valid_key(presented, self.keys):
-            await self.app(scope, receive, send)
-            return
-        if self._on_reject is not None:
-            self._on_reject(path)
-        if presented is None:
-            error = ApiError(401, "missing_api_key", "this server needs an API key: send Authorization: Bearer <key>",
-                             "authorization")
-            challenge = 'Bearer realm="mmserve"'
+        presented = _presented_key(scope) if self._has_keys else None
+        match: KeyMatch | None = self.policy.keys.match(presented) if presented else None
+        if match is not None:
+            scope.setdefault("state", {})[SCOPE_KEY_ID] = match.key_id
+        decision = self.policy.decide(route_class, presented, match.role if match is not None else None)
+        if route_class is RouteClass.ADMIN:
+            key_id = match.key_id if match is not None else NO_KEY_ID if presented is None else INVALID_KEY_ID
+            await run_audited(functools.partial(self._answer, decision=decision), key_id, scope, receive, send)
         else:
-            error = ApiError(401, "invalid_api_key", "the API key is not valid", "authorization")
-            challenge = 'Bearer realm="mmserve", error="invalid_token"'
+            await self._answer(scope, receive, send, decision=decision)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send, *, decision: Decision) -> None:
+        if decision is Decision.ALLOW:
+            await self.app(scope, receive, send)
+            return
+        error = _refusal(decision)
+        if self._on_reject is not None:
+            self._on_reject(scope.get("path", ""), str(error.status))
         response = error.response()
-        response.headers["WWW-Authenticate"] = challenge
+        if error.status == 401:
+            response.headers["WWW-Authenticate"] = ('Bearer realm="mmserve"' if decision is Decision.MISSING_KEY
+                                                    else 'Bearer realm="mmserve", error="invalid_token"')
         await response(scope, receive, send)

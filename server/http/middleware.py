@@ -2,7 +2,8 @@
 
     AccessLog         one line per request (id, sizes, digest), whatever happened inside
     CORS              only when cors_origins is set; answers preflights itself
-    ApiKeyAuth        401 before a byte of the body is read
+    ApiKeyAuth        401/403 before a byte of the body is read; audits admin calls; puts the key id on the scope
+    RateLimit         429 + Retry-After per key (per address without one), only when rate_limit is set
     ContentTypeCheck  415 for the protocol routes (/v1/infer checks its own)
     BodyTimeout       408 for a body that trickles (499 for one cut off)
     BodySizeLimit     413 for a body over the limit (added by ``create_app``, innermost)
@@ -17,12 +18,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
 from starlette.middleware.cors import CORSMiddleware
 
 from server.http.access_log import AccessLog
-from server.http.auth import ApiKeyAuth, load_api_keys
+from server.http.auth import ApiKeyAuth, access_policy, warn_about_open_routes
 from server.http.body_timeout import BodyTimeout
 from server.http.content_types import ContentTypeCheck
+from server.http.rate_limit import InProcessTokenBuckets, RateLimit, RateLimitMiddleware
 from server.settings import Settings
 
 CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
@@ -37,15 +40,23 @@ def cors_origins(settings: Settings) -> list[str]:
 
 
 def add_request_guards(app: FastAPI, settings: Settings,
-                       count_rejection: Callable[[str, str], None] | None = None) -> None:
-    """Add the layers above; ``count_rejection(path, status)`` counts a 401 or 415 in the request metrics."""
+                       count_rejection: Callable[[str, str], None] | None = None,
+                       registry: CollectorRegistry | None = None) -> None:
+    """Add the layers above; ``count_rejection(path, status)`` counts a 401, 403, 415 or 429 in the request metrics.
+
+    ``registry``: where ``mmserve_rate_limited_total`` is exported (the app's own).
+    """
     app.add_middleware(BodyTimeout, timeout_s=settings.body_timeout_s)
     app.add_middleware(ContentTypeCheck,
                        on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "415")))
-    app.add_middleware(
-        ApiKeyAuth, keys=load_api_keys(settings), open_health_and_metrics=settings.open_health_and_metrics,
-        on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "401")),
-    )
+    if settings.rate_limit is not None:
+        limit = RateLimit.parse(settings.rate_limit)
+        app.add_middleware(RateLimitMiddleware, store=InProcessTokenBuckets(limit), registry=registry,
+                           limit_text=str(limit),
+                           on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "429")))
+    policy = access_policy(settings)
+    warn_about_open_routes(policy, settings.host)
+    app.add_middleware(ApiKeyAuth, policy=policy, on_reject=count_rejection)
     origins = cors_origins(settings)
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=list(CORS_METHODS),

@@ -20,11 +20,13 @@ import pytest
 import tritonclient.http as triton_http
 import uvicorn
 import yaml
+from pydantic import SecretStr
 from tritonclient.utils import InferenceServerException
 
 from encoded_images import encoded_image
 from server.app import create_app
-from server.http.auth import ApiKeyConfigError, is_valid_key
+from server.http.auth import ApiKeyConfigError
+from server.http.keys import KeyRing, Role, key_digest
 from server.cli import main as mmserve_main
 from server.settings import Settings
 
@@ -69,7 +71,8 @@ def test_keys_guard_every_route_but_health_and_metrics(live_server_factory):
                              ("POST", "/v1/monitoring/baseline"), ("POST", "/v1/embeddings"),
                              ("POST", "/v2/models/tiny/infer")):
             assert client.request(method, path).status_code == 401, path
-        assert client.delete("/v1/cache", headers=_bearer(KEYS[1])).status_code == 200
+        # An inference key is no admin key: the cache stays (server.http.access_policy; test_auth_roles.py).
+        assert client.delete("/v1/cache", headers=_bearer(KEYS[1])).status_code == 403
 
 
 def test_a_presented_key_is_compared_with_every_key_in_constant_time(monkeypatch):
@@ -81,11 +84,14 @@ def test_a_presented_key_is_compared_with_every_key_in_constant_time(monkeypatch
         return real_compare(a, b)
 
     monkeypatch.setattr(hmac, "compare_digest", recording_compare)
-    keys = tuple(key.encode() for key in KEYS)
-    assert is_valid_key(keys[0], keys) and is_valid_key(keys[1], keys)
-    assert not is_valid_key(b"key-one", keys) and not is_valid_key(b"", keys)
-    # No early exit on a match: each call compared the presented key with both keys.
-    assert compared == [(presented, key) for presented in (keys[0], keys[1], b"key-one", b"") for key in keys]
+    ring = KeyRing.from_sources(api_keys=SecretStr(KEYS[0]), admin_api_keys=SecretStr(KEYS[1]))
+    assert ring.match(KEYS[0].encode()).role is Role.INFERENCE and ring.match(KEYS[1].encode()).role is Role.ADMIN
+    assert ring.match(b"key-one") is None
+    # Digests of equal length are compared, never the keys, and every configured key each time (no early exit).
+    digests = [key_digest(key.encode()) for key in KEYS]
+    assert compared == [(key_digest(presented), configured) for presented in (KEYS[0].encode(), KEYS[1].encode(),
+                                                                              b"key-one")
+                        for configured in digests]
 
 
 def test_openai_and_triton_clients_work_with_keys_on(live_server_factory):
@@ -234,7 +240,7 @@ def test_no_pickle_anywhere_on_the_load_path():
             if problems:
                 found[str(path.relative_to(ROOT))] = problems
     assert found == {}
-    loading = (ROOT / "models" / "repository.py").read_text()
+    loading = (ROOT / "models" / "loading" / "repository.py").read_text()
     assert "safetensors" in loading and "load_file(" in loading
 
 
