@@ -1,0 +1,206 @@
+"""What API keys and the rate limiter cost per request: server CPU per request, keyed against unkeyed.
+
+    python benchmarks/auth_cost.py [--seconds 10] [--rounds 4] [--connections 16]
+
+Two ``mmserve serve`` processes on loopback, both the synthetic preset with
+zero stage times (so the request path, not a model, takes the CPU):
+
+    A  no keys, no rate limit
+    B  inference and admin keys (the inference key from a sha256: key file),
+       MMSERVE_RATE_LIMIT high enough never to refuse, so every request pays
+       the key check and a token bucket but is answered 200
+
+wrk (a C load generator; a Lua script posts the JSON bodies and, for B, the
+bearer key) drives one server at a time while the other is paused (SIGSTOP),
+in A-B-B-A order so drift of the machine's speed falls on both alike. Each
+run's CPU is the server process's utime + stime from /proc over the run,
+divided by the requests wrk completed. The cost is the mean over rounds of
+B's CPU per request minus A's; the target is at most 30 us.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+TARGET_US = 30.0
+KEY = "auth-cost-inference-key-7f3e"
+ADMIN_KEY = "auth-cost-admin-key-19c4"
+_LUA = """\
+local texts = {"a red bicycle", "a cat on a sofa", "two dogs in the snow", "a bowl of soup"}
+local key = os.getenv("AUTH_COST_KEY")
+local n = 0
+request = function()
+  n = n + 1
+  local headers = {["Content-Type"] = "application/json"}
+  if key ~= nil and key ~= "" then headers["Authorization"] = "Bearer " .. key end
+  return wrk.format("POST", "/v1/infer", headers, '{"text": "' .. texts[(n % #texts) + 1] .. '"}')
+end
+"""
+_REQUESTS = re.compile(r"^\s*(\d+) requests in ", re.M)
+_NON_2XX = re.compile(r"Non-2xx or 3xx responses:\s*(\d+)")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One wrk run against one server."""
+
+    name: str
+    num_requests: int
+    num_failed: int
+    cpu_s: float
+
+    @property
+    def cpu_us_per_request(self) -> float:
+        return self.cpu_s / self.num_requests * 1e6
+
+
+def parse_wrk(stdout: str) -> tuple[int, int]:
+    """(requests completed, non-2xx answers) from wrk's summary."""
+    completed = _REQUESTS.search(stdout)
+    if completed is None:
+        raise ValueError(f"no request count in wrk's output: {stdout[-300:]!r}")
+    failed = _NON_2XX.search(stdout)
+    return int(completed.group(1)), int(failed.group(1)) if failed else 0
+
+
+def alternated_order(num_rounds: int) -> list[tuple[str, str]]:
+    """A-B, B-A, A-B, ...: each pair of rounds mirrors its order."""
+    return [("A", "B") if index % 2 == 0 else ("B", "A") for index in range(num_rounds)]
+
+
+def cost_us(runs: Sequence[Run]) -> tuple[float, float]:
+    """Mean and sample standard deviation over rounds of B's minus A's CPU per request (runs in round order)."""
+    by_round: list[dict[str, float]] = []
+    for run in runs:
+        if not by_round or run.name in by_round[-1]:
+            by_round.append({})
+        by_round[-1][run.name] = run.cpu_us_per_request
+    differences = [pair["B"] - pair["A"] for pair in by_round if {"A", "B"} <= pair.keys()]
+    spread = statistics.stdev(differences) if len(differences) > 1 else float("nan")
+    return statistics.fmean(differences), spread
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a process and its threads, from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def _server(env: dict[str, str], ready_timeout_s: float = 300.0) -> Iterator[tuple[subprocess.Popen, str]]:
+    port = _free_port()
+    process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--preset", "synthetic",
+                                "--device", "cpu", "--port", str(port)],
+                               env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", "MMSERVE_SYNTHETIC_TEXT_MS": "0",
+                                    "MMSERVE_SYNTHETIC_VISION_MS": "0", **env},
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the server exited with {process.returncode} during start-up")
+            try:
+                with urllib.request.urlopen(f"{url}/health/ready", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("the server did not become ready")
+            time.sleep(0.2)
+        yield process, url
+    finally:
+        process.send_signal(signal.SIGCONT)
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def _wrk(url: str, script: Path, key: str, seconds: float, connections: int) -> tuple[int, int]:
+    done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script), url],
+                          capture_output=True, text=True, env={**os.environ, "AUTH_COST_KEY": key},
+                          timeout=seconds + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"wrk failed: {done.stderr}")
+    return parse_wrk(done.stdout)
+
+
+def measure(seconds: float, num_rounds: int, connections: int) -> list[Run]:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (apt-get install wrk)")
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
+        script = Path(tmp) / "post.lua"
+        script.write_text(_LUA)
+        key_file = Path(tmp) / "keys"
+        key_file.write_text(f"sha256:{hashlib.sha256(KEY.encode()).hexdigest()}\n")
+        servers = {
+            "A": stack.enter_context(_server({})),
+            "B": stack.enter_context(_server({"MMSERVE_API_KEY_FILE": str(key_file),
+                                              "MMSERVE_ADMIN_API_KEYS": ADMIN_KEY,
+                                              "MMSERVE_RATE_LIMIT": "1000000/s"})),
+        }
+        keys = {"A": "", "B": KEY}
+        for name in servers:  # warm both up once, unmeasured
+            _wrk(servers[name][1], script, keys[name], 1, connections)
+        for order in alternated_order(num_rounds):
+            for name in order:
+                process, url = servers[name]
+                other = servers["B" if name == "A" else "A"][0]
+                other.send_signal(signal.SIGSTOP)
+                try:
+                    cpu_before = process_cpu_s(process.pid)
+                    num_requests, num_failed = _wrk(url, script, keys[name], seconds, connections)
+                    runs.append(Run(name, num_requests, num_failed, process_cpu_s(process.pid) - cpu_before))
+                finally:
+                    other.send_signal(signal.SIGCONT)
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each wrk run (default 10)")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of one A and one B run (default 4)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
+    args = parser.parse_args(argv)
+    runs = measure(args.seconds, args.rounds, args.connections)
+    for run in runs:
+        print(f"{run.name}: {run.num_requests} requests ({run.num_failed} not 2xx), "
+              f"{run.cpu_us_per_request:.1f} us CPU per request")
+    mean_us, spread_us = cost_us(runs)
+    print(json.dumps({"auth_cost_us_per_request": round(mean_us, 2), "stdev_over_rounds_us": round(spread_us, 2),
+                      "target_us": TARGET_US, "rounds": args.rounds, "seconds_per_run": args.seconds}))
+    if any(run.num_failed for run in runs):
+        print("some answers were not 2xx: the figures are not of the path they claim", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
