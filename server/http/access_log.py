@@ -1,13 +1,15 @@
 """One log line per request: who asked what, how big, how it ended; never what it said.
 
-    request 3f2a... POST /v1/infer -> 200 in 12.3 ms; body 48213 B blake2b-128 9c1e...; answer 2211 B
+    request 3f2a... POST /v1/infer -> 200 in 12.3 ms; body 48213 B blake2b-128 9c1e...; answer 2211 B[; key_id 3f1c9a0b2e7d]
 
 The request id is the one the handler put in ``X-Request-ID``, so a line
 matches the answer a client holds. The body is identified by its size and a
 BLAKE2b digest, computed as the chunks stream past: enough to find a
 repeated or poisoned input, while image bytes and texts (which may be
 personal data) never reach a log. Query strings are left out for the same
-reason. Replaces uvicorn's access log in ``mmserve serve``.
+reason. A request made with a configured API key ends with the key's
+non-secret id (``server.http.keys``), never the key. Replaces uvicorn's
+access log in ``mmserve serve``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import logging
 import time
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.http.keys import SCOPE_KEY_ID
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +65,8 @@ class AccessLog:
             await self.app(scope, counting_receive, counting_send)
         finally:
             body = f"{body_size_bytes} B blake2b-128 {digest.hexdigest()}" if body_size_bytes else "empty"
-            logger.info("request %s %s %s -> %s in %.1f ms; body %s; answer %d B", request_id,
+            key_id = (scope.get("state") or {}).get(SCOPE_KEY_ID)  # set by ApiKeyAuth for a configured key
+            logger.info("request %s %s %s -> %s in %.1f ms; body %s; answer %d B%s", request_id,
                         scope.get("method", "-"), scope.get("path", "-"), status or "none",
-                        (time.perf_counter_ns() - started_ns) / 1e6, body, answer_size_bytes)
+                        (time.perf_counter_ns() - started_ns) / 1e6, body, answer_size_bytes,
+                        "" if key_id is None else f"; key_id {key_id}")

@@ -28,8 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server.errors import ApiError
 from server.http.access_policy import AccessPolicy, Decision, RouteClass
 from server.http.audit import INVALID_KEY_ID, NO_KEY_ID, run_audited
-from server.http.keys import ApiKeyConfigError, KeyMatch, KeyRing
-from server.http.rate_limit import SCOPE_KEY_ID
+from server.http.keys import SCOPE_KEY_ID, ApiKeyConfigError, KeyMatch, KeyRing
 from server.settings import Settings
 
 __all__ = ["ApiKeyAuth", "ApiKeyConfigError", "access_policy", "load_key_ring", "warn_about_open_routes"]

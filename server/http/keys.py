@@ -30,6 +30,7 @@ from pydantic import SecretStr
 
 HASHED_PREFIX = "sha256:"
 KEY_ID_HEX_DIGITS = 12
+SCOPE_KEY_ID = "mmserve_key_id"  # scope["state"] entry ApiKeyAuth sets: request.state.mmserve_key_id
 _HEX_DIGEST = re.compile(r"[0-9a-fA-F]{64}")
 
 

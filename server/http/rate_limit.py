@@ -12,7 +12,7 @@ the seconds until the bucket holds a token again, rounded up.
 Health, metrics and docs are never limited. Refusals are counted in
 ``mmserve_rate_limited_total{key_id}``; for address-limited callers the label
 is the constant ``client-address``, never the address, so the series stay few
-and hold no personal data (the access log line of each 429 has the rest).
+and hold no personal data (each 429 also has its access-log line, with the key id if any).
 
 The buckets live behind ``TokenBucketStore``. ``InProcessTokenBuckets`` holds
 them in this process's memory; with several API processes in front of one
@@ -36,10 +36,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import ApiError
 from server.http.access_policy import is_never_rate_limited
-from server.http.keys import KEY_ID_HEX_DIGITS
+from server.http.keys import KEY_ID_HEX_DIGITS, SCOPE_KEY_ID
 
 ADDRESS_KEY_ID = "client-address"
-SCOPE_KEY_ID = "mmserve_key_id"  # set on scope["state"] by ApiKeyAuth: request.state.mmserve_key_id
 DEFAULT_MAX_BUCKETS = 65_536
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*s\s*(?:,\s*burst\s*=\s*(\d+)\s*)?$")
 

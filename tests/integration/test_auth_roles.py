@@ -221,6 +221,9 @@ def test_audit_lines_and_no_secret_in_logs_metrics_error_bodies_or_spans(live_se
                                      (200, 403, 401, 401), strict=True):
         assert re.fullmatch(rf"audit key_id={key_id} route=DELETE /v1/cache outcome={outcome} {stamp} "
                             r"client=127\.0\.0\.1", line), line
+    access = [record.getMessage() for record in caplog.records if record.name == "server.http.access_log"]
+    assert any("POST /v1/embeddings -> 429" in line and line.endswith(f"key_id {_key_id(INFERENCE_KEY)}")
+               for line in access), access
     logged = "\n".join(record.getMessage() + (record.exc_text or "") for record in caplog.records)
     wire = json.dumps([{"name": span.name, **span.attributes,
                         "events": [[event.name, str(event.attributes)] for event in span.span.events]}

@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from server.http.audit import audit_line
+from server.http.keys import SCOPE_KEY_ID
 from server.http.rate_limit import (
     ADDRESS_KEY_ID,
-    SCOPE_KEY_ID,
     InProcessTokenBuckets,
     RateLimit,
     RateLimitMiddleware,
