@@ -126,3 +126,16 @@ def test_the_start_up_warning_names_the_settings_off_loopback(tiny_bundle, caplo
     with caplog.at_level("WARNING", logger="server.http.auth"):
         create_app(Settings(preset="tiny", device="cpu", host="127.0.0.1"), tiny_bundle)
     assert not caplog.records
+
+
+def test_allow_open_admin_comes_from_the_flag_or_the_environment(monkeypatch):
+    from server.cli import build_parser
+    from server.settings import load_settings
+
+    assert build_parser().parse_args(["serve", "--allow-open-admin"]).allow_open_admin is True
+    assert build_parser().parse_args(["serve"]).allow_open_admin is None  # not given: the environment decides
+    assert load_settings(None, allow_open_admin=None).allow_open_admin is False
+    monkeypatch.setenv("MMSERVE_ALLOW_OPEN_ADMIN", "true")
+    monkeypatch.setenv("MMSERVE_RATE_LIMIT", "20/s,burst=5")
+    settings = load_settings(None, allow_open_admin=None)
+    assert settings.allow_open_admin is True and settings.rate_limit == "20/s,burst=5"
