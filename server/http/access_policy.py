@@ -4,8 +4,8 @@
     open          /health/*, /v2/health/*, /metrics (open_health_and_metrics)   nothing
     admin         DELETE /v1/cache, /v1/admin/* (any method),              an admin key
                   POST /v1/monitoring/baseline (every monitoring write)
-    inference     everything else: /v1/infer, /v1/embeddings, /v1/models,  an inference or admin key
-                  /v1/classify, /v1/rank, /v2/*, GET /v1/monitoring/*, /docs, /openapi.json
+    inference     every other route: /v1/infer, /v1/embeddings,            an inference or admin key
+                  /v1/models, /v2/*, GET /v1/monitoring/*, /docs, /openapi.json
 
 With no keys at all the server is open on a loopback address, as it always
 was; bound to any other address its admin routes answer 403 until admin keys
