@@ -103,7 +103,8 @@ def _train_fusion_parser(subparsers: argparse._SubParsersAction) -> None:
                     "--epochs / --lr say. Writes DIR/fusion_head.safetensors and DIR/fusion_head_card.json "
                     "(held-out accuracy and AUC, the validation curve, what was chosen). "
                     "Exits 2 on bad input, naming the line; exits 3 when the head learned nothing (held-out AUC "
-                    "below 0.6 or less than 0.05 above the untrained head's): the card is written, the head is not.",
+                    "below 0.6, or within chance for the held-out count, or less than 0.05 above the untrained "
+                    "head's): the card is written, the head is not.",
     )
     train.add_argument("--model", required=True, metavar="DIR_OR_HUB_ID",
                        help="the model to train a head for, as `mmserve serve --model` takes it")

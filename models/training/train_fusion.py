@@ -251,7 +251,7 @@ def train_fusion(model: str, pairs: Path | PairsFile, out_dir: Path, config: Tra
                      plan=plan, config=config, progress=progress)
     training_s = time.perf_counter() - started_s
     trained = evaluate(head, features, sets.held_out)
-    verdict = judge(trained.auc, untrained.auc)
+    verdict = judge(trained.auc, untrained.auc, trained.num_matching, trained.num_mismatched)
     validation_aucs = [r.validation_auc for r in run.curve if r.validation_auc is not None]
     to_try = "" if verdict.is_learned else advice(
         num_pairs=len(pairs_file.pairs), num_images=pairs_file.num_images, learning_rate=plan.learning_rate,
@@ -275,7 +275,8 @@ def train_fusion(model: str, pairs: Path | PairsFile, out_dir: Path, config: Tra
         "held_out": _evaluation_card(trained),
         "untrained_held_out": _evaluation_card(untrained),
         "auc_meaning": AUC_MEANING,
-        "verdict": {"learned": verdict.is_learned, "rule": verdict.rule, "summary": verdict.describe(),
+        "verdict": {"learned": verdict.is_learned, "rule": verdict.rule, "min_auc": round(verdict.min_auc, 6),
+                    "summary": verdict.describe(),
                     **({} if verdict.is_learned else {"advice": to_try,
                                                       "head_file": "kept, marked untrained" if is_untrained_result_kept
                                                       else "not written"})},
