@@ -18,10 +18,30 @@ The peak learning rate is ``LR_TIMES_INIT_SCALE / sqrt(d_v)``: AdamW moves
 every weight by about the learning rate per step whatever its gradient, and
 the head's matrices start at about ``1 / sqrt(d_v)`` (PyTorch's ``Linear``
 initialisation), so this moves them by about 1 % of their size per step at
-any width (0.000625 at d_v 256, 0.00036 at 768). The old fixed 0.003 moved
-a 256-wide head's value and output projections by 5 % a step; their output
-grew thirty-fold within sixty steps, swamped the text embedding inside the
-LayerNorm, and the loss sat at ln 2. ``--lr`` replaces the peak.
+any width (0.000625 at d_v 256, 0.00036 at 768). ``--lr`` replaces the peak.
+
+Why the old defaults (10 epochs at a fixed 0.003) sat at ln 2, measured on
+a random CLIP (256 wide, 224 px, 32 px patches) and 120 shape images:
+
+- ten epochs of 96 training images are 30 optimizer steps; even at a good
+  rate the head needs a few hundred (``MIN_STEPS``);
+- 0.003 moved the 256-wide value and output projections by 5 % a step. At
+  the start the head's text path is already weak: ``out_proj``'s term (image
+  tokens have norm ~20) has norm ~5 against the L2-normalised text
+  embedding's 1 inside the LayerNorm, and the attention is near uniform
+  (entropy 3.87 of 3.91). After 60 steps at 0.003 that term had grown to
+  norm 129, the attention had collapsed onto a few tokens (entropy 1.28),
+  and the projected image embeddings of all images pointed the same way
+  (mean cosine 0.998): every pair scored alike (score std 0.017), so the
+  loss stayed at ln 2 and the held-out AUC at 0.50. After 60 steps at
+  0.0003 the same term had norm 7, the attention was still broad, and the
+  held-out AUC was 0.84.
+
+With this plan the same data reach a held-out AUC of 0.92-0.96 over three
+splits. Also tried and not kept: starting the head with ``out_proj`` at zero
+and the towers' mean embeddings projected out; it tied at the default rate,
+did worse on the random SigLIP of the tests, and stalled at ln 2 at a peak
+of 0.005 where PyTorch's initialisation still learned.
 
 The rate warms up linearly over the first ``WARMUP_FRACTION`` of the budget
 (at least one step), then follows a cosine down to ``FINAL_LR_FRACTION`` of

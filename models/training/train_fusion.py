@@ -27,7 +27,7 @@
                   "chosen": {"budget_steps": 500, "budget_from": "data", "steps_per_epoch": 25,
                              "learning_rate_from": "head width", "warmup_steps": 25, "patience_steps": 125,
                              "schedule": "linear warm-up, then cosine to 0.1 of the peak",
-                             "initialisation": "...", "early_stopping": "..."},
+                             "early_stopping": "..."},
                   "steps_run": 350, "epochs_run": 14, "best_epoch": 9, "stopped_early": true,
                   "final_loss": 0.12, "feature_seconds": 41.0, "training_seconds": 95.2},
      "validation_curve": [{"epoch": 1, "step": 25, "train_loss": 0.69, "learning_rate": 0.000625,
@@ -40,8 +40,8 @@ with ``mmserve serve --model M --fusion-head DIR/fusion_head.safetensors``.
 Three disjoint sets of images: the held-out images (``--held-out-fraction``)
 judge the finished head and nothing else; the validation images, carved from
 the rest (``validation_fraction``), choose the epoch and stop training
-early; the head learns from the remaining training images. The head starts
-from ``models.training.head_init`` and trains by ``models.training.plan``.
+early; the head learns from the remaining training images, by the budget
+and learning-rate schedule of ``models.training.plan``.
 
 The towers are loaded as serving loads them and stay frozen; their outputs
 are computed once (``models.training.features``), and only the head learns
@@ -63,12 +63,10 @@ from pathlib import Path
 from typing import Any
 
 from models.errors import ModelRepositoryError, TrainingDataError
-from models.fusion import LowRankCrossAttention
 from models.fusion_head_file import FUSION_HEAD_FILE, save_fusion_head
 from models.families.pretrained import load_pretrained
 from models.loading.repository import fingerprint
-from models.training.features import TowerFeatures, compute_tower_features
-from models.training.head_init import centre_on_training_features
+from models.training.features import compute_tower_features
 from models.training.loop import Evaluation, TrainingConfig, TrainingRun, evaluate, fresh_head, train_head
 from models.training.pairs import (
     NEAR_DUPLICATE_JACCARD, ImageTextPair, PairsFile, PairSplit, captions_by_image, count_near_duplicates,
@@ -189,8 +187,6 @@ def _training_card(config: TrainingConfig, plan: TrainingPlan, run: TrainingRun,
                    "steps_per_epoch": plan.steps_per_epoch, "learning_rate_from": plan.learning_rate_from,
                    "warmup_steps": plan.warmup_steps, "patience_steps": plan.patience_steps,
                    "schedule": f"linear warm-up, then cosine to {FINAL_LR_FRACTION} of the peak",
-                   "initialisation": "out_proj zero with bias -mean(training text embeddings); image_proj with "
-                                     "the mean training image embedding's direction projected out",
                    "early_stopping": early_stopping},
         "steps_run": run.num_steps, "epochs_run": len(run.curve), "best_epoch": run.best_epoch,
         "stopped_early": run.is_stopped_early, "final_loss": round(run.final_loss, 6),
@@ -205,14 +201,6 @@ def _curve_card(run: TrainingRun) -> list[dict[str, Any]]:
     return [{"epoch": r.epoch, "step": r.step, "train_loss": round(r.train_loss, 6),
              "learning_rate": float(f"{r.learning_rate:.6g}"), "validation_auc": rounded(r.validation_auc),
              "validation_loss": rounded(r.validation_loss)} for r in run.curve]
-
-
-def _initial_head(like: LowRankCrossAttention, features: TowerFeatures, train: tuple[ImageTextPair, ...], seed: int,
-                  device: str) -> LowRankCrossAttention:
-    head = fresh_head(like, seed)
-    centre_on_training_features(head, features, sorted({features.image_rows[p.image] for p in train}),
-                                sorted({features.text_rows[p.text] for p in train}))
-    return head.to(device)
 
 
 def train_fusion(model: str, pairs: Path | PairsFile, out_dir: Path, config: TrainingConfig = TrainingConfig(), *,
@@ -244,7 +232,7 @@ def train_fusion(model: str, pairs: Path | PairsFile, out_dir: Path, config: Tra
     plan = plan_training(num_train_matching + num_train_mismatched, config.batch_size,
                          bundle.model.fusion.v_proj.in_features, epochs=config.epochs,
                          learning_rate=config.learning_rate)
-    head = _initial_head(bundle.model.fusion, features, sets.train, config.seed, device)
+    head = fresh_head(bundle.model.fusion, config.seed).to(device)
     untrained = evaluate(head, features, sets.held_out)
     started_s = time.perf_counter()
     run = train_head(head, features, sets.train, validation_pairs=sets.validation, sample_texts=sets.sample_texts,
