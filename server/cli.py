@@ -110,15 +110,17 @@ def _train_fusion_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="the model to train a head for, as `mmserve serve --model` takes it")
     train.add_argument("--pairs", required=True, type=Path, metavar="FILE.jsonl", help="image-text pairs")
     train.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the head and its card go")
-    train.add_argument("--epochs", type=_positive_int,
+    train.add_argument("--epochs", type=_positive_int, metavar="N",
                        help="train at most N epochs (default: a budget of steps chosen from the data, 20 epochs "
                             "within 300 to 2000 steps; early stopping on the validation AUC applies either way)")
-    train.add_argument("--lr", type=_positive_float,
+    train.add_argument("--lr", type=_positive_float, metavar="LR",
                        help="peak AdamW learning rate after warm-up (default 0.01 / sqrt(image token width), "
                             "e.g. 0.000625 at 256, 0.00036 at 768)")
     train.add_argument("--batch-size", type=_positive_int, default=64, help="pairs per step (default 64)")
     train.add_argument("--held-out-fraction", type=_fraction, default=0.2,
                        help="share of images held out for accuracy and AUC (default 0.2)")
+    train.add_argument("--validation-fraction", type=_fraction, default=0.15,
+                       help="share of the other images that chooses the epoch and stops training early (default 0.15)")
     train.add_argument("--seed", type=int, default=0, help="the head's initial weights, split and sampling (default 0)")
     train.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="where the towers and the head run (default auto)")
@@ -203,7 +205,8 @@ def _train_fusion(args: argparse.Namespace) -> int:
         return tqdm(total=total, desc=description, file=sys.stderr, dynamic_ncols=True)
 
     config = TrainingConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size,
-                            held_out_fraction=args.held_out_fraction, seed=args.seed)
+                            held_out_fraction=args.held_out_fraction,
+                            validation_fraction=args.validation_fraction, seed=args.seed)
     result = train_fusion(args.model, pairs, args.out, config, device=resolve_device(args.device),
                           is_untrained_result_kept=args.keep_untrained_result, progress=progress)
     held_out, untrained, training = result.held_out, result.untrained_held_out, result.card["training"]

@@ -130,3 +130,38 @@ def test_training_keeps_the_best_validation_epoch_and_records_the_curve():
     assert kept.auc == pytest.approx(max(aucs)) and kept.loss == pytest.approx(run.curve[run.best_epoch - 1].validation_loss)
     assert [r.step for r in run.curve] == [5 * e for e in range(1, len(run.curve) + 1)]  # 36 examples, 8 a batch
     assert run.num_sampled_mismatches == 18 * len(run.curve)
+
+
+@pytest.mark.parametrize("is_labelled", [False, True])
+def test_held_out_validation_and_training_images_are_disjoint_and_each_set_has_both_classes(tmp_path, is_labelled):
+    import json
+
+    from PIL import Image
+
+    from models.training.loop import TrainingConfig
+    from models.training.pairs import read_pairs, same_text
+    from models.training.train_fusion import _make_sets
+
+    records = []
+    for i in range(40):
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / f"{i}.png")
+        records.append({"image": f"{i}.png", "text": f"caption {i % 4}"})
+        if is_labelled:
+            records.append({"image": f"{i}.png", "text": f"caption {(i + 1) % 4}", "label": 0})
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    sets = _make_sets(read_pairs(path), TrainingConfig(seed=1))
+    train_images = {p.image for p in sets.train}
+    assert (len(sets.held_out_images), len(sets.validation_images), len(train_images)) == (8, 5, 27)
+    assert train_images.isdisjoint(sets.validation_images) and train_images.isdisjoint(sets.held_out_images)
+    assert sets.validation_images.isdisjoint(sets.held_out_images)
+    assert {p.image for p in sets.validation} == sets.validation_images
+    for pairs in (sets.validation, sets.held_out):
+        matching = [p for p in pairs if p.is_match]
+        mismatched = [p for p in pairs if not p.is_match]
+        assert matching and mismatched
+        own = {p.image: same_text(p.text) for p in matching}
+        assert all(same_text(p.text) != own[p.image] for p in mismatched)
+    # sampled: one held-out mismatch per image, three per validation image; labelled: the file's own lines
+    assert len(sets.validation) == (5 * 2 if is_labelled else 5 * 4)
+    assert len(sets.held_out) == 8 * 2 and (sets.sample_texts is None) is is_labelled
