@@ -9,6 +9,10 @@
                 towers_fingerprint (the towers it was trained on; see ``towers_fingerprint``),
                 trained = "true" | "false", card = JSON (what it was trained on, held-out AUC)
 
+``mmserve train-fusion`` writes trained = "false" only when asked to keep a
+head that learned nothing (``--keep-untrained-result``); the server loads
+such a file but serves no ``match_score`` from it, as for any untrained head.
+
 The pretrained towers stay frozen and untouched; only this file is written by
 ``mmserve train-fusion``. A head trained on other towers is refused: its
 queries and keys would project token states it never saw.

@@ -9,10 +9,16 @@
     label   optional: 1 (the text describes the image; the default) or 0 (it does not)
 
 A file with no ``label: 0`` line gets its mismatched pairs sampled: each
-matching pair's image with a text that describes none of that image's lines
-(``sample_mismatches``, one per matching pair, drawn afresh each epoch for
-training and once for the held-out set). A file with labelled mismatches is
-used as written.
+matching pair's image with another image's text that is not one of its own
+captions (``sample_mismatches``, one per matching pair, drawn afresh each
+epoch for training and once for the validation and held-out sets). Captions
+repeat across images ("a red circle" for many), so "its own" compares texts
+as written up to case and spacing, never by line. A sampled text may still
+say almost the same as the true caption ("a red square" for "a red
+circle"): ``is_near_duplicate`` (token Jaccard >= 0.5, lower-cased words)
+counts those for the model card, since they teach the finest distinctions
+and are the first to be wrong in a caption set with near-synonyms. A file
+with labelled mismatches is used as written.
 
 Pairs are split by image, so every held-out image is one the head never saw
 in training (``split_by_image``); texts may repeat across the split, as
@@ -26,6 +32,7 @@ import hashlib
 import json
 import math
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +43,7 @@ MIN_PAIRS = 10
 MIN_IMAGES = 5  # a fifth is held out: at least one image on each side of the split
 _KEYS = frozenset({"image", "text", "label"})
 _SAMPLING_TRIES = 64  # random draws before listing the candidates outright
+NEAR_DUPLICATE_JACCARD = 0.5  # "a red circle" / "a red square": {a, red} of {a, red, circle, square}
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,7 @@ def read_pairs(path: Path) -> PairsFile:
     return PairsFile(path=path, sha256=hashlib.sha256(data).hexdigest(), pairs=pairs)
 
 
-def split_by_image(pairs: Sequence[ImageTextPair], held_out_fraction: float, seed: int) -> PairSplit:
+def split_by_image(pairs: Sequence[ImageTextPair], held_out_fraction: float, seed: int | str) -> PairSplit:
     """Hold out ``held_out_fraction`` of the images (at least one, never all) with all their pairs."""
     if not 0.0 < held_out_fraction < 1.0:
         raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
@@ -127,23 +135,55 @@ def split_by_image(pairs: Sequence[ImageTextPair], held_out_fraction: float, see
                      held_out=tuple(p for p in pairs if p.image in held_out_images))
 
 
-def sample_mismatches(pairs: Sequence[ImageTextPair], texts: Sequence[str],
-                      rng: random.Random) -> tuple[ImageTextPair, ...]:
-    """One mismatched pair per matching pair of ``pairs``: its image with a text from ``texts`` that none of
-    that image's matching pairs has."""
+def same_text(text: str) -> str:
+    """The form two texts are compared in: lower case, runs of spaces as one ("A red  circle" is "a red circle")."""
+    return " ".join(text.casefold().split())
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(re.findall(r"\w+", text.casefold()))
+
+
+def token_jaccard(a: str, b: str) -> float:
+    """|words(a) & words(b)| / |words(a) | words(b)|, words lower-cased; 1.0 for two texts without words."""
+    words_a, words_b = _words(a), _words(b)
+    union = words_a | words_b
+    return len(words_a & words_b) / len(union) if union else 1.0
+
+
+def is_near_duplicate(text: str, captions: Sequence[str] | set[str]) -> bool:
+    """Whether ``text`` shares at least ``NEAR_DUPLICATE_JACCARD`` of its words with one of ``captions``."""
+    return any(token_jaccard(text, caption) >= NEAR_DUPLICATE_JACCARD for caption in captions)
+
+
+def captions_by_image(pairs: Sequence[ImageTextPair]) -> dict[Path, set[str]]:
+    """Each image's matching texts, as written."""
     described: dict[Path, set[str]] = {}
     for pair in pairs:
         if pair.is_match:
             described.setdefault(pair.image, set()).add(pair.text)
+    return described
+
+
+def count_near_duplicates(mismatches: Sequence[ImageTextPair], described: dict[Path, set[str]]) -> int:
+    """How many of ``mismatches`` are near-duplicates (``is_near_duplicate``) of a caption of their image."""
+    return sum(is_near_duplicate(m.text, described.get(m.image, ())) for m in mismatches)
+
+
+def sample_mismatches(pairs: Sequence[ImageTextPair], texts: Sequence[str],
+                      rng: random.Random) -> tuple[ImageTextPair, ...]:
+    """One mismatched pair per matching pair of ``pairs``: its image with a text from ``texts`` that is none of
+    that image's captions (compared by ``same_text``, so a caption shared with other images never comes back)."""
+    own_of = {image: {same_text(t) for t in texts_} for image, texts_ in captions_by_image(pairs).items()}
     pool = sorted(set(texts))
     mismatches = []
     for pair in pairs:
         if not pair.is_match:
             continue
-        own = described[pair.image]
-        text = next((t for t in (rng.choice(pool) for _ in range(_SAMPLING_TRIES)) if t not in own), None)
+        own = own_of[pair.image]
+        text = next((t for t in (rng.choice(pool) for _ in range(_SAMPLING_TRIES)) if same_text(t) not in own), None)
         if text is None:  # almost every text describes this image: choose among the few that do not
-            others = [t for t in pool if t not in own]
+            others = [t for t in pool if same_text(t) not in own]
             if not others:
                 raise TrainingDataError(f"line {pair.line_number}: every text in the file describes {pair.image}, "
                                         "so no mismatched pair can be sampled; add lines with \"label\": 0")

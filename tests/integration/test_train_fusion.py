@@ -65,9 +65,12 @@ def test_the_trained_head_separates_held_out_pairs_far_better_than_the_untrained
     # The card says what it was trained on, and the numbers the command printed are the card's.
     assert card["pairs"]["sha256"] == read_pairs(pairs_path).sha256 and card["pairs"]["num_pairs"] == NUM_IMAGES
     assert card["pairs"]["mismatches"] == "sampled"
-    assert (card["split"]["num_train_images"], card["split"]["num_held_out_images"]) == (360, 90)
+    split = card["split"]  # 90 held out; of the other 360, 15 % (54) choose the epoch and the head learns from 306
+    assert (split["num_train_images"], split["num_validation_images"], split["num_held_out_images"]) == (306, 54, 90)
     assert (card["held_out"]["num_matching"], card["held_out"]["num_mismatched"]) == (90, 90)
-    assert card["training"]["epochs"] == EPOCHS and card["model"] == str(model_dir)
+    assert card["training"]["epochs"] == EPOCHS and card["training"]["chosen"]["budget_from"] == "--epochs"
+    assert card["model"] == str(model_dir) and card["verdict"]["learned"]
+    assert 1 <= card["training"]["best_epoch"] <= card["training"]["epochs_run"] == len(card["validation_curve"])
     assert f"held-out AUC {trained_auc:.3f} (the untrained head: {untrained_auc:.3f})" in done.stdout
     assert "training the head" in done.stderr and "100%" in done.stderr  # tqdm's bar, on stderr
     # The head file carries the same card, says it is trained, and fits the towers it was trained on.

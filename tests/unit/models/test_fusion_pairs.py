@@ -86,3 +86,32 @@ def test_no_mismatch_can_be_sampled_when_every_text_describes_the_image(tmp_path
     pairs = read_pairs(_write(tmp_path, records)).pairs
     with pytest.raises(TrainingDataError, match="line 1: every text in the file describes"):
         sample_mismatches(pairs, ["the same caption"], random.Random(0))
+
+
+@pytest.mark.parametrize(("a", "b", "jaccard"), [
+    ("a red circle", "a red square", 2 / 4),
+    ("a red circle", "A  RED circle!", 1.0),
+    ("a red circle", "two dogs", 0.0),
+    ("a blue car parked on the street", "a blue car", 3 / 7),
+])
+def test_token_jaccard_compares_lower_cased_words(a, b, jaccard):
+    from models.training.pairs import NEAR_DUPLICATE_JACCARD, is_near_duplicate, token_jaccard
+
+    assert token_jaccard(a, b) == pytest.approx(jaccard)
+    assert is_near_duplicate(a, [b]) is (jaccard >= NEAR_DUPLICATE_JACCARD)
+
+
+def test_a_caption_shared_by_many_images_never_comes_back_as_their_mismatch(tmp_path: Path):
+    # "a red circle" describes images 0-3 (once with other case and spacing); two other captions exist
+    records = [{"image": f"{i}.png", "text": "a red circle" if i != 2 else "A red  circle"} for i in range(4)]
+    records += [{"image": "4.png", "text": "a red square"}, {"image": "5.png", "text": "a blue circle"}]
+    pairs = read_pairs(_write(tmp_path, records * 2)).pairs
+    texts = sorted({p.text for p in pairs})
+    from models.training.pairs import captions_by_image, count_near_duplicates
+
+    rng = random.Random(0)
+    for _ in range(50):
+        circles = [m for m in sample_mismatches(pairs, texts, rng) if m.image.name in ("0.png", "1.png", "2.png", "3.png")]
+        assert len(circles) == 8 and all(m.text in ("a red square", "a blue circle") for m in circles), circles
+        # every mismatch of images 0-3 shares "a red" or "a circle" with the caption: all near-duplicates
+        assert count_near_duplicates(circles, captions_by_image(pairs)) == 8
