@@ -153,8 +153,7 @@ class RequestTracer:
             attributes["mmserve.rows"] = len(answer.items)
             attributes["mmserve.image.count"] = sum(len(item.parsed.images) for item in answer.items)
         else:
-            attributes.update(item_attributes(answer.items[0].parsed, answer.items[0].outcome,
-                                              self._default_timeout_ms))
+            attributes.update(item_attributes(answer.items[0], self._default_timeout_ms))
         if answer.error_code is not None:
             attributes["mmserve.error.code"] = answer.error_code
         if answer.status_code >= 500:
@@ -169,7 +168,7 @@ class RequestTracer:
         outcome = item.outcome
         assert outcome is not None
         row = _span_context(new_span_ids(server.trace_id))
-        attributes = item_attributes(item.parsed, outcome, self._default_timeout_ms)
+        attributes = item_attributes(item, self._default_timeout_ms)
         attributes["mmserve.row"] = index
         batch = outcome.result.batch_trace
         ended_ns = batch.started_ns + batch.elapsed_ns if batch is not None else (
