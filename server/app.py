@@ -26,6 +26,7 @@ from cache import SegmentCache
 from kernels.compile_watch import CompileWatch
 from models.loading.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
+from router.decode_pool import BoundedDecodePool
 from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector
 from router.intake import IntakeTools, RequestIntake
@@ -34,7 +35,6 @@ from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from server.http.body_limit import BodySizeLimit
-from server.ingest.decode_pool import BoundedDecodePool
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import image_decoder

@@ -8,9 +8,9 @@
     intake    the items -> one router intake call (server.protocols.rows), the      this layer
               client's disconnect cancels it
     render    endpoint.render(parsed, answered, state) -> Response                  the endpoint
-    record    per item: mmserve_joint_tokens, monitor.record (answered only)        this layer
     close     trace finished (answer_traced), mmserve_requests_total,               this layer
               mmserve_request_duration_seconds, X-Request-ID
+    record    per item: mmserve_joint_tokens, monitor.record (answered only)        this layer
     a failure anywhere -> Failure (its ApiError, the row it came from) -> endpoint.render_error
 
 Routes parse their protocol and render their answer; they never take the
@@ -193,7 +193,6 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
         outcomes = await until_disconnected(request, infer_rows(state, parsed.items, items, started_ns))
         answered = Answered(request_id, started_ns, time.perf_counter_ns(), outcomes)
         response = endpoint.render(parsed, answered, state)
-        _record(state, endpoint, answered)
     except ClientDisconnectedError:
         # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
         failure = Failure(ApiError(499, "client_disconnected", "the client closed the connection"), None)
@@ -211,6 +210,8 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
     state.metrics.request_duration_seconds.labels(route=metrics_route).observe((ended_ns - started_ns) / 1e9,
                                                                                exemplar)
     response.headers["X-Request-ID"] = request_id
+    if answered is not None and failure is None:
+        _record(state, endpoint, answered)  # last: the answer is complete, and nothing comes back from monitoring
     return response
 
 

@@ -64,7 +64,7 @@ def _response_body(request_id: str, state: ServerState, prepared: IntakeOutcome,
     if images_as_list:
         body["image_embeddings"] = list(result.image_embeddings)
     for key, value in (
-        ("image_embedding", None if images_as_list else result.image_embedding),
+        ("image_embedding", result.image_embeddings[0] if result.image_embeddings and not images_as_list else None),
         ("text_embedding", result.text_embedding),
         ("fused_embedding", result.fused_embedding),
         ("score", result.score),
