@@ -234,7 +234,7 @@ def test_no_pickle_anywhere_on_the_load_path():
             if problems:
                 found[str(path.relative_to(ROOT))] = problems
     assert found == {}
-    loading = (ROOT / "models" / "repository.py").read_text()
+    loading = (ROOT / "models" / "loading" / "repository.py").read_text()
     assert "safetensors" in loading and "load_file(" in loading
 
 
