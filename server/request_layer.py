@@ -87,11 +87,19 @@ class Answered:
         self.outcomes = outcomes
         self._started_ns = started_ns
         self._respond_started_ns = respond_started_ns
+        self._respond_ns: int | None = None
         self._stage_ns: dict[str, int] | None = None
 
     @property
-    def respond_started_ns(self) -> int:
-        return self._respond_started_ns
+    def respond(self) -> tuple[int, int]:
+        """``(started_ns, duration_ns)`` of building the answer, once it ended (the ``respond`` span)."""
+        assert self._respond_ns is not None, "respond has not ended"
+        return self._respond_started_ns, self._respond_ns
+
+    def end_respond(self) -> None:
+        """The answer is built (``serve`` calls it when ``render`` returns); a no-op after ``stage_ns``."""
+        if self._respond_ns is None:
+            self._respond_ns = time.perf_counter_ns() - self._respond_started_ns
 
     def stage_ns(self) -> dict[str, int]:
         """A one-item request's stage times (``decode``, its batch's stages, ``respond``, ``total``).
@@ -99,13 +107,16 @@ class Answered:
         ``respond`` and ``total`` end at the first call: call it last, right
         before serialising, when the answer shows its timings (``/v1/infer``'s
         ``timings_ms``). The monitor records the same numbers. Without a call,
-        they end when ``render`` returns.
+        they end when ``render`` returns (``end_respond``).
         """
         if self._stage_ns is None:
             outcome = self.outcomes[0].prepared
             now_ns = time.perf_counter_ns()
+            if self._respond_ns is None:
+                self._respond_ns = now_ns - self._respond_started_ns
             self._stage_ns = {"decode": outcome.decode_ns, **outcome.result.stage_ns,
-                              "respond": now_ns - self._respond_started_ns, "total": now_ns - self._started_ns}
+                              "respond": self._respond_ns,
+                              "total": self._respond_started_ns + self._respond_ns - self._started_ns}
         return self._stage_ns
 
 
@@ -193,10 +204,11 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
         outcomes = await until_disconnected(request, infer_rows(state, parsed.items, items, started_ns))
         answered = Answered(request_id, started_ns, time.perf_counter_ns(), outcomes)
         response = endpoint.render(parsed, answered, state)
+        answered.end_respond()
     except ClientDisconnectedError:
         # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
         failure = Failure(ApiError(499, "client_disconnected", "the client closed the connection"), None)
-        response = failure.error.response()
+        response = endpoint.render_error(failure, parsed)
     except Exception as e:  # noqa: BLE001 - every failure becomes the protocol's error answer
         failure = failure_from(e, request_id)
         response = endpoint.render_error(failure, parsed)
@@ -245,11 +257,7 @@ def _traced(endpoint: Endpoint, metrics_route: str, status_code: int, ended_ns: 
                              for row, outcome in zip(parsed.items, outcomes))
     elif parsed is not None:
         traced_items = tuple(TracedItem(row, ItemFacts.sent(item)) for row, item in zip(parsed.items, items))
-    respond = None
-    if answered is not None and failure is None:
-        stage_ns = answered.stage_ns() if not endpoint.is_rows else None
-        respond_ns = stage_ns["respond"] if stage_ns is not None else ended_ns - answered.respond_started_ns
-        respond = (answered.respond_started_ns, respond_ns)
+    respond = answered.respond if answered is not None and failure is None else None
     return TracedAnswer(
         endpoint.http_route, metrics_route, status_code, ended_ns, items=traced_items,
         error_code=failure.error.code if failure is not None else None,

@@ -95,10 +95,11 @@ def _item(name: str, *, text: str | None = None, image: bytes | None = None, **o
                       **options)
 
 
-def _intake(router: Router, decoder: object, executor: Executor, **options: object) -> RequestIntake:
+def _intake(router: Router, decoder: Callable[[bytes], np.ndarray], executor: Executor,
+            **options: object) -> RequestIntake:
     """An intake handed the router's model tools, as the server builds it."""
-    return RequestIntake(router, IntakeTools.of(router.bundle, router.budget), decoder, executor,  # type: ignore[arg-type]
-                         **options)  # type: ignore[arg-type]
+    tools = IntakeTools.of(router.bundle, router.budget)
+    return RequestIntake(router, tools, decoder, executor, **options)  # type: ignore[arg-type]
 
 
 def _now() -> int:
