@@ -30,8 +30,9 @@ attribution alike.
 
 The server passes in what belongs to it: the image decoder (bytes -> an RGB
 Pillow image or an (H, W, 3) uint8 array; whatever it raises for a bad image
-reaches the caller unchanged) and the thread pool decoding runs in (whatever
-its ``submit`` raises, e.g. a full queue, too). Everything else the intake
+reaches the caller unchanged) and the thread pool decoding runs in, sized by
+its settings (``router.decode_pool``; whatever ``submit`` raises reaches the
+caller too, e.g. ``DecodeQueueFullError``). Everything else the intake
 raises is typed: a model's ``TextTooLongError``, the router's errors
 (``TooManyImagesError``, ``JointTokensExceededError``), ``ImageItemError``
 naming the bad image of a request that sent a list of images, and
