@@ -5,7 +5,7 @@ Life of a sample::
     request thread                  folder (background thread, or tick() by hand)
     --------------                  ---------------------------------------------
     record(route, stage_ns, ...)    every fold_interval_s:
-      deque.append(tuple)  ---->      drain deque -> fold_records -> one array (s) per cell
+      RecordBuffer.append  ---->      drain the buffer -> fold_records -> one array (s) per cell
       (no lock, O(1))                 under the lock: add each array to its cell,
                                       rotate sub-windows when one is over,
                                       every period_s: judge drift per route
@@ -33,10 +33,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import deque
 from collections.abc import Mapping
 from functools import partial
-from itertools import repeat, starmap
 from typing import Any
 
 import numpy as np
@@ -49,9 +47,10 @@ from monitoring.config import MonitorConfig
 from monitoring.digest import quantiles_of
 from monitoring.drift import DriftState, RouteDriftTracker, StageVerdict, judge_stage, route_condition
 from monitoring.errors import MonitorStateError
-from monitoring.ingest import FoldResult, Record, fold_records
+from monitoring.ingest import FoldResult
 from monitoring.input_histograms import InputHistograms
 from monitoring.inputs import RequestInputs
+from monitoring.record_buffer import RecordBuffer
 from monitoring.stage_digests import StageDigests
 from monitoring.status import BaselinePhase, ExportSnapshot, RouteDriftStatus, StageExport
 from monitoring.views import digests_document, drift_document
@@ -76,12 +75,9 @@ class Monitor:
     def __init__(self, config: MonitorConfig | None = None, *, clock: Clock | None = None) -> None:
         self._config = config if config is not None else MonitorConfig()
         self._clock: Clock = clock if clock is not None else SystemClock()
-        self._buffer: deque[Record] = deque()
-        self._capacity = self._config.max_buffered_records
-        self._num_dropped = 0
+        self._records = RecordBuffer(self._config.max_buffered_records)
         self._num_invalid = 0
         self._lock = threading.Lock()
-        self._drain_lock = threading.Lock()
         self._series: dict[tuple[str, str], StageDigests] = {}  # (route, stage)
         self._inputs: dict[tuple[str, str], InputHistograms] = {}  # (route, stage), once recorded with inputs
         self._stages: dict[str, list[str]] = {}
@@ -103,7 +99,7 @@ class Monitor:
     @property
     def num_dropped_records(self) -> int:
         """Records refused because the buffer was full (the folder fell behind or was not started)."""
-        return self._num_dropped
+        return self._records.num_dropped
 
     # ------------------------------------------------------------------ hot path
 
@@ -124,11 +120,7 @@ class Monitor:
         batch-size bucket and cache hit/miss. ``inputs`` (what the request
         carried, ``RequestInputs.of``) lets it split the shift by input value.
         """
-        buffer = self._buffer
-        if len(buffer) < self._capacity:
-            buffer.append((route, stage_ns, batch_size, cache_hit, inputs))
-        else:
-            self._num_dropped += 1
+        self._records.append(route, stage_ns, batch_size, cache_hit, inputs)
 
     # ------------------------------------------------------------------ folding
 
@@ -139,7 +131,7 @@ class Monitor:
         tests and simulations call it after advancing their clock. Returns
         whether a drift period was evaluated.
         """
-        folded = self._drain_and_fold()
+        folded = self._records.drain_and_fold()
         with self._lock:
             self._add_locked(folded)
             now_s = self._clock.monotonic_s()
@@ -173,15 +165,6 @@ class Monitor:
                 self.tick()
             except Exception:  # the folder must outlive one bad fold
                 logger.exception("latency monitor fold failed; continuing")
-
-    def _drain_and_fold(self) -> FoldResult:
-        # One drainer at a time (the folder thread, stop(), mark_ready() may
-        # overlap): record() only appends, so len() is a safe lower bound.
-        with self._drain_lock:
-            buffer = self._buffer
-            # starmap pops in a C loop: half what a comprehension costs per record.
-            records = list(starmap(buffer.popleft, repeat((), len(buffer))))
-        return fold_records(records)
 
     def _add_locked(self, folded: FoldResult) -> None:
         self._num_invalid += folded.num_invalid_records
@@ -236,7 +219,7 @@ class Monitor:
 
     def mark_ready(self) -> None:
         """The server is ready: start learning the baseline from now (idempotent)."""
-        folded = self._drain_and_fold()
+        folded = self._records.drain_and_fold()
         with self._lock:
             self._add_locked(folded)
             if self._phase is not BaselinePhase.NOT_READY:
@@ -249,7 +232,7 @@ class Monitor:
         Raises:
             MonitorStateError: the server has not been marked ready yet.
         """
-        folded = self._drain_and_fold()
+        folded = self._records.drain_and_fold()
         with self._lock:
             self._add_locked(folded)
             if self._phase is BaselinePhase.NOT_READY:
@@ -373,7 +356,7 @@ class Monitor:
             quantiles=SUMMARY_QUANTILES,
             stages=tuple(stages),
             routes=tuple(self.drift_status().values()),
-            num_dropped_records=self._num_dropped,
+            num_dropped_records=self._records.num_dropped,
             num_invalid_records=num_invalid,
         )
 

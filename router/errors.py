@@ -11,6 +11,16 @@ class RouterError(Exception):
     """Base class for the router's deliberate failures."""
 
 
+class DecodeQueueFullError(RouterError):
+    """The decode pool's queue is full: nothing was decoded; ``retry_after_s`` is its backlog at its pace."""
+
+    def __init__(self, num_waiting: int, retry_after_s: float) -> None:
+        super().__init__(f"{num_waiting} requests already wait to be decoded (MMSERVE_MAX_DECODE_QUEUE); "
+                         f"retry in {retry_after_s:.1f} s")
+        self.num_waiting = num_waiting
+        self.retry_after_s = retry_after_s
+
+
 class QueueFullError(RouterError):
     """Admission control refused the request; ``retry_after_s`` estimates the drain."""
 

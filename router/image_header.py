@@ -7,10 +7,18 @@
     webp     "RIFF" .... "WEBP"            the VP8 / VP8L / VP8X chunk header
     gif      "GIF87a" / "GIF89a"           logical screen width, height (little-endian u16 at 6, 8)
     raw_uint8 (pixels sent with a shape)   the shape
+    other    anything else (BMP, TIFF, ...; the decoder may still accept it)   unknown
+
+This is the one place that reads magic bytes, and its labels are the one
+vocabulary for an image's encoding: span attributes, drift attribution
+(``image_encoding``: these plus ``none`` for no image), fault drills
+(``only_encoding``) and ``/v1/monitoring/drift`` all use them. A request's
+images together are labelled ``mixed`` when their encodings differ.
 
 Microseconds per image and no Pillow, so it runs on the event loop, for
-every request, cache hits included (a hit is never decoded): latency
-monitoring labels requests with it, and the fault drill can stall PNGs only.
+every request, cache hits included (a hit is never decoded): the intake
+computes an item's facts with it once (``router.item_facts``), and the
+fault drill can stall PNGs only.
 It trusts the header, as Pillow's own size check does before decoding; a
 header it cannot read gives ``None`` (the monitor's ``unknown``), never an
 error: refusing bad images is the decoder's job.
@@ -19,7 +27,7 @@ error: refusing bad images is the decoder's job.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from router.segments import ImageContent
 
@@ -61,10 +69,15 @@ def image_encoding(content: ImageContent) -> str:
 
 def images_encoding(images: Sequence[ImageContent]) -> str | None:
     """The encoding of a request's images: theirs when they agree, ``mixed`` when not, ``None`` without images."""
-    encodings = {image_encoding(image) for image in images}
-    if not encodings:
+    return combined_encoding([image_encoding(image) for image in images])
+
+
+def combined_encoding(encodings: Collection[str]) -> str | None:
+    """One label for several images' encodings: theirs when they agree, ``mixed`` when not, ``None`` for none."""
+    distinct = set(encodings)
+    if not distinct:
         return None
-    return encodings.pop() if len(encodings) == 1 else MIXED
+    return distinct.pop() if len(distinct) == 1 else MIXED
 
 
 def image_pixels(content: ImageContent) -> int | None:
@@ -78,7 +91,11 @@ def image_pixels(content: ImageContent) -> int | None:
 
 def largest_image_pixels(images: Sequence[ImageContent]) -> int | None:
     """The largest W x H among a request's images; ``None`` without images or when one cannot be read."""
-    sizes = [image_pixels(image) for image in images]
+    return largest_of([image_pixels(image) for image in images])
+
+
+def largest_of(sizes: Collection[int | None]) -> int | None:
+    """The largest of several images' W x H; ``None`` for none, or when one is unknown."""
     if not sizes or any(size is None for size in sizes):
         return None
     return max(sizes)  # type: ignore[type-var]  # no None left

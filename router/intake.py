@@ -20,10 +20,19 @@ that raised all leave through the same ``finally``. A plan made in a pool
 thread for a caller that was cancelled meanwhile is abandoned when the thread
 hands it over.
 
+The intake is handed its tools when it is built (``IntakeTools``: the
+model's tokenizer, the joint-token budget, the preprocessing settings) and
+reaches through nothing for them; the router it holds plans against the cache
+and runs the requests. Each item's facts (``router.item_facts``: image
+encodings and sizes from the headers, counts, tokens, protocol, priority) are
+computed here once and come back with its outcome, for spans and drift
+attribution alike.
+
 The server passes in what belongs to it: the image decoder (bytes -> an RGB
 Pillow image or an (H, W, 3) uint8 array; whatever it raises for a bad image
-reaches the caller unchanged) and the thread pool decoding runs in (whatever
-its ``submit`` raises, e.g. a full queue, too). Everything else the intake
+reaches the caller unchanged) and the thread pool decoding runs in, sized by
+its settings (``router.decode_pool``; whatever ``submit`` raises reaches the
+caller too, e.g. ``DecodeQueueFullError``). Everything else the intake
 raises is typed: a model's ``TextTooLongError``, the router's errors
 (``TooManyImagesError``, ``JointTokensExceededError``), ``ImageItemError``
 naming the bad image of a request that sent a list of images, and
@@ -41,12 +50,14 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from models.loading.config import PreprocessConfig
+from models.loading.repository import ModelBundle
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from models.tokenizer import TokenizedText
+from models.tokenizer import TextTokenizer, TokenizedText
 from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
-from router.image_header import images_encoding
-from router.joint_budget import JointTokens
+from router.item_facts import ItemFacts
+from router.joint_budget import JointTokenBudget, JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
 from router.router import Router
 from router.segments import ImageContent, SegmentPlan
@@ -76,11 +87,37 @@ class IntakeItem:
     use_cache: bool = True
     images_as_list: bool = False  # sent as a list: a bad image's error names its index
     trace: SpanIds | None = None  # the server span it belongs to, while tracing is on (router.tracing)
+    protocol: str = "native"  # what it came by: a label of its facts (drift attribution)
+
+
+@dataclass(frozen=True)
+class IntakeTools:
+    """What preparing an item needs besides the router, handed to the intake when it is built.
+
+    Attributes:
+        tokenizer: The served model's tokenizer.
+        budget: Images per request and joint tokens (the router's batches are sized by the same one).
+        preprocess: How an image becomes the model's (S, S, 3) uint8 input.
+    """
+
+    tokenizer: TextTokenizer
+    budget: JointTokenBudget
+    preprocess: PreprocessConfig
+
+    @classmethod
+    def of(cls, bundle: ModelBundle, budget: JointTokenBudget) -> IntakeTools:
+        """The tools of a loaded model, with the budget its router was built with."""
+        return cls(bundle.tokenizer, budget, bundle.config.preprocess)
 
 
 @dataclass(frozen=True)
 class IntakeOutcome:
-    """One item's result, its tokens, its joint-token count, its settled plan and how long preparing it took."""
+    """One item's result, its tokens, its joint-token count, its settled plan and how long preparing it took.
+
+    ``facts`` and ``cache`` are plain values: whoever reads them after the
+    answer (spans, the monitor, the answer's ``cache`` field) calls nothing
+    back in the router.
+    """
 
     result: InferenceResult
     text: TokenizedText | None
@@ -88,6 +125,8 @@ class IntakeOutcome:
     decode_ns: int  # tokenize + plan + decode, pool queue included
     joint: JointTokens | None = None
     decode_started_ns: int = 0  # when preparing began (the clock's value): where the decode stage starts
+    facts: ItemFacts | None = None  # what is known about the item (router.item_facts)
+    cache: dict[str, str | list[str]] | None = None  # per-segment cache status, as the answer shows it
 
 
 @dataclass(frozen=True)
@@ -96,7 +135,6 @@ class _Prepared:
     joint: JointTokens
     plan: SegmentPlan
     images: tuple[np.ndarray | None, ...]  # each (S, S, 3) uint8; None where the plan did not need the pixels
-    image_encoding: str | None  # what drills filter on; read only while fault drills are enabled
 
 
 class _NeighbourRefusedError(Exception):
@@ -136,6 +174,7 @@ class RequestIntake:
 
     Args:
         router: Plans against its cache and runs the requests.
+        tools: The tokenizer, the joint-token budget and the preprocessing settings.
         decode_image: The server's image decoder; runs in ``executor``.
         executor: Where preparing runs (the server's bounded decode pool).
         faults: Fault drills; with one, every item goes through ``executor`` so
@@ -144,10 +183,13 @@ class RequestIntake:
             event loop: a pool hop costs more than tokenizing it.
     """
 
-    def __init__(self, router: Router, decode_image: ImageDecoder, executor: Executor, *,
+    def __init__(self, router: Router, tools: IntakeTools, decode_image: ImageDecoder, executor: Executor, *,
                  faults: FaultInjector | None = None, inline_text_max_chars: int = INLINE_TEXT_MAX_CHARS,
                  clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
         self._router = router
+        self._tokenizer = tools.tokenizer
+        self._budget = tools.budget
+        self._preprocess = tools.preprocess
         self._decode_image = decode_image
         self._executor = executor
         self._faults = faults
@@ -180,8 +222,9 @@ class RequestIntake:
 
     async def _run_item(self, item: IntakeItem, arrival_ns: int, gate: _AllPrepared) -> IntakeOutcome:
         started_ns = self._clock_ns()
+        sent = ItemFacts.sent(item)
         try:
-            prepared = await self._prepare(item)
+            prepared = await self._prepare(item, sent.image_encoding)
         except BaseException:
             gate.refuse()
             raise
@@ -194,11 +237,13 @@ class RequestIntake:
             for index in plan.image_indices_to_compute:
                 if images[index] is None:  # an owner gave up and the claim is ours now
                     images[index] = await self._off_loop(self._model_input, item, index)
-            request = self._request(item, prepared, tuple(images), plan, arrival_ns)
+            request = self._request(item, prepared, tuple(images), plan, arrival_ns, sent.image_encoding)
             result = await self._router.submit(request, plan)
         finally:
             plan.abandon()  # settles whatever is still open; publish and fail already settled the rest
-        return IntakeOutcome(result, prepared.text, plan, decode_ns, prepared.joint, started_ns)
+        return IntakeOutcome(result, prepared.text, plan, decode_ns, prepared.joint, started_ns,
+                             facts=sent.with_text(prepared.text, prepared.joint),
+                             cache=plan.statuses(images_as_list=item.images_as_list))
 
     # -- preparing --------------------------------------------------------------
 
@@ -206,10 +251,10 @@ class RequestIntake:
         return (self._faults is None and not item.images and item.text is not None
                 and len(item.text) <= self._inline_text_max_chars)
 
-    async def _prepare(self, item: IntakeItem) -> _Prepared:
+    async def _prepare(self, item: IntakeItem, image_encoding: str | None) -> _Prepared:
         if self._is_inline(item):
-            return self._prepare_now(item)
-        future = self._executor.submit(self._prepare_now, item)
+            return self._prepare_now(item, image_encoding)
+        future = self._executor.submit(self._prepare_now, item, image_encoding)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -217,16 +262,14 @@ class RequestIntake:
             future.add_done_callback(_abandon_landed_plan)
             raise
 
-    def _prepare_now(self, item: IntakeItem) -> _Prepared:
+    def _prepare_now(self, item: IntakeItem, image_encoding: str | None) -> _Prepared:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
-        encoding = None
         if self._faults is not None:
-            encoding = images_encoding(item.images)
-            self._faults.after_stage("decode", (encoding,))
+            self._faults.after_stage("decode", (image_encoding,))
         tokens = None
         if item.text is not None:
-            tokens = self._router.bundle.tokenizer.encode(item.text, truncate=item.truncate)
-        tokens, joint = self._router.budget.fit(len(item.images), tokens, truncate=item.truncate)
+            tokens = self._tokenizer.encode(item.text, truncate=item.truncate)
+        tokens, joint = self._budget.fit(len(item.images), tokens, truncate=item.truncate)
         plan = self._router.plan_segments(item.images, tokens.token_ids if tokens is not None else None,
                                           item.use_cache)
         try:
@@ -236,7 +279,7 @@ class RequestIntake:
         except BaseException:
             plan.abandon()
             raise
-        return _Prepared(tokens, joint, plan, images, encoding)
+        return _Prepared(tokens, joint, plan, images)
 
     def _model_input(self, item: IntakeItem, index: int) -> np.ndarray:
         """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here, off the loop.
@@ -252,7 +295,7 @@ class RequestIntake:
             raise
 
     def _pixels(self, content: ImageContent) -> np.ndarray:
-        preprocess = self._router.bundle.config.preprocess
+        preprocess = self._preprocess
         if content.pixels is not None:
             pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)  # (H, W, 3)
             return pixels_to_model_input(pixels, preprocess)
@@ -266,7 +309,7 @@ class RequestIntake:
 
     @staticmethod
     def _request(item: IntakeItem, prepared: _Prepared, images: tuple[np.ndarray | None, ...],
-                 plan: SegmentPlan, arrival_ns: int) -> InferenceRequest:
+                 plan: SegmentPlan, arrival_ns: int, image_encoding: str | None) -> InferenceRequest:
         tokens = prepared.text
         return InferenceRequest(
             request_id=item.request_id,
@@ -278,5 +321,5 @@ class RequestIntake:
             image_segments=plan.image_values,
             text_segment=plan.text_value,
             trace=item.trace,
-            image_encoding=prepared.image_encoding,
+            image_encoding=image_encoding,
         )

@@ -20,7 +20,7 @@ down to what the images leave, and the answer says it was cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from models.loading.repository import ModelBundle
 from models.tokenizer import TokenizedText, cut_to
@@ -38,10 +38,10 @@ class JointTokens:
     tokens_per_image: int
     num_text_tokens: int
     max_joint_tokens: int
+    total: int = field(init=False)  # counted once, here: readers after the answer call nothing back
 
-    @property
-    def total(self) -> int:
-        return self.num_images * self.tokens_per_image + self.num_text_tokens
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", self.num_images * self.tokens_per_image + self.num_text_tokens)
 
 
 @dataclass(frozen=True)

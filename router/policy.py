@@ -97,7 +97,12 @@ def select_batch(lane: Lane) -> list[Pending]:
 
 @dataclass(frozen=True)
 class Decision:
-    """Run ``batch`` of ``lane`` now, or sleep ``wait_ns`` (None: until a put)."""
+    """Run ``batch`` of ``lane`` now, or sleep ``wait_ns`` (None: until a put).
+
+    What ``decide`` returns and what the scheduler hands the compute thread
+    (``Scheduler.next_batch``): ``lane`` is ``None`` when there is no batch
+    to run, only ``expired`` requests to answer (or nothing yet).
+    """
 
     lane: Lane | None
     batch: list[Pending] = field(default_factory=list)
@@ -146,8 +151,13 @@ def _image_companions(lane: Lane, lanes: Sequence[Lane], room: int) -> list[Pend
 
 
 def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
-           last_route: Route | None = None) -> Decision:
-    """The next batch; ``last_route`` is the lane that ran the previous one."""
+           last_route: Route | None = None, *, is_draining: bool = False) -> Decision:
+    """The next batch; ``last_route`` is the lane that ran the previous one.
+
+    ``is_draining``: the server is shutting down and no more requests will
+    come, so waiting for fuller batches gains nothing: every lane with a
+    queue counts as closed, and the usual order and batch choice decide.
+    """
     expired: list[Pending] = []
     ready: list[tuple[tuple[int, int], Lane, list[Pending]]] = []
     earliest_close_ns: int | None = None
@@ -164,7 +174,7 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
             min(p.request.deadline_ns for p in batch) - service_ns,
         )
         is_full = num_items >= settings.max_batch_size or num_work_items(lane.queue) >= settings.max_batch_size
-        if is_full or close_ns <= now_ns:
+        if is_full or close_ns <= now_ns or is_draining:
             ready.append((_service_order(batch[0]), lane, batch))
         elif earliest_close_ns is None or close_ns < earliest_close_ns:
             earliest_close_ns = close_ns

@@ -48,7 +48,7 @@ class InferenceRequest:
     image_segments: tuple[ImageSegment | None, ...] = ()
     text_segment: TextSegment | None = None
     trace: SpanIds | None = None  # the server span it belongs to; only while tracing is on (router.tracing)
-    image_encoding: str | None = None  # its images' encoding as sent (router.image_header), only while drills are on
+    image_encoding: str | None = None  # its images' encoding as sent (router.image_header): what drills filter on
 
     def __post_init__(self) -> None:
         if not self.image_segments and self.images:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from router.lanes import Lane, Pending
-from router.policy import decide, work_ahead_ns
+from router.policy import Decision, decide, work_ahead_ns
 from router.request import Route
 from router.service_time import ServiceTimeEstimator
 
@@ -27,13 +27,6 @@ class Refusal:
 
     reason: str  # "queue_full" | "deadline"
     retry_after_s: float
-
-
-@dataclass(frozen=True)
-class ScheduledBatch:
-    lane: Lane | None  # None: only expired requests to answer
-    batch: list[Pending] = field(default_factory=list)
-    expired: list[Pending] = field(default_factory=list)
 
 
 class Scheduler:
@@ -87,26 +80,23 @@ class Scheduler:
         with self._condition:
             self._running_until_ns = self._clock_ns() + expected_ns
 
-    def next_batch(self) -> ScheduledBatch | None:
+    def next_batch(self) -> Decision | None:
         """Block until a batch closes; ``None`` once closed and empty.
 
         Requests that expired while queued come back in ``expired`` (possibly
         with an empty batch) so they are answered without waiting for work.
+        Once closed (draining), every queued lane counts as closed: the
+        policy still picks the order and the batches, it only stops waiting.
         """
         with self._condition:
             while True:
-                decision = decide(self.lanes, self._clock_ns(), self.estimator.estimate_ns, self._last_route)
+                decision = decide(self.lanes, self._clock_ns(), self.estimator.estimate_ns, self._last_route,
+                                  is_draining=self._is_closed)
                 if decision.lane is not None or decision.expired:
                     if decision.lane is not None:
                         self._last_route = decision.lane.route
-                    return ScheduledBatch(decision.lane, decision.batch, decision.expired)
+                    return decision
                 if self._is_closed:
-                    # Draining: what is queued runs now, without waiting for fuller batches.
-                    if not any(lane.queue for lane in self.lanes):
-                        return None
-                    lane = next(lane for lane in self.lanes if lane.queue)
-                    batch = lane.queue[: lane.settings.max_batch_size]
-                    del lane.queue[: len(batch)]
-                    return ScheduledBatch(lane, batch)
+                    return None  # nothing queued: a closed scheduler with work always decides to run it
                 timeout_s = None if decision.wait_ns is None else decision.wait_ns / 1e9
                 self._condition.wait(timeout=timeout_s)

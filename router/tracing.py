@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router.lanes import LaneSettings
 from router.request import InferenceRequest, Route
@@ -69,15 +69,20 @@ class BatchTrace:
     stage_ns: tuple[tuple[str, int], ...]
     links: tuple[SpanIds, ...]  # the request spans it served, each once
     num_failed: int = 0
+    # When each stage it ran began, laid out once here, where the batch is recorded: the server reads
+    # it after the answer as a plain value.
+    stage_starts_ns: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        starts_ns, offset_ns = {}, 0
+        for name, duration_ns in self.stage_ns:
+            starts_ns[name] = self.started_ns + offset_ns
+            offset_ns += duration_ns
+        object.__setattr__(self, "stage_starts_ns", starts_ns)
 
     def stage_started_ns(self, stage: str) -> int | None:
         """When ``stage`` began in this batch; ``None`` if the batch did not run it."""
-        offset_ns = 0
-        for name, duration_ns in self.stage_ns:
-            if name == stage:
-                return self.started_ns + offset_ns
-            offset_ns += duration_ns
-        return None
+        return self.stage_starts_ns.get(stage)
 
 
 class BatchTracer:

@@ -26,15 +26,15 @@ from cache import SegmentCache
 from kernels.compile_watch import CompileWatch
 from models.loading.repository import ModelBundle
 from monitoring.serving_metrics import ServingMetrics
+from router.decode_pool import BoundedDecodePool
 from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector
-from router.intake import RequestIntake
+from router.intake import IntakeTools, RequestIntake
 from router.joint_budget import JointTokenBudget
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from server.http.body_limit import BodySizeLimit
-from server.ingest.decode_pool import BoundedDecodePool
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import image_decoder
@@ -138,17 +138,19 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         )
         executors = executor_plans(separate_text=settings.separate_text_executor,
                                    image_nice=settings.image_work_nice)
+        budget = joint_token_budget(settings, model)
         router = Router(model, lane_settings(settings, model.model.device.type), metrics, executors=executors,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
                         cache=cache, hang_timeout_ns=int(settings.compute_hang_s * 1e9),
-                        budget=joint_token_budget(settings, model),
+                        budget=budget,
                         batch_tracer=tracing.batch_tracer if tracing is not None else None)
         # Decoding is image work too: it yields the cores to text requests like the image executor does.
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,
                                                                       settings.image_work_nice))
-        intake = RequestIntake(router, image_decoder(settings), decode_pool, faults=faults)
+        intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings), decode_pool,
+                               faults=faults)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None)

@@ -8,6 +8,7 @@ import dataclasses
 from router.errors import (
     ComputeUnavailableError,
     DeadlineExceededError,
+    DecodeQueueFullError,
     ImageItemError,
     ItemFailedError,
     JointTokensExceededError,
@@ -30,6 +31,8 @@ def api_error_from(error: Exception) -> ApiError | None:
         return ApiError(422, "joint_tokens_exceeded", str(error), "text")
     if isinstance(error, ImageItemError):
         return _for_image(error)
+    if isinstance(error, DecodeQueueFullError):
+        return ApiError(503, "overloaded", str(error), retry_after_s=error.retry_after_s)
     if isinstance(error, QueueFullError):
         return ApiError(503, "overloaded", str(error), retry_after_s=error.retry_after_s)
     if isinstance(error, DeadlineExceededError):

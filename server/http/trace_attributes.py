@@ -12,37 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from router.intake import IntakeOutcome
-from router.segments import ImageContent
 from router.tracing import BatchTrace
-from server.ingest.inputs import ParsedInput
+from server.http.traced_answer import TracedItem
 
 AttributeValue = str | bool | int | float | tuple[str, ...] | tuple[int, ...]
 
-# (magic bytes at the start, offset, name): enough to tell the formats the decoder accepts.
-_SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
-    (b"\xff\xd8\xff", 0, "jpeg"),
-    (b"\x89PNG\r\n\x1a\n", 0, "png"),
-    (b"WEBP", 8, "webp"),
-    (b"GIF8", 0, "gif"),
-    (b"BM", 0, "bmp"),
-    (b"II*\x00", 0, "tiff"),
-    (b"MM\x00*", 0, "tiff"),
-)
 
+def item_attributes(item: TracedItem, default_timeout_ms: Mapping[str, int]) -> dict[str, AttributeValue]:
+    """One item's facts: what it sent (sizes, not bytes) and, once answered, its tokens, cache and batch.
 
-def image_encoding(image: ImageContent) -> str:
-    """``uint8`` for raw pixels, else the file format its first bytes name (``unknown`` if none)."""
-    if image.pixels is not None:
-        return "uint8"
-    head = (image.encoded or b"")[:16]
-    return next((name for magic, offset, name in _SIGNATURES if head[offset:offset + len(magic)] == magic),
-                "unknown")
-
-
-def item_attributes(parsed: ParsedInput, outcome: IntakeOutcome | None, default_timeout_ms: Mapping[str, int]
-                    ) -> dict[str, AttributeValue]:
-    """One item's facts: what it sent (sizes, not bytes) and, once answered, its tokens, cache and batch."""
+    Sizes, encodings, counts and tokens are the item's facts as the intake
+    computed them (``router.item_facts``): the same values, in the same
+    vocabulary, that drift attribution reads.
+    """
+    parsed, facts, outcome = item.parsed, item.facts, item.outcome
     route = outcome.result.route.value if outcome is not None else parsed.route
     attributes: dict[str, AttributeValue] = {
         "mmserve.route": route,
@@ -52,20 +35,19 @@ def item_attributes(parsed: ParsedInput, outcome: IntakeOutcome | None, default_
         "mmserve.image.count": len(parsed.images),
         "mmserve.text.present": parsed.text is not None,
     }
-    if parsed.images:
-        attributes["mmserve.image.bytes"] = tuple(len(image.encoded or image.pixels or b"") for image in parsed.images)
-        attributes["mmserve.image.encodings"] = tuple(image_encoding(image) for image in parsed.images)
-        raw_shapes = [image.shape for image in parsed.images if image.shape is not None]
-        if raw_shapes:
-            attributes["mmserve.image.raw_shapes"] = tuple("x".join(map(str, shape)) for shape in raw_shapes)
+    if facts is not None and facts.num_images:
+        attributes["mmserve.image.bytes"] = facts.image_bytes
+        attributes["mmserve.image.encodings"] = facts.image_encodings
+        if facts.raw_shapes:
+            attributes["mmserve.image.raw_shapes"] = tuple("x".join(map(str, shape)) for shape in facts.raw_shapes)
     if outcome is None:
         return attributes
-    if outcome.text is not None:
-        attributes["mmserve.text.tokens"] = len(outcome.text.token_ids)
-        attributes["mmserve.text.truncated"] = outcome.text.is_truncated
-    if outcome.joint is not None:
-        attributes["mmserve.joint_tokens"] = outcome.joint.total
-    for segment, status in outcome.plan.statuses().items():
+    if facts is not None and facts.num_text_tokens is not None:
+        attributes["mmserve.text.tokens"] = facts.num_text_tokens
+        attributes["mmserve.text.truncated"] = bool(facts.is_text_truncated)
+    if facts is not None and facts.num_joint_tokens is not None:
+        attributes["mmserve.joint_tokens"] = facts.num_joint_tokens
+    for segment, status in (outcome.cache or {}).items():
         attributes[f"mmserve.cache.{segment}"] = status if isinstance(status, str) else tuple(status)
     attributes["mmserve.batch.size"] = outcome.result.batch_size
     return attributes

@@ -1,7 +1,7 @@
 """What a route tells the tracer when it has answered, and what the answer gets back (no OpenTelemetry import).
 
-Routes build a ``TracedAnswer`` only while tracing is on and hand it to
-``answer_traced``, which finishes the trace (``server.http.tracing``), puts
+The request layer (``server.request_layer``) builds a ``TracedAnswer`` only
+while tracing is on and hands it to ``answer_traced``, which finishes the trace (``server.http.tracing``), puts
 the server span's ``traceparent`` on the response (its sampled flag says
 whether the trace was kept, so a client can look it up) and returns the
 exemplar for the request-duration histogram (``None`` for a dropped trace).
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from starlette.responses import Response
 
 from router.intake import IntakeOutcome
+from router.item_facts import ItemFacts
 from server.ingest.inputs import ParsedInput
 
 if TYPE_CHECKING:
@@ -24,9 +25,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TracedItem:
-    """One item of a request: what it sent, and its intake outcome if it got one."""
+    """One item of a request: what it sent, its facts (``router.item_facts``) and its intake outcome if it got one.
+
+    ``facts``: the outcome's, or, for an item whose request failed, those of what it sent.
+    """
 
     parsed: ParsedInput
+    facts: ItemFacts | None = None
     outcome: IntakeOutcome | None = None
 
 

@@ -29,6 +29,7 @@ tracing is on.
 from __future__ import annotations
 
 import collections
+import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode,
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from router.intake import IntakeOutcome
-from router.tracing import BatchTrace, SpanIds, new_span_ids
+from router.tracing import BatchTrace, SpanIds
 from server.http.tail_sampling import TailSampler
 from server.http.trace_attributes import AttributeValue, batch_attributes, item_attributes
 from server.http.traced_answer import TracedAnswer, TracedItem
@@ -105,7 +106,7 @@ class RequestTracer:
                 carrier["tracestate"] = tracestate
             context = trace.get_current_span(self._propagator.extract(carrier)).get_span_context()
             parent = context if context.is_valid else None
-        ids = new_span_ids(parent.trace_id if parent is not None else None)
+        ids = _new_ids(parent.trace_id if parent is not None else None)
         return RequestTrace(ids, parent, started_ns, time.time_ns() - time.perf_counter_ns())
 
     # -- answer -------------------------------------------------------------------
@@ -153,8 +154,7 @@ class RequestTracer:
             attributes["mmserve.rows"] = len(answer.items)
             attributes["mmserve.image.count"] = sum(len(item.parsed.images) for item in answer.items)
         else:
-            attributes.update(item_attributes(answer.items[0].parsed, answer.items[0].outcome,
-                                              self._default_timeout_ms))
+            attributes.update(item_attributes(answer.items[0], self._default_timeout_ms))
         if answer.error_code is not None:
             attributes["mmserve.error.code"] = answer.error_code
         if answer.status_code >= 500:
@@ -168,8 +168,8 @@ class RequestTracer:
     def _emit_row(self, server: SpanContext, index: int, item: TracedItem, offset_ns: int) -> None:
         outcome = item.outcome
         assert outcome is not None
-        row = _span_context(new_span_ids(server.trace_id))
-        attributes = item_attributes(item.parsed, outcome, self._default_timeout_ms)
+        row = _span_context(_new_ids(server.trace_id))
+        attributes = item_attributes(item, self._default_timeout_ms)
         attributes["mmserve.row"] = index
         batch = outcome.result.batch_trace
         ended_ns = batch.started_ns + batch.elapsed_ns if batch is not None else (
@@ -190,13 +190,13 @@ class RequestTracer:
         if "queue" in stage_ns:
             self._emit_stage(parent, "queue", batch.started_ns - stage_ns["queue"], stage_ns["queue"], offset_ns)
         for stage in _COMPUTE_STAGES:
-            started_ns = batch.stage_started_ns(stage)
+            started_ns = batch.stage_starts_ns.get(stage)
             if stage in stage_ns and started_ns is not None:
                 self._emit_stage(parent, stage, started_ns, stage_ns[stage], offset_ns)
 
     def _emit_stage(self, parent: SpanContext, name: str, started_ns: int, duration_ns: int, offset_ns: int) -> None:
         self._end(ReadableSpan(
-            name, _span_context(new_span_ids(parent.trace_id)), parent, self._resource,
+            name, _span_context(_new_ids(parent.trace_id)), parent, self._resource,
             {"mmserve.stage": name}, kind=SpanKind.INTERNAL,
             start_time=started_ns + offset_ns, end_time=started_ns + duration_ns + offset_ns,
             instrumentation_scope=self._scope))
@@ -227,6 +227,16 @@ class RequestTracer:
 
     def _end(self, span: ReadableSpan) -> None:
         self.processor.on_end(span)
+
+
+def _new_ids(trace_id: int | None) -> SpanIds:
+    """Ids of a request's span (in ``trace_id``'s trace if given): random and never zero, as W3C asks.
+
+    The router draws its batch spans' ids by the same rule (``router.tracing.new_span_ids``); the
+    server draws its own, so a request's spans are made from plain values, calling nothing back.
+    """
+    span_id = random.getrandbits(64) or 1
+    return SpanIds(trace_id if trace_id else (random.getrandbits(128) or 1), span_id)
 
 
 def _span_context(ids: SpanIds, flags: TraceFlags = _SAMPLED) -> SpanContext:

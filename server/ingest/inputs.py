@@ -184,14 +184,17 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         await form.close()
 
 
-def intake_item(parsed: ParsedInput, request_id: str, trace: SpanIds | None = None) -> IntakeItem:
+def intake_item(parsed: ParsedInput, request_id: str, trace: SpanIds | None = None,
+                protocol: str = "native") -> IntakeItem:
     """What the router's intake takes: the same fields, the images as content to key and decode.
 
     ``trace``: the request's server span, while tracing is on (its batch links to it).
+    ``protocol``: what it came by, a label of its facts (``native``, ``kserve_v2``, ``openai``).
     """
     return IntakeItem(request_id=request_id, text=parsed.text, images=parsed.images,
                       priority=Priority(parsed.priority), timeout_ms=parsed.timeout_ms, truncate=parsed.truncate,
-                      use_cache=parsed.use_cache, images_as_list=parsed.images_as_list, trace=trace)
+                      use_cache=parsed.use_cache, images_as_list=parsed.images_as_list, trace=trace,
+                      protocol=protocol)
 
 
 def image_decoder(settings: Settings) -> Callable[[bytes], Image.Image]:

@@ -1,4 +1,7 @@
-"""One protocol request carrying many items -> one router intake call for all of them.
+"""One protocol request carrying one or many items -> one router intake call for all of them.
+
+Every protocol comes this way (the request layer, ``server.request_layer``,
+calls it), native ``/v1/infer`` with its one item included.
 
     rows ──intake.run──> prepare all (decode pool, in parallel) ──all prepared?──> submit all at once
                                          a bad row stops here, every claim handed back
@@ -20,14 +23,11 @@ from dataclasses import dataclass
 from typing import cast
 
 from router.errors import IntakeItemError
-from router.intake import IntakeOutcome
+from router.intake import IntakeItem, IntakeOutcome
 from router.request import InferenceResult
-from router.tracing import SpanIds
 from server.http.error_mapping import api_error_from
-from server.http.traced_answer import TracedAnswer, TracedItem
 from server.errors import ApiError
-from server.ingest.inputs import ParsedInput, intake_item
-from server.runtime.monitoring_setup import cache_hit_of, request_inputs
+from server.ingest.inputs import ParsedInput
 from server.protocols.errors import RowFailedError
 from server.settings import LaneName
 from server.state import ServerState
@@ -63,31 +63,18 @@ def check_row_counts(rows: Sequence[ParsedInput], state: ServerState) -> None:
             )
 
 
-async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], request_id: str,
-                     started_ns: int, *, protocol: str, trace: SpanIds | None = None) -> list[RowOutcome]:
-    """Every row through the intake at once; row ``i`` becomes request ``{request_id}-{i}``.
+async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], items: Sequence[IntakeItem],
+                     started_ns: int) -> list[RowOutcome]:
+    """Every row through the intake at once; ``items`` are the rows as the intake takes them (same order).
 
-    All rows share the deadline ``started_ns + timeout`` and the server span
-    ``trace`` (while tracing is on). Raises ``ApiError``, ``RowFailedError``
-    or the router's typed errors. ``protocol`` labels the rows' latency
-    records (``kserve_v2``, ``openai``).
+    All rows share the deadline ``started_ns + timeout``. Raises ``ApiError``,
+    ``RowFailedError`` or the router's typed errors.
     """
     check_row_counts(rows, state)
-    items = [intake_item(row, f"{request_id}-{row_index}", trace) for row_index, row in enumerate(rows)]
     try:
         outcomes = await state.intake.run(items, started_ns)
     except IntakeItemError as e:
         raise RowFailedError(e.item_index, e.error) from e.error
-    for row, outcome in zip(rows, outcomes):
-        # A row's queue and compute stages are its own and go to its lane's digests;
-        # its decode and end-to-end times are the whole request's, so a row adds no
-        # decode or total sample (those stay what /v1/infer requests measured).
-        # Its inputs are the row's own: one row is one request to the monitor.
-        state.monitor.record(outcome.result.route.value, outcome.result.stage_ns,
-                             batch_size=outcome.result.batch_size, cache_hit=cache_hit_of(outcome.plan.statuses()),
-                             inputs=request_inputs(row, outcome, protocol))
-        if outcome.joint is not None:
-            state.metrics.joint_tokens.labels(route=outcome.result.route.value).observe(outcome.joint.total)
     return [RowOutcome(outcome, outcome.result) for outcome in outcomes]
 
 
@@ -101,21 +88,3 @@ def failure_from(error: Exception, request_id: str) -> Failure:
         logger.error("unexpected error in request %s", request_id, exc_info=error)
         api_error = ApiError(500, "internal_error", f"internal error (request id {request_id})")
     return Failure(api_error, row_index)
-
-
-def traced_rows(http_route: str, metrics_route: str, status_code: int, ended_ns: int, rows: Sequence[ParsedInput],
-                outcomes: Sequence[RowOutcome], failure: Failure | None, respond_started_ns: int) -> TracedAnswer:
-    """A many-row answer for the tracer (tracing on only): a row span per row, ``respond`` from its start to the end.
-
-    A failed request has no outcomes: its rows show what they sent, the
-    server span the error and the row it came from.
-    """
-    prepared = [outcome.prepared for outcome in outcomes] if len(outcomes) == len(rows) else [None] * len(rows)
-    return TracedAnswer(
-        http_route, metrics_route, status_code, ended_ns,
-        items=tuple(TracedItem(row, outcome) for row, outcome in zip(rows, prepared)),
-        error_code=failure.error.code if failure is not None else None,
-        error_row=failure.row_index if failure is not None else None,
-        respond=(respond_started_ns, ended_ns - respond_started_ns) if respond_started_ns else None,
-        as_rows=True,
-    )

@@ -10,15 +10,10 @@ skewing a lane's latency histogram.
 
 from __future__ import annotations
 
-import time
-import uuid
-
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.errors import ApiError
-from server.http.traced_answer import answer_traced
-from server.ingest.inputs import ParsedInput
 from server.protocols.openai_embeddings import (
     EmbeddingsRequest,
     check_dimensions,
@@ -29,7 +24,8 @@ from server.protocols.openai_embeddings import (
     model_card,
     parse_embeddings_request,
 )
-from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows, traced_rows
+from server.protocols.rows import Failure
+from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
 
 router = APIRouter(tags=["OpenAI-compatible"])
@@ -70,44 +66,37 @@ async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
     return JSONResponse(model_card(model_id, _created_unix_s(request), state.model_description))
 
 
+class Embeddings(Endpoint[EmbeddingsRequest]):
+    """``/v1/embeddings``: each input is an item; ``param`` names the bad one as ``input[i]``."""
+
+    http_route = "/v1/embeddings"
+    metrics_label = METRICS_ROUTE
+    protocol = "openai"
+
+    async def parse(self, request: Request, state: ServerState) -> Parsed[EmbeddingsRequest]:
+        embeddings_request = parse_embeddings_request(await request.body())
+        check_model(embeddings_request.model, state.bundle.config.name)
+        return Parsed(items_from_request(embeddings_request, state.settings), embeddings_request)
+
+    def check(self, parsed: Parsed[EmbeddingsRequest], state: ServerState) -> None:
+        check_dimensions(parsed.context, parsed.items, state.bundle)
+
+    def render(self, parsed: Parsed[EmbeddingsRequest], answered: Answered, state: ServerState) -> Response:
+        return JSONResponse(embeddings_response(parsed.context, state.bundle.config.name, answered.outcomes))
+
+    def render_error(self, failure: Failure, parsed: Parsed[EmbeddingsRequest] | None) -> Response:
+        is_single_input = parsed is not None and isinstance(parsed.context.input, str)
+        return _error_response(failure, is_single_input)
+
+
+ENDPOINT = Embeddings()
+
+
 @router.post(
     "/v1/embeddings",
     summary="Embed texts and images (data:image/... URIs), OpenAI-style.",
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": EmbeddingsRequest.model_json_schema()}}}},
 )
-async def embeddings(request: Request) -> JSONResponse:
-    started_ns = time.perf_counter_ns()
-    state: ServerState = request.app.state.mmserve
-    request_id = uuid.uuid4().hex
-    tracer = state.tracer  # None while tracing is off
-    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
-    is_single_input = False
-    items: list[ParsedInput] = []
-    outcomes: list[RowOutcome] = []
-    respond_started_ns = 0
-    failure: Failure | None = None
-    try:
-        embeddings_request = parse_embeddings_request(await request.body())
-        is_single_input = isinstance(embeddings_request.input, str)
-        check_model(embeddings_request.model, state.bundle.config.name)
-        items = items_from_request(embeddings_request, state.settings)
-        check_dimensions(embeddings_request, items, state.bundle)
-        outcomes = await infer_rows(state, items, request_id, started_ns, protocol="openai",
-                                    trace=trace.ids if trace is not None else None)
-        respond_started_ns = time.perf_counter_ns()
-        response = JSONResponse(embeddings_response(embeddings_request, state.bundle.config.name, outcomes))
-    except Exception as e:  # noqa: BLE001 - every failure becomes an OpenAI-shaped answer
-        failure = failure_from(e, request_id)
-        response = _error_response(failure, is_single_input)
-    ended_ns = time.perf_counter_ns()
-    exemplar = None
-    if trace is not None and tracer is not None:
-        exemplar = answer_traced(tracer, trace, traced_rows(
-            "/v1/embeddings", METRICS_ROUTE, response.status_code, ended_ns, items, outcomes, failure,
-            respond_started_ns), response)
-    state.metrics.requests_total.labels(route=METRICS_ROUTE, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe((ended_ns - started_ns) / 1e9,
-                                                                               exemplar)
-    response.headers["X-Request-ID"] = request_id
-    return response
+async def embeddings(request: Request) -> Response:
+    return await serve(request, ENDPOINT)

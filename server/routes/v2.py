@@ -17,17 +17,16 @@ last, so a longer path is never read as a model name.
 from __future__ import annotations
 
 import logging
-import time
-import uuid
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from server.errors import ApiError
-from server.http.traced_answer import answer_traced
-from server.ingest.inputs import ParsedInput
 from server.protocols.kserve_v2_codec import (
     HEADER_LENGTH,
+    RequestedOutput,
+    V2InferRequest,
     V2InferResponse,
     decode_infer_request,
     encode_infer_response,
@@ -39,7 +38,8 @@ from server.protocols.kserve_v2_model import (
     output_tensors,
     rows_from_request,
 )
-from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows, traced_rows
+from server.protocols.rows import Failure
+from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -129,49 +129,51 @@ async def model_ready(request: Request, model_name: str) -> JSONResponse:
     return await _model_ready(request, model_name, None)
 
 
-async def _infer(request: Request, model_name: str, model_version: str | None) -> Response:
-    started_ns = time.perf_counter_ns()
-    state: ServerState = request.app.state.mmserve
-    request_id = uuid.uuid4().hex
-    tracer = state.tracer  # None while tracing is off
-    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
-    rows: list[ParsedInput] = []
-    outcomes: list[RowOutcome] = []
-    respond_started_ns = 0
-    failure: Failure | None = None
-    try:
-        _check_model(state, model_name, model_version)
+@dataclass
+class _V2Call:
+    """What answering one v2 inference request needs besides its rows."""
+
+    request: V2InferRequest
+    chosen: tuple[RequestedOutput, ...] = ()  # the outputs to send (choose_outputs), once the rows are known
+
+
+@dataclass(frozen=True)
+class V2Infer(Endpoint[_V2Call]):
+    """``/v2/models/{name}[/versions/{version}]/infer``: each row is an item; errors name ``row i``."""
+
+    model_name: str
+    model_version: str | None
+    http_route = "/v2/models/{model_name}/infer"
+    metrics_label = METRICS_ROUTE
+    protocol = "kserve_v2"
+
+    async def parse(self, request: Request, state: ServerState) -> Parsed[_V2Call]:
+        _check_model(state, self.model_name, self.model_version)
         v2_request = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
-        rows = rows_from_request(v2_request, state.settings)
-        chosen = choose_outputs(v2_request, state.bundle)
-        outcomes = await infer_rows(state, rows, request_id, started_ns, protocol="kserve_v2",
-                                    trace=trace.ids if trace is not None else None)
-        respond_started_ns = time.perf_counter_ns()
+        return Parsed(rows_from_request(v2_request, state.settings), _V2Call(v2_request))
+
+    def check(self, parsed: Parsed[_V2Call], state: ServerState) -> None:
+        parsed.context.chosen = choose_outputs(parsed.context.request, state.bundle)
+
+    def render(self, parsed: Parsed[_V2Call], answered: Answered, state: ServerState) -> Response:
+        call = parsed.context
         encoded = encode_infer_response(V2InferResponse(
             model_name=state.bundle.config.name,
             model_version=MODEL_VERSION,
-            outputs=output_tensors(chosen, [outcome.result for outcome in outcomes]),
-            request_id=v2_request.request_id,
+            outputs=output_tensors(call.chosen, [outcome.result for outcome in answered.outcomes]),
+            request_id=call.request.request_id,
         ))
         if encoded.header_length is None:
-            response = Response(encoded.body, media_type="application/json")
-        else:
-            response = Response(encoded.body, media_type="application/octet-stream",
-                                headers={HEADER_LENGTH: str(encoded.header_length)})
-    except Exception as e:  # noqa: BLE001 - every failure becomes a protocol error answer
-        failure = failure_from(e, request_id)
-        response = _error_response(failure)
-    ended_ns = time.perf_counter_ns()
-    exemplar = None
-    if trace is not None and tracer is not None:
-        exemplar = answer_traced(tracer, trace, traced_rows(
-            "/v2/models/{model_name}/infer", METRICS_ROUTE, response.status_code, ended_ns, rows, outcomes,
-            failure, respond_started_ns), response)
-    state.metrics.requests_total.labels(route=METRICS_ROUTE, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=METRICS_ROUTE).observe((ended_ns - started_ns) / 1e9,
-                                                                               exemplar)
-    response.headers["X-Request-ID"] = request_id
-    return response
+            return Response(encoded.body, media_type="application/json")
+        return Response(encoded.body, media_type="application/octet-stream",
+                        headers={HEADER_LENGTH: str(encoded.header_length)})
+
+    def render_error(self, failure: Failure, parsed: Parsed[_V2Call] | None) -> Response:
+        return _error_response(failure)
+
+
+async def _infer(request: Request, model_name: str, model_version: str | None) -> Response:
+    return await serve(request, V2Infer(model_name, model_version))
 
 
 @router.post("/v2/models/{model_name:path}/versions/{model_version}/infer", summary="Inference on one version.",

@@ -9,11 +9,12 @@ The baseline is learned from traffic after readiness only: requests answered
 during warm-up (there are none on ``/v1/infer``, but a cold process is slower
 anyway) would make a baseline no steady-state window could match.
 
-Each answered request is recorded with what it carried (``request_inputs``),
-so drift can be attributed to input values ("the slow ones were the 4K
-PNGs"). Image sizes come from the headers (``router.image_header``), for
-cache hits too, which are never decoded; a header that cannot be read
-(BMP, TIFF, a cut-short file) is ``unknown``.
+Each answered request is recorded with what it carried (``request_inputs``
+of the facts the intake computed once, ``router.item_facts``), so drift can
+be attributed to input values ("the slow ones were the 4K PNGs"). Image
+sizes come from the headers (``router.image_header``), for cache hits too,
+which are never decoded; a header that cannot be read (BMP, TIFF, a
+cut-short file) is ``unknown``, and BMP and TIFF are encoding ``other``.
 """
 
 from __future__ import annotations
@@ -24,9 +25,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry
 
 from monitoring import Monitor, MonitorConfig, RequestInputs
-from router.image_header import images_encoding, largest_image_pixels
-from router.intake import IntakeOutcome
-from server.ingest.inputs import ParsedInput
+from router.item_facts import ItemFacts
 from server.settings import Settings
 
 # The folder thread folds the record buffer at least this often; a shorter
@@ -93,19 +92,20 @@ def cache_hit_of(statuses: Mapping[str, str | list[str]]) -> bool | None:
     return all(status == "hit" for status in used)
 
 
-def request_inputs(parsed: ParsedInput, outcome: IntakeOutcome, protocol: str) -> RequestInputs:
+def request_inputs(facts: ItemFacts | None) -> RequestInputs | None:
     """What one answered request (or protocol row) carried, in the monitor's buckets.
 
-    Args:
-        parsed: The item as the client sent it (images, priority).
-        outcome: Its intake outcome (the text's tokens after truncation: what the encoder ran).
-        protocol: ``native``, ``kserve_v2`` or ``openai``.
+    ``facts`` are the item's as the intake computed them (``router.item_facts``):
+    image sizes and encoding from the headers, the text's tokens after
+    truncation (what the encoder ran), the count, priority and protocol.
     """
+    if facts is None:
+        return None
     return RequestInputs.of(
-        largest_image_pixels=largest_image_pixels(parsed.images),
-        image_encoding=images_encoding(parsed.images),
-        num_text_tokens=len(outcome.text.token_ids) if outcome.text is not None else None,
-        num_images=len(parsed.images),
-        priority=parsed.priority,
-        protocol=protocol,
+        largest_image_pixels=facts.largest_image_pixels,
+        image_encoding=facts.image_encoding,
+        num_text_tokens=facts.num_text_tokens,
+        num_images=facts.num_images,
+        priority=facts.priority,
+        protocol=facts.protocol,
     )

@@ -165,6 +165,22 @@ def test_a_closed_scheduler_drains_what_is_queued():
     assert scheduler.next_batch() is None
 
 
+def test_a_draining_scheduler_batches_by_the_policy_not_by_arrival():
+    """Urgency first, images counted as work items, cancelled requests dropped: only the waiting stops."""
+    vision = lane(Route.VISION, max_batch_size=2, delay_ms=10**6)
+    scheduler = Scheduler([vision], ServiceTimeEstimator(), clock_ns=lambda: 0)
+    gone = pending(0, text=False, name="gone")
+    for queued in (pending(0, text=False, num_images=2, name="pair"), gone,
+                   pending(0, text=False, name="solo"), pending(0, text=False, priority=Priority.HIGH, name="high")):
+        assert scheduler.admit(vision, queued) is None
+    gone.future.cancel()
+    scheduler.close()
+    batches = []
+    while (decision := scheduler.next_batch()) is not None:
+        batches.append(names(decision.batch))
+    assert batches == [["high", "solo"], ["pair"]]
+
+
 def test_service_time_estimates_learn_and_interpolate():
     estimator = ServiceTimeEstimator(smoothing=0.5)
     assert estimator.estimate_ns(Route.VISION, 4) == 0

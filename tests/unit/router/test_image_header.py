@@ -91,3 +91,14 @@ def test_a_compute_drill_kept_to_one_encoding_delays_only_batches_holding_it() -
 def test_an_encoding_filter_takes_known_encodings_only(stage: str) -> None:
     with pytest.raises(ValueError):
         FaultPlan(stage=stage, delay_ms=1, fraction=1.0, duration_s=1, only_encoding="bmp")
+
+
+def test_one_vocabulary_for_drills_spans_and_drift_attribution() -> None:
+    """Every label the sniffer gives is a value of the monitor's ``image_encoding``, which adds only ``none``."""
+    from monitoring.inputs import DIMENSIONS, IMAGE_ENCODING
+    from router.image_header import ENCODINGS
+
+    attribution_values = dict(DIMENSIONS)[IMAGE_ENCODING]
+    assert set(attribution_values) == {"none", *ENCODINGS}
+    bmp, tiff = encode(noise_image(0), "BMP"), encode(noise_image(0), "TIFF")
+    assert encoding_of_bytes(bmp) == encoding_of_bytes(tiff) == "other" and "other" in attribution_values

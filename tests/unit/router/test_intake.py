@@ -22,7 +22,7 @@ from cache import SegmentCache
 from models.errors import TextTooLongError
 from router.errors import DeadlineExceededError, IntakeItemError, ItemFailedError, ShuttingDownError
 from router.faults import FaultInjector
-from router.intake import INLINE_TEXT_MAX_CHARS, IntakeItem, RequestIntake
+from router.intake import INLINE_TEXT_MAX_CHARS, IntakeItem, IntakeTools, RequestIntake
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
@@ -95,6 +95,13 @@ def _item(name: str, *, text: str | None = None, image: bytes | None = None, **o
                       **options)
 
 
+def _intake(router: Router, decoder: Callable[[bytes], np.ndarray], executor: Executor,
+            **options: object) -> RequestIntake:
+    """An intake handed the router's model tools, as the server builds it."""
+    tools = IntakeTools.of(router.bundle, router.budget)
+    return RequestIntake(router, tools, decoder, executor, **options)  # type: ignore[arg-type]
+
+
 def _now() -> int:
     return time.perf_counter_ns()
 
@@ -109,7 +116,7 @@ async def _until(predicate: Callable[[], bool]) -> None:
 
 def test_an_image_and_text_is_computed_once_then_hits_without_decoding(make_router, pool):
     router, decoder = make_router(), FakeDecoder()
-    intake = RequestIntake(router, decoder, pool)
+    intake = _intake(router, decoder, pool)
 
     async def twice():
         first = await intake.run_one(_item("a", text="a red square", image=b"img-1"), _now())
@@ -128,7 +135,7 @@ def test_an_image_and_text_is_computed_once_then_hits_without_decoding(make_rout
 
 def test_a_bad_image_reraises_the_decoders_error_and_settles_the_plan(make_router, pool):
     router = make_router()
-    intake = RequestIntake(router, FakeDecoder(), pool)
+    intake = _intake(router, FakeDecoder(), pool)
     with pytest.raises(BadImageError):
         asyncio.run(intake.run_one(_item("a", text="caption", image=b"bad"), _now()))
     assert router.cache.num_in_flight == 0
@@ -137,7 +144,7 @@ def test_a_bad_image_reraises_the_decoders_error_and_settles_the_plan(make_route
 
 def test_a_text_over_the_token_limit_raises_the_models_error_before_any_claim(make_router, pool):
     router = make_router()
-    intake = RequestIntake(router, FakeDecoder(), pool)
+    intake = _intake(router, FakeDecoder(), pool)
     with pytest.raises(TextTooLongError):
         asyncio.run(intake.run_one(_item("a", text="word " * 200, image=b"unused"), _now()))
     assert router.cache.num_in_flight == 0
@@ -145,7 +152,7 @@ def test_a_text_over_the_token_limit_raises_the_models_error_before_any_claim(ma
 
 def test_one_bad_item_fails_the_call_by_index_and_none_is_computed(make_router, pool):
     router = make_router()
-    intake = RequestIntake(router, FakeDecoder(), pool)
+    intake = _intake(router, FakeDecoder(), pool)
     items = [_item("r-0", image=b"good-0"), _item("r-1", image=b"bad"), _item("r-2", text="a long enough text " * 20)]
     with pytest.raises(IntakeItemError) as raised:
         asyncio.run(intake.run(items, _now()))
@@ -156,7 +163,7 @@ def test_one_bad_item_fails_the_call_by_index_and_none_is_computed(make_router, 
 
 def test_many_items_are_answered_in_order(make_router, pool):
     router = make_router()
-    intake = RequestIntake(router, FakeDecoder(), pool)
+    intake = _intake(router, FakeDecoder(), pool)
     items = [_item("r-0", image=b"many-0"), _item("r-1", text="hello"), _item("r-2", text="hi", image=b"many-0")]
     outcomes = asyncio.run(intake.run(items, _now()))
     assert [outcome.result.route for outcome in outcomes] == [Route.VISION, Route.TEXT, Route.FUSION]
@@ -166,7 +173,7 @@ def test_many_items_are_answered_in_order(make_router, pool):
 
 def test_a_passed_deadline_settles_the_plan(make_router, pool):
     router = make_router()
-    intake = RequestIntake(router, FakeDecoder(), pool)
+    intake = _intake(router, FakeDecoder(), pool)
     with pytest.raises(DeadlineExceededError):
         # Arrived long ago with a 1 ms budget: past its deadline before it reaches the queue.
         asyncio.run(intake.run_one(_item("a", image=b"late", timeout_ms=1), arrival_ns=_now() - 10**9))
@@ -176,7 +183,7 @@ def test_a_passed_deadline_settles_the_plan(make_router, pool):
 def test_a_draining_router_refuses_and_the_plan_is_settled(make_router, pool):
     router = make_router()
     router.begin_drain()
-    intake = RequestIntake(router, FakeDecoder(), pool)
+    intake = _intake(router, FakeDecoder(), pool)
     with pytest.raises(ShuttingDownError):
         asyncio.run(intake.run_one(_item("a", text="too late", image=b"drain"), _now()))
     assert router.cache.num_in_flight == 0
@@ -184,7 +191,7 @@ def test_a_draining_router_refuses_and_the_plan_is_settled(make_router, pool):
 
 def test_a_model_error_reaches_the_owner_and_its_waiter(make_router, pool, tiny_bundle, monkeypatch):
     router, decoder = make_router(), FakeDecoder(is_held=True)
-    intake = RequestIntake(router, decoder, pool)
+    intake = _intake(router, decoder, pool)
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the vision encoder broke")
@@ -207,7 +214,7 @@ def test_a_model_error_reaches_the_owner_and_its_waiter(make_router, pool, tiny_
 
 def test_a_caller_cancelled_while_its_image_decodes_gives_the_claim_back(make_router, pool):
     router, decoder = make_router(), FakeDecoder(is_held=True)
-    intake = RequestIntake(router, decoder, pool)
+    intake = _intake(router, decoder, pool)
 
     async def cancel_mid_decode():
         task = asyncio.ensure_future(intake.run_one(_item("gone", image=b"cancelled"), _now()))
@@ -225,7 +232,7 @@ def test_a_caller_cancelled_while_its_image_decodes_gives_the_claim_back(make_ro
 
 def test_a_waiter_whose_owner_went_away_takes_the_claim_and_decodes_the_image(make_router, pool):
     router, decoder = make_router(), FakeDecoder(is_held=True)
-    intake = RequestIntake(router, decoder, pool)
+    intake = _intake(router, decoder, pool)
 
     async def owner_leaves():
         owner = asyncio.ensure_future(intake.run_one(_item("owner", text="q", image=b"handover"), _now()))
@@ -246,13 +253,13 @@ def test_a_waiter_whose_owner_went_away_takes_the_claim_and_decodes_the_image(ma
 def test_short_texts_stay_on_the_loop_and_everything_else_goes_to_the_pool(make_router, pool):
     router = make_router()
     short = _item("s", text="x" * INLINE_TEXT_MAX_CHARS, truncate=True)
-    outcome = asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(short, _now()))
+    outcome = asyncio.run(_intake(router, FakeDecoder(), NoPool()).run_one(short, _now()))
     assert outcome.result.text_embedding is not None
     with pytest.raises(AssertionError, match="went to the pool"):
-        asyncio.run(RequestIntake(router, FakeDecoder(), NoPool()).run_one(
+        asyncio.run(_intake(router, FakeDecoder(), NoPool()).run_one(
             _item("l", text="x" * (INLINE_TEXT_MAX_CHARS + 1), truncate=True), _now()))
     with pytest.raises(AssertionError, match="went to the pool"):  # a decode drill must delay every item
-        asyncio.run(RequestIntake(router, FakeDecoder(), NoPool(), faults=FaultInjector()).run_one(short, _now()))
+        asyncio.run(_intake(router, FakeDecoder(), NoPool(), faults=FaultInjector()).run_one(short, _now()))
     assert router.cache.num_in_flight == 0
 
 
@@ -267,3 +274,45 @@ def test_a_segment_plan_never_changes_once_made(make_router):
     assert resolved == plan and resolved is not plan  # nothing was coalesced, so nothing new to know
     plan.abandon()
     assert plan.is_settled and router.cache.num_in_flight == 0
+
+
+def test_an_outcome_carries_the_items_facts_computed_once(make_router, pool, monkeypatch):
+    """Encoding and size from the header, tokens as the encoder runs them, count, priority, protocol."""
+    import router.item_facts as item_facts
+    from encoded_images import encoded_image
+    from router.request import Priority
+
+    sniffed: list[int] = []
+    real_sent = item_facts.ItemFacts.sent.__func__
+    monkeypatch.setattr(item_facts.ItemFacts, "sent",
+                        classmethod(lambda cls, item: sniffed.append(1) or real_sent(cls, item)))
+    router = make_router()
+    png = encoded_image(3, (40, 30), "PNG")
+    raw = ImageContent(pixels=bytes(6 * 5 * 3), shape=(6, 5, 3))
+    item = IntakeItem(request_id="facts", text="word " * 400, images=(ImageContent(encoded=png), raw),
+                      priority=Priority.HIGH, truncate=True, images_as_list=True, protocol="kserve_v2")
+    outcome = asyncio.run(_intake(router, FakeDecoder(), pool).run_one(item, _now()))
+    facts = outcome.facts
+    assert sniffed == [1], "an item's facts are computed once, by the intake"
+    assert (facts.protocol, facts.priority, facts.num_images) == ("kserve_v2", "high", 2)
+    assert facts.image_encodings == ("png", "raw_uint8") and facts.image_encoding == "mixed"
+    assert facts.image_pixels == (1_200, 30) and facts.largest_image_pixels == 1_200
+    assert facts.raw_shapes == ((6, 5, 3),) and facts.image_bytes == (len(png), 90)
+    assert facts.num_text_tokens == len(outcome.text.token_ids) and facts.is_text_truncated is True
+    assert facts.num_joint_tokens == outcome.joint.total
+    assert outcome.cache == {"images": ["miss", "miss"], "text": "miss"}
+
+
+def test_the_intake_prepares_with_the_tools_it_was_handed_not_the_routers(make_router, pool):
+    from router.errors import TooManyImagesError
+    from router.joint_budget import JointTokenBudget
+
+    router = make_router()
+    assert router.budget.max_images_per_request >= 2
+    one_image = JointTokenBudget(router.budget.tokens_per_image, 1, router.budget.max_joint_tokens)
+    tools = dataclasses.replace(IntakeTools.of(router.bundle, router.budget), budget=one_image)
+    intake = RequestIntake(router, tools, FakeDecoder(), pool)
+    two = IntakeItem(request_id="two", images=(ImageContent(encoded=b"img-a"), ImageContent(encoded=b"img-b")))
+    with pytest.raises(TooManyImagesError):
+        asyncio.run(intake.run_one(two, _now()))
+    assert router.cache.num_in_flight == 0

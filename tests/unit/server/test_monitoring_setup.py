@@ -91,21 +91,21 @@ def test_relearning_before_readiness_is_a_409_and_after_it_restarts_learning():
 
 def test_request_inputs_say_what_the_request_carried():
     from encoded_images import encoded_image
+    from models.tokenizer import TokenizedText
+    from router.item_facts import ItemFacts
     from router.segments import ImageContent
-    from server.ingest.inputs import ParsedInput
     from server.runtime.monitoring_setup import request_inputs
 
     wide_png = ImageContent(encoded=encoded_image(0, (3840, 80), "PNG"))  # 307 200 pixels: the largest counts
     small_png = ImageContent(encoded=encoded_image(1, (40, 30), "PNG"))
-    parsed = ParsedInput(text="a cat", images=(small_png, wide_png), priority="high", timeout_ms=None,
-                         truncate=False, images_as_list=True)
-    outcome = SimpleNamespace(text=SimpleNamespace(token_ids=tuple(range(20))))
-    inputs = request_inputs(parsed, outcome, "native")  # type: ignore[arg-type]
-    assert inputs.labels() == {"image_pixels": "0.25-1MP", "image_encoding": "png", "text_tokens": "17-64",
-                               "images": "2", "priority": "high", "protocol": "native"}
+    sent = ItemFacts.of_images((small_png, wide_png), protocol="native", priority="high")
+    facts = sent.with_text(TokenizedText(tuple(range(20)), False, 20), None)
+    assert request_inputs(facts).labels() == {"image_pixels": "0.25-1MP", "image_encoding": "png",
+                                              "text_tokens": "17-64", "images": "2", "priority": "high",
+                                              "protocol": "native"}
 
     raw = ImageContent(pixels=bytes(2160 * 3840 * 3), shape=(2160, 3840, 3))
-    parsed = ParsedInput(text=None, images=(raw,), priority="normal", timeout_ms=None, truncate=False)
-    inputs = request_inputs(parsed, SimpleNamespace(text=None), "kserve_v2")  # type: ignore[arg-type]
-    assert inputs.labels() == {"image_pixels": "4-16MP", "image_encoding": "raw_uint8", "text_tokens": "none",
-                               "images": "1", "priority": "normal", "protocol": "kserve_v2"}
+    facts = ItemFacts.of_images((raw,), protocol="kserve_v2", priority="normal").with_text(None, None)
+    assert request_inputs(facts).labels() == {"image_pixels": "4-16MP", "image_encoding": "raw_uint8",
+                                              "text_tokens": "none", "images": "1", "priority": "normal",
+                                              "protocol": "kserve_v2"}

@@ -1,4 +1,4 @@
-"""The decode thread pool, with a bounded queue: overload is refused before it is decoded.
+"""The decode thread pool the intake prepares items in, with a bounded queue: overload is refused before decoding.
 
 Admission control sits in the router, after decoding: a request must know its
 lane and cost before the batcher can judge it. Under a flood that leaves a
@@ -12,6 +12,9 @@ So the pool refuses a submission once ``max_queued`` items wait for a thread:
            ──> otherwise                   503 overloaded + Retry-After, nothing decoded
 
 ``Retry-After`` is the time the waiting items take at the pool's recent pace.
+The server builds the pool from its settings (``MMSERVE_DECODE_THREADS``,
+``MMSERVE_MAX_DECODE_QUEUE``) and hands it to the intake; the refusal is the
+router's typed ``DecodeQueueFullError``, which the server answers 503.
 """
 
 from __future__ import annotations
@@ -22,16 +25,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from server.errors import ApiError
+from router.errors import DecodeQueueFullError
 
 _PACE_SMOOTHING = 0.1
-
-
-class DecodeQueueFullError(ApiError):
-    def __init__(self, num_waiting: int, retry_after_s: float) -> None:
-        super().__init__(503, "overloaded",
-                         f"{num_waiting} requests already wait to be decoded (MMSERVE_MAX_DECODE_QUEUE); "
-                         f"retry in {retry_after_s:.1f} s", retry_after_s=retry_after_s)
 
 
 class BoundedDecodePool(ThreadPoolExecutor):

@@ -1,0 +1,266 @@
+"""The one request layer: what every inference request needs, whatever protocol it came by.
+
+    route handler:  return await serve(request, ENDPOINT)
+    ─────────────────────────────────────────────────────────────────────────────────────────────
+    arrival   request id, arrival clock (perf_counter_ns), trace (tracer.begin)      this layer
+    parse     endpoint.parse(request, state) -> Parsed(items, context)              the endpoint
+    check     endpoint.check(parsed, state): refusals that come after the items     the endpoint
+    intake    the items -> one router intake call (server.protocols.rows), the      this layer
+              client's disconnect cancels it
+    render    endpoint.render(parsed, answered, state) -> Response                  the endpoint
+    close     trace finished (answer_traced), mmserve_requests_total,               this layer
+              mmserve_request_duration_seconds, X-Request-ID
+    record    per item: mmserve_joint_tokens, monitor.record (answered only)        this layer
+    a failure anywhere -> Failure (its ApiError, the row it came from) -> endpoint.render_error
+
+Routes parse their protocol and render their answer; they never take the
+time, make ids, trace or count. A request's answer, status, headers and
+metrics therefore mean the same on every protocol, and so do its drift
+records: a many-item protocol (``is_rows``) records each item's queue and
+compute stages as its own request, but no ``decode`` or ``total`` sample
+(those are the whole request's); a one-item protocol records every stage,
+``respond`` and ``total`` included.
+
+Adding an endpoint (``POST /v1/classify``, say) takes a subclass and a route::
+
+    class Classify(Endpoint[ClassifyRequest]):
+        http_route, metrics_label, protocol = "/v1/classify", "classify", "classify"
+
+        async def parse(self, request, state):
+            body = parse_classify(await request.body())             # raise ApiError for bad input
+            return Parsed(items_of(body, state.settings), body)     # one ParsedInput per item
+
+        def render(self, parsed, answered, state):
+            return JSONResponse(scores_of(parsed.context, answered.outcomes))
+
+    @router.post("/v1/classify")
+    async def classify(request: Request) -> Response:
+        return await serve(request, Classify())
+
+``render_error`` (the protocol's error shape; default ``ApiError.response()``),
+``check`` and ``metrics_route`` have defaults. A new ``protocol`` label
+shows as ``other`` in drift attribution until ``monitoring.inputs`` lists it;
+``metrics_label`` is a label of ``mmserve_requests_total``, so it is a fixed
+name, never one from the request.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from fastapi import Request
+from starlette.responses import Response
+
+from router.intake import IntakeItem
+from router.item_facts import ItemFacts
+from server.errors import ApiError
+from server.http.traced_answer import TracedAnswer, TracedItem, answer_traced
+from server.ingest.inputs import ParsedInput, intake_item
+from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows
+from server.runtime.monitoring_setup import cache_hit_of, request_inputs
+from server.state import ServerState
+
+C = TypeVar("C")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Parsed(Generic[C]):
+    """A parsed request: its items (what the intake runs) and whatever else its protocol needs to answer."""
+
+    items: Sequence[ParsedInput]
+    context: C
+
+
+class Answered:
+    """What ``Endpoint.render`` gets: the request's id and every item's outcome, in order."""
+
+    def __init__(self, request_id: str, started_ns: int, respond_started_ns: int,
+                 outcomes: Sequence[RowOutcome]) -> None:
+        self.request_id = request_id
+        self.outcomes = outcomes
+        self._started_ns = started_ns
+        self._respond_started_ns = respond_started_ns
+        self._respond_ns: int | None = None
+        self._stage_ns: dict[str, int] | None = None
+
+    @property
+    def respond(self) -> tuple[int, int]:
+        """``(started_ns, duration_ns)`` of building the answer, once it ended (the ``respond`` span)."""
+        assert self._respond_ns is not None, "respond has not ended"
+        return self._respond_started_ns, self._respond_ns
+
+    def end_respond(self) -> None:
+        """The answer is built (``serve`` calls it when ``render`` returns); a no-op after ``stage_ns``."""
+        if self._respond_ns is None:
+            self._respond_ns = time.perf_counter_ns() - self._respond_started_ns
+
+    def stage_ns(self) -> dict[str, int]:
+        """A one-item request's stage times (``decode``, its batch's stages, ``respond``, ``total``).
+
+        ``respond`` and ``total`` end at the first call: call it last, right
+        before serialising, when the answer shows its timings (``/v1/infer``'s
+        ``timings_ms``). The monitor records the same numbers. Without a call,
+        they end when ``render`` returns (``end_respond``).
+        """
+        if self._stage_ns is None:
+            outcome = self.outcomes[0].prepared
+            now_ns = time.perf_counter_ns()
+            if self._respond_ns is None:
+                self._respond_ns = now_ns - self._respond_started_ns
+            self._stage_ns = {"decode": outcome.decode_ns, **outcome.result.stage_ns,
+                              "respond": self._respond_ns,
+                              "total": self._respond_started_ns + self._respond_ns - self._started_ns}
+        return self._stage_ns
+
+
+class Endpoint(abc.ABC, Generic[C]):
+    """One inference protocol as the request layer drives it: parse, check, render, render an error.
+
+    Attributes:
+        http_route: The route's template, for the server span's name (``POST {http_route}``).
+        metrics_label: ``route`` of ``mmserve_requests_total`` and ``mmserve_request_duration_seconds``.
+        protocol: The items' ``protocol`` in drift attribution (``native``, ``kserve_v2``, ``openai``).
+        is_rows: Many items per request: each item gets a ``row`` span and its own latency record,
+            and ``render_error`` may name the row. ``False``: exactly one item, whose stages are the request's.
+    """
+
+    http_route: str
+    metrics_label: str
+    protocol: str
+    is_rows: bool = True
+
+    @abc.abstractmethod
+    async def parse(self, request: Request, state: ServerState) -> Parsed[C]:
+        """The request's items (and context); raises ``ApiError`` naming the field for bad input."""
+
+    def check(self, parsed: Parsed[C], state: ServerState) -> None:
+        """Refusals that need the items (raises); they still show on the request's span."""
+
+    @abc.abstractmethod
+    def render(self, parsed: Parsed[C], answered: Answered, state: ServerState) -> Response:
+        """The protocol's answer."""
+
+    def render_error(self, failure: Failure, parsed: Parsed[C] | None) -> Response:
+        """The protocol's error answer (default: mmserve's ``{"error": {...}}``)."""
+        return failure.error.response()
+
+    def metrics_route(self, parsed: Parsed[C] | None) -> str:
+        """The metrics ``route`` label; ``parsed`` is ``None`` when parsing failed."""
+        return self.metrics_label
+
+
+class ClientDisconnectedError(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` unless the client goes away first; then cancel it.
+
+    Cancelling the intake cancels its queued items, so a request whose client
+    disconnected never reaches the model.
+    """
+    work_task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not work_task.done():
+        work_task.cancel()
+        raise ClientDisconnectedError()
+    return work_task.result()
+
+
+async def serve(request: Request, endpoint: Endpoint) -> Response:
+    """One request through ``endpoint``: the answer, with ``X-Request-ID`` (and ``traceparent`` while tracing)."""
+    started_ns = time.perf_counter_ns()
+    state: ServerState = request.app.state.mmserve
+    request_id = uuid.uuid4().hex
+    tracer = state.tracer  # None while tracing is off: then nothing below touches a trace
+    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
+    parsed: Parsed | None = None
+    items: list[IntakeItem] = []
+    outcomes: Sequence[RowOutcome] = ()
+    answered: Answered | None = None
+    failure: Failure | None = None
+    try:
+        parsed = await endpoint.parse(request, state)
+        span_ids = trace.ids if trace is not None else None
+        items = [intake_item(row, f"{request_id}-{index}" if endpoint.is_rows else request_id, span_ids,
+                             endpoint.protocol) for index, row in enumerate(parsed.items)]
+        endpoint.check(parsed, state)
+        outcomes = await until_disconnected(request, infer_rows(state, parsed.items, items, started_ns))
+        answered = Answered(request_id, started_ns, time.perf_counter_ns(), outcomes)
+        response = endpoint.render(parsed, answered, state)
+        answered.end_respond()
+    except ClientDisconnectedError:
+        # Nobody reads this answer; 499 is nginx's "client closed request", counted as such.
+        failure = Failure(ApiError(499, "client_disconnected", "the client closed the connection"), None)
+        response = endpoint.render_error(failure, parsed)
+    except Exception as e:  # noqa: BLE001 - every failure becomes the protocol's error answer
+        failure = failure_from(e, request_id)
+        response = endpoint.render_error(failure, parsed)
+    ended_ns = time.perf_counter_ns()
+    metrics_route = endpoint.metrics_route(parsed)
+    exemplar = None
+    if trace is not None and tracer is not None:
+        exemplar = answer_traced(tracer, trace, _traced(endpoint, metrics_route, response.status_code, ended_ns,
+                                                         parsed, items, outcomes, answered, failure), response)
+    state.metrics.requests_total.labels(route=metrics_route, code=str(response.status_code)).inc()
+    state.metrics.request_duration_seconds.labels(route=metrics_route).observe((ended_ns - started_ns) / 1e9,
+                                                                               exemplar)
+    response.headers["X-Request-ID"] = request_id
+    if answered is not None and failure is None:
+        _record(state, endpoint, answered)  # last: the answer is complete, and nothing comes back from monitoring
+    return response
+
+
+def _record(state: ServerState, endpoint: Endpoint, answered: Answered) -> None:
+    """Every answered item's joint tokens and latency record (an error's stages are partial: never recorded).
+
+    Fast refusals (503 when shedding) would pull the latency digests down just
+    as things get slow; errors are counted in ``mmserve_requests_total{code}``.
+    """
+    for outcome in answered.outcomes:
+        prepared, result = outcome.prepared, outcome.result
+        route = result.route.value
+        if prepared.joint is not None:
+            state.metrics.joint_tokens.labels(route=route).observe(prepared.joint.total)
+        stage_ns = result.stage_ns if endpoint.is_rows else answered.stage_ns()
+        state.monitor.record(route, stage_ns, batch_size=result.batch_size,
+                             cache_hit=cache_hit_of(prepared.cache or {}), inputs=request_inputs(prepared.facts))
+
+
+def _traced(endpoint: Endpoint, metrics_route: str, status_code: int, ended_ns: int, parsed: Parsed | None,
+            items: Sequence[IntakeItem], outcomes: Sequence[RowOutcome], answered: Answered | None,
+            failure: Failure | None) -> TracedAnswer:
+    """The answer for the tracer (tracing on only): what each item sent and, if answered, its outcome.
+
+    An item with no outcome (its request failed) shows the facts of what it
+    sent (``ItemFacts.sent``, what the intake would have computed).
+    """
+    traced_items: tuple[TracedItem, ...] = ()
+    if parsed is not None and outcomes:
+        traced_items = tuple(TracedItem(row, outcome.prepared.facts, outcome.prepared)
+                             for row, outcome in zip(parsed.items, outcomes))
+    elif parsed is not None:
+        traced_items = tuple(TracedItem(row, ItemFacts.sent(item)) for row, item in zip(parsed.items, items))
+    respond = answered.respond if answered is not None and failure is None else None
+    return TracedAnswer(
+        endpoint.http_route, metrics_route, status_code, ended_ns, items=traced_items,
+        error_code=failure.error.code if failure is not None else None,
+        error_row=failure.row_index if failure is not None and endpoint.is_rows else None,
+        respond=respond, as_rows=endpoint.is_rows,
+    )

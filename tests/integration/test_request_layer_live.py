@@ -1,0 +1,75 @@
+"""A new endpoint plugs into the request layer with a parse and a render, and gets everything else.
+
+A toy protocol (``POST /test/texts``: a JSON list of texts -> their text
+embeddings' lengths) is added to a live tiny server: it writes no id, clock,
+trace or metric of its own, yet its answers carry ``X-Request-ID``, count in
+``mmserve_requests_total`` and ``mmserve_request_duration_seconds`` under its
+label, and each answered text is a latency record of the monitor; its errors
+take its own shape and the same headers and counters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from server.errors import ApiError
+from server.ingest.inputs import parsed_input
+from server.protocols.rows import Failure
+from server.request_layer import Answered, Endpoint, Parsed, serve
+from server.state import ServerState
+
+
+class Texts(Endpoint[None]):
+    http_route, metrics_label, protocol = "/test/texts", "test_texts", "test"
+
+    async def parse(self, request: Request, state: ServerState) -> Parsed[None]:
+        texts = json.loads(await request.body())
+        if not isinstance(texts, list) or not texts:
+            raise ApiError(422, "invalid_request", "send a non-empty list of texts", "body")
+        return Parsed([parsed_input(text, (), state.settings) for text in texts], None)
+
+    def render(self, parsed: Parsed[None], answered: Answered, state: ServerState) -> Response:
+        return JSONResponse({"dims": [len(outcome.result.text_embedding) for outcome in answered.outcomes]})
+
+    def render_error(self, failure: Failure, parsed: Parsed[None] | None) -> Response:
+        return JSONResponse({"problem": failure.error.code, "row": failure.row_index}, status_code=failure.error.status)
+
+
+layer_routes = APIRouter()
+
+
+@layer_routes.post("/test/texts")
+async def texts(request: Request) -> Response:
+    return await serve(request, Texts())
+
+
+def _sample(metrics: str, name: str, labels: str) -> float:
+    match = re.search(rf"^{name}{{{labels}}} (\S+)$", metrics, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_new_endpoint_gets_ids_metrics_and_monitoring_from_the_layer(live_server_factory):
+    with live_server_factory() as live, live.client() as client:
+        live.app.include_router(layer_routes)
+        monitor = live.app.state.mmserve.monitor
+        answer = client.post("/test/texts", content=json.dumps(["a red square", "a blue circle", "a cat"]))
+        refused = client.post("/test/texts", content=b"[]")
+        bad_row = client.post("/test/texts", content=json.dumps(["fine", "word " * 200]))  # too long: row 1
+        monitor.tick()
+        metrics = client.get("/metrics").text
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["dims"]) == 3 and min(answer.json()["dims"]) > 0
+    for response in (answer, refused, bad_row):
+        assert re.fullmatch(r"[0-9a-f]{32}", response.headers["X-Request-ID"])
+    assert refused.status_code == 422 and refused.json() == {"problem": "invalid_request", "row": None}
+    assert bad_row.status_code == 422 and bad_row.json() == {"problem": "text_too_long", "row": 1}
+    assert _sample(metrics, "mmserve_requests_total", 'code="200",route="test_texts"') == 1
+    assert _sample(metrics, "mmserve_requests_total", 'code="422",route="test_texts"') == 2
+    assert _sample(metrics, "mmserve_request_duration_seconds_count", 'route="test_texts"') == 3
+    # Each answered text is one record of the text lane: its queue and compute stages, no decode or total.
+    assert _sample(metrics, "mmserve_stage_latency_seconds_count", 'route="text",stage="text"') == 3
+    assert _sample(metrics, "mmserve_stage_latency_seconds_count", 'route="text",stage="total"') == 0
