@@ -9,8 +9,8 @@ on the model's device.
     fuse:          [ImageSegment], [TextSegment] -> [FusedOutput] * B     one image per text
     fuse_multi:  [[ImageSegment]], [TextSegment] -> [FusedOutput] * B     any number of images per text
 
-A segment's ``pooled`` is the embedding the server answers with: the tower's
-own, L2-normalised when ``normalize_embeddings`` is set (the convention of the
+A segment's ``pooled`` is the embedding the server answers with, float32
+whatever the model's dtype: the tower's own, L2-normalised when ``normalize_embeddings`` is set (the convention of the
 pretrained families). ``fuse`` gives the fusion head's outputs and, for models
 that have one, the model's own calibrated score (``models.scores``).
 
@@ -118,7 +118,14 @@ class MultimodalModel(nn.Module):
         )
 
     def _served(self, embedding: torch.Tensor) -> torch.Tensor:
-        """(B, E) -> (B, E), L2-normalised if this model serves normalised embeddings."""
+        """(B, E) -> (B, E) float32, L2-normalised if this model serves normalised embeddings.
+
+        float32 whatever the model computes in: the answer's numbers, the
+        calibrated score and the cache hold the embedding as computed, not
+        rounded again to half precision (it is E numbers; K and V, the bulk
+        of a segment, stay in the model's dtype).
+        """
+        embedding = embedding.float()
         return F.normalize(embedding, dim=-1) if self.normalize_embeddings else embedding
 
     @property
