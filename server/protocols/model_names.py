@@ -34,10 +34,11 @@ class ServedModelNames:
     def accepts(self, requested: str) -> bool:
         return requested == self.served or requested in self.aliases
 
-    def listed(self) -> str:
-        """The accepted names for an error message, the served one first."""
+    def described(self) -> str:
+        """For an error message: ``'my-clip' (also called '/models/my-clip')``."""
         others = sorted(self.aliases - {self.served})
-        return ", ".join(repr(name) for name in [self.served, *others])
+        also = f" (also called {', '.join(repr(name) for name in others)})" if others else ""
+        return f"{self.served!r}{also}"
 
 
 def _short_names(given: str) -> set[str]:

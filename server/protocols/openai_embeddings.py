@@ -81,7 +81,7 @@ def check_model(requested: str | None, names: ServedModelNames) -> None:
     """``model`` may be left out, or name the model as served or as given to ``--model`` (``model_names``)."""
     if requested is not None and not names.accepts(requested):
         raise ApiError(404, "model_not_found", f"the model {requested!r} does not exist here; this server serves "
-                       f"{names.served!r} (also called {names.listed()})", "model")
+                       f"{names.described()}", "model")
 
 
 def _image_from_data_uri(value: str) -> bytes:

@@ -76,8 +76,8 @@ def _check_model(state: ServerState, model_name: str, model_version: str | None)
     names = served_model_names(state.settings, state.bundle)
     served = names.served
     if not names.accepts(model_name):
-        raise ApiError(404, "model_not_found", f"unknown model {model_name!r}; this server serves {served!r} "
-                       f"(also called {names.listed()})", "model_name")
+        raise ApiError(404, "model_not_found", f"unknown model {model_name!r}; this server serves "
+                       f"{names.described()}", "model_name")
     if model_version not in (None, "", MODEL_VERSION):
         raise ApiError(404, "model_version_not_found", f"model {served!r} has no version {model_version!r}; "
                        f"its only version is {MODEL_VERSION!r}", "model_version")
