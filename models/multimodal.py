@@ -24,7 +24,7 @@ score kept in ``image_scores``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +33,7 @@ from torch import nn
 
 from models.loading.config import ModelConfig
 from models.fusion import LowRankCrossAttention
+from models.cuda_graphs import CapturedForward, GraphBackend
 from models.graphs import TraceOutcome
 from models.scores import CalibratedScore
 from models.text import TextEncoder
@@ -140,6 +141,21 @@ class MultimodalModel(nn.Module):
         """
         return [encoder.trace_graph() if encoder.graph is None else TraceOutcome(name, encoder.graph)
                 for name, encoder in (("vision", self.vision), ("text", self.text))]
+
+    def capture_encoder_graphs(self, backend_for: Callable[[], GraphBackend]) -> list[CapturedForward]:
+        """Run both encoders from CUDA graphs, each shape captured when first met (``models.cuda_graphs``).
+
+        ``backend_for`` gives each encoder its own backend (its own memory
+        pool). Call it after the model is on its device in its dtype, before
+        warm-up: warm-up then captures every bucket shape.
+        """
+        return [self.vision.capture_graphs(backend_for()), self.text.capture_graphs(backend_for())]
+
+    def seal_encoder_graphs(self) -> None:
+        """No more captures: a shape not captured by now runs eager."""
+        for encoder in (self.vision, self.text):
+            if isinstance(encoder.graph, CapturedForward):
+                encoder.graph.seal()
 
     def drop_encoder_graphs(self) -> None:
         """Run both encoders eager again (after ``trace_encoders``)."""

@@ -125,8 +125,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = bundle if bundle is not None else await asyncio.to_thread(load_model, settings)
-        if settings.torchscript_encoders:
-            await asyncio.to_thread(trace_encoders, model)
+        if settings.torchscript_encoders or settings.cuda_graphs:
+            await asyncio.to_thread(trace_encoders, model, settings)
         else:  # a bundle shared between apps may have been traced by another
             model.model.drop_encoder_graphs()
         faults = FaultInjector() if settings.enable_fault_injection else None

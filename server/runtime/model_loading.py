@@ -12,6 +12,8 @@ from models.errors import DeviceSettingError, ModelRepositoryError
 from models.families.pretrained import load_pretrained
 from models.loading.repository import ModelBundle, build_preset, load_repository
 from models.families.synthetic import ServiceTime, SyntheticServiceTimes
+from models.cuda_graphs import CudaGraphBackend
+from models.families.presets import SYNTHETIC_ARCHITECTURE
 from models.precision import resolve_dtype
 from server.settings import Settings
 
@@ -114,9 +116,25 @@ def _report_fusion_head(bundle: ModelBundle, settings: Settings) -> None:
                    model, settings.model or settings.model_repo or "DIR")
 
 
-def trace_encoders(bundle: ModelBundle) -> None:
-    """Swap in the encoders' TorchScript graphs (``models.graphs``); an encoder that won't trace stays eager."""
-    for outcome in bundle.model.trace_encoders():
+def trace_encoders(bundle: ModelBundle, settings: Settings | None = None) -> None:
+    """Swap in the encoders' graphs: CUDA graphs on a GPU (``models.cuda_graphs``, captured during warm-up),
+    TorchScript on the CPU (``models.graphs``); an encoder that won't trace stays eager.
+
+    ``settings`` (``cuda_graphs``, ``torchscript_encoders``) may turn either off; None: both on.
+    """
+    model = bundle.model
+    use_cuda_graphs = settings is None or settings.cuda_graphs
+    use_torchscript = settings is None or settings.torchscript_encoders
+    if model.device.type == "cuda" and bundle.config.vision.architecture != SYNTHETIC_ARCHITECTURE:
+        model.drop_encoder_graphs()
+        if use_cuda_graphs:
+            model.capture_encoder_graphs(lambda: CudaGraphBackend(model.device))
+            logger.info("the encoders run from CUDA graphs, each bucket shape captured during warm-up")
+        return
+    if not use_torchscript:
+        model.drop_encoder_graphs()
+        return
+    for outcome in model.trace_encoders():
         if outcome.is_traced:
             logger.info("the %s encoder runs as a TorchScript graph", outcome.encoder)
         else:
