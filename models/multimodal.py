@@ -24,6 +24,7 @@ score kept in ``image_scores``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from torch import nn
 from models.loading.config import ModelConfig
 from models.fusion import LowRankCrossAttention
 from models.cuda_graphs import CapturedForward, GraphBackend
+from models.device_telemetry import DeviceClock
 from models.graphs import TraceOutcome
 from models.scores import CalibratedScore
 from models.text import TextEncoder
@@ -109,6 +111,7 @@ class MultimodalModel(nn.Module):
         self.text = text
         self.score = score
         self.normalize_embeddings = normalize_embeddings
+        self.device_clock: DeviceClock | None = None  # CUDA: each batch's device time (models.device_telemetry)
         self.fusion = LowRankCrossAttention(
             text_dim=text.hidden_size,
             image_dim=vision.embed_dim,
@@ -128,6 +131,9 @@ class MultimodalModel(nn.Module):
         """
         embedding = embedding.float()
         return F.normalize(embedding, dim=-1) if self.normalize_embeddings else embedding
+
+    def _timed(self, stage: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.device_clock is None else self.device_clock.measure(stage)
 
     @property
     def device(self) -> torch.device:
@@ -164,9 +170,10 @@ class MultimodalModel(nn.Module):
     @torch.inference_mode()
     def encode_images(self, images: torch.Tensor) -> list[ImageSegment]:
         """``images``: (B, S, S, 3) uint8 on any device; moved to the model's."""
-        out = self.vision(images.to(self.device, non_blocking=True))
-        k, v = self.fusion.project_image(out.tokens)  # (B, Lv, r), (B, Lv, d_v)
-        pooled = self._served(out.pooled)  # (B, E_v)
+        with self._timed("vision"):
+            out = self.vision(images.to(self.device, non_blocking=True))
+            k, v = self.fusion.project_image(out.tokens)  # (B, Lv, r), (B, Lv, d_v)
+            pooled = self._served(out.pooled)  # (B, E_v)
         return [ImageSegment(pooled=pooled[i], k=k[i], v=v[i]) for i in range(images.shape[0])]
 
     @torch.inference_mode()
@@ -182,9 +189,10 @@ class MultimodalModel(nn.Module):
         for row, ids in enumerate(token_ids):
             input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[row, : len(ids)] = 1
-        out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
-        q = self.fusion.project_text(out.tokens)  # (B, Lt, r)
-        pooled = self._served(out.pooled)  # (B, E_t)
+        with self._timed("text"):
+            out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
+            q = self.fusion.project_text(out.tokens)  # (B, Lt, r)
+            pooled = self._served(out.pooled)  # (B, E_t)
         return [
             TextSegment(pooled=pooled[i], q=q[i, : lengths[i]]) for i in range(len(token_ids))
         ]
@@ -211,6 +219,11 @@ class MultimodalModel(nn.Module):
             raise ValueError(f"{len(images)} image lists but {len(texts)} text segments")
         if not texts:
             return []
+        with self._timed("fusion"):
+            return self._fuse_multi(images, texts)
+
+    def _fuse_multi(self, images: Sequence[Sequence[ImageSegment]],
+                    texts: Sequence[TextSegment]) -> list[FusedOutput]:
         num_images = [len(per_text) for per_text in images]
         segments = [segment for per_text in images for segment in per_text]  # text by text
         q = torch.cat([t.q for t in texts], dim=0)  # (T, r)

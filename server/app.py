@@ -39,6 +39,7 @@ from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import image_decoder
 from server.http.middleware import add_request_guards
+from server.runtime.device_metrics import register_device_metrics
 from server.runtime.model_loading import load_model, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
@@ -129,6 +130,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
             await asyncio.to_thread(trace_encoders, model, settings)
         else:  # a bundle shared between apps may have been traced by another
             model.model.drop_encoder_graphs()
+        register_device_metrics(registry, model)  # CUDA only: on the CPU the series are absent
         faults = FaultInjector() if settings.enable_fault_injection else None
         tracing = build_tracing(settings, model, span_exporter=span_exporter)  # OTEL_* are read here, at start
         cache = SegmentCache(

@@ -6,7 +6,7 @@ embeddings are float32 numbers within cosine 0.999 of the float32 server's),
 and the OpenAI ``model`` field, ``/v1/models/{id}`` and the KServe v2 model
 name accept the exact string given to ``--model`` (the path) as well as the
 short name, while another name is 404. ``--served-model-name`` renames it in
-every answer. Start-up refusals (``--dtype float16``, ``--decode-device
+every answer. ``/metrics`` has no device series on the CPU. Start-up refusals (``--dtype float16``, ``--decode-device
 cuda``, ``--device cuda`` on this CPU-only machine) run ``mmserve serve`` as a
 process and read its message.
 """
@@ -67,6 +67,9 @@ def test_bfloat16_is_reported_and_answers_are_float32_close_to_float32(clip_dir,
             server.client() as client:
         bfloat16 = client.post("/v1/infer", json=body).json()
         card = client.get("/v1/models").json()["data"][0]
+        exposition = client.get("/metrics").text
+    # On the CPU the device series are absent, not zero (the rest of /metrics is there).
+    assert "mmserve_requests_total" in exposition and "mmserve_device_" not in exposition
     assert float32["model"]["dtype"] == "float32" and bfloat16["model"]["dtype"] == "bfloat16"
     assert card["mmserve"]["dtype"] == "bfloat16"
     assert bfloat16["model"]["fingerprint"] != float32["model"]["fingerprint"]  # the cache keys differ with it
