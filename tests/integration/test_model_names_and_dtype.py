@@ -19,7 +19,6 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 import torch
