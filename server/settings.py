@@ -57,7 +57,8 @@ class Settings(BaseSettings):
                           "directory's name. The string given to --model is accepted as a name too.")
     cuda_graphs: bool = Field(
         True, description="On CUDA, capture every warmed encoder shape as a CUDA graph before ready and replay "
-                          "it (models.cuda_graphs); false: eager kernels. Ignored on the CPU.")
+                          "it (models.cuda_graphs); false: TorchScript (torchscript_encoders) or eager. Ignored "
+                          "on the CPU.")
     fusion_backend: Literal["auto", "triton", "torch"] = Field(
         "auto", description="Cross-attention kernel: auto = Triton on CUDA, torch on CPU.")
 

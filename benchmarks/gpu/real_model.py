@@ -117,6 +117,7 @@ def forward(report: Report, bundles: dict[str, Any], images: Any, batch_size: in
             model.capture_encoder_graphs(lambda: CudaGraphBackend(model.device))  # noqa: B023
             model.encode_images(batch)  # captures this shape
             captured = bench_ms(lambda: model.encode_images(batch))  # noqa: B023
+            text_rows = _time_texts(model, bundle.tokenizer.pad_token_id)
             model.drop_encoder_graphs()
         raw_ms[dtype] = raw
         report.add_timings("forward", f"SigLIP-L/16-256 B{batch_size} {dtype}", [
@@ -124,7 +125,23 @@ def forward(report: Report, bundles: dict[str, Any], images: Any, batch_size: in
             ("mmserve encode_images eager", eager, per_s(batch_size, eager) + f"; {preprocess.input_size}px uint8"),
             ("mmserve encode_images graphs", captured, per_s(batch_size, captured)),
         ])
+        report.add_timings("forward", f"SigLIP-L text B8 x{model.text.fixed_length} {dtype}", text_rows)
     return raw_ms
+
+
+def _time_texts(model: Any, pad_token_id: int) -> list[tuple[str, float | None, str]]:
+    """A text batch from the graph just installed, then eager: whether the text tower captured, and the gain."""
+    ids = [[5 + i] * (10 + i) for i in range(8)]  # padded rows: the masked path
+
+    def encode() -> Any:
+        return model.encode_texts(ids, pad_to=model.text.fixed_length, pad_token_id=pad_token_id)
+
+    encode()  # captures this shape, or records why it cannot
+    graph = model.text.graph
+    note = "captured" if graph.captured_shapes else f"runs eager: {next(iter(graph.reasons.values()))[:90]}"
+    captured = bench_ms(encode)
+    model.text.graph = None
+    return [("mmserve encode_texts eager", bench_ms(encode), ""), ("mmserve encode_texts graphs", captured, note)]
 
 
 def decode(report: Report, bundle: Any, num_images: int = 64) -> None:
@@ -160,7 +177,8 @@ def served(report: Report, args: argparse.Namespace, model_dir: Path, raw_ms: di
         report.add(Row("served", "all", "wrk", None, None, "skipped: no wrk (benchmarks/gpu/prepare_offline.sh)"))
         return
     body = kserve_uint8_body(random_images(args.rows_per_request, 256, seed=9))
-    runs = [("bfloat16", "captured", {}), ("bfloat16", "eager", {"MMSERVE_CUDA_GRAPHS": "false"}),
+    runs = [("bfloat16", "captured", {}), ("bfloat16", "eager",
+                                           {"MMSERVE_CUDA_GRAPHS": "false", "MMSERVE_TORCHSCRIPT_ENCODERS": "false"}),
             ("float32", "captured", {})]
     for dtype, mode, extra in runs:
         if deadline.remaining_s() < args.duration_s + 75:

@@ -46,10 +46,14 @@ def plan_device(settings: Settings) -> DevicePlan:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if settings.decode_device == "cuda" and device != "cuda":
+        why = "no CUDA device is visible" if not torch.cuda.is_available() else "--device cpu"
         raise DeviceSettingError(
             "--decode-device cuda (MMSERVE_DECODE_DEVICE) decodes JPEGs with nvJPEG on the GPU, but this server "
-            f"runs on the {device.upper()} ({'no CUDA device is visible' if not torch.cuda.is_available() else '--device cpu'}"
-            "); use --decode-device cpu")
+            f"runs on the CPU ({why}); use --decode-device cpu")
+    if settings.decode_device == "cuda":
+        logger.warning("--decode-device cuda: the request intake still decodes with Pillow on the CPU; the nvJPEG "
+                       "batch decoder (models.jpeg_decode) is measured by benchmarks/gpu/run.sh and not yet called "
+                       "by the intake")
     return DevicePlan(device=device, dtype=dtype, decode_device=settings.decode_device)
 
 
@@ -118,18 +122,19 @@ def _report_fusion_head(bundle: ModelBundle, settings: Settings) -> None:
 
 def trace_encoders(bundle: ModelBundle, settings: Settings | None = None) -> None:
     """Swap in the encoders' graphs: CUDA graphs on a GPU (``models.cuda_graphs``, captured during warm-up),
-    TorchScript on the CPU (``models.graphs``); an encoder that won't trace stays eager.
+    else TorchScript (``models.graphs``); an encoder that won't trace stays eager.
 
-    ``settings`` (``cuda_graphs``, ``torchscript_encoders``) may turn either off; None: both on.
+    ``settings`` (``cuda_graphs``, ``torchscript_encoders``) may turn either off; None: both on. The
+    synthetic preset's towers sleep on the host, which a graph would not replay: they are never captured.
     """
     model = bundle.model
     use_cuda_graphs = settings is None or settings.cuda_graphs
     use_torchscript = settings is None or settings.torchscript_encoders
-    if model.device.type == "cuda" and bundle.config.vision.architecture != SYNTHETIC_ARCHITECTURE:
+    is_captured = model.device.type == "cuda" and bundle.config.vision.architecture != SYNTHETIC_ARCHITECTURE
+    if is_captured and use_cuda_graphs:
         model.drop_encoder_graphs()
-        if use_cuda_graphs:
-            model.capture_encoder_graphs(lambda: CudaGraphBackend(model.device))
-            logger.info("the encoders run from CUDA graphs, each bucket shape captured during warm-up")
+        model.capture_encoder_graphs(lambda: CudaGraphBackend(model.device))
+        logger.info("the encoders run from CUDA graphs, each bucket shape captured during warm-up")
         return
     if not use_torchscript:
         model.drop_encoder_graphs()
