@@ -101,9 +101,7 @@ def with_served_name(bundle: ModelBundle, name: str) -> ModelBundle:
     """``bundle`` called ``name`` (``--served-model-name``); the fingerprint does not include the name."""
     if not name.strip():
         raise ModelRepositoryError("--served-model-name (MMSERVE_SERVED_MODEL_NAME) is empty")
-    config = dataclasses.replace(bundle.config, name=name)
-    bundle.model.config = config
-    return dataclasses.replace(bundle, config=config)
+    return dataclasses.replace(bundle, config=dataclasses.replace(bundle.config, name=name))
 
 
 def _report_fusion_head(bundle: ModelBundle, settings: Settings) -> None:
