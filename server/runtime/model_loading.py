@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -142,3 +144,12 @@ def trace_encoders(bundle: ModelBundle, settings: Settings | None = None) -> Non
             logger.info("the %s encoder runs as a TorchScript graph", outcome.encoder)
         else:
             logger.warning("the %s encoder runs eager: %s", outcome.encoder, outcome.reason)
+
+
+async def seal_graphs_when_ready(bundle: ModelBundle, is_ready: Callable[[], bool],
+                                 poll_interval_s: float = 0.05) -> None:
+    """Once warm-up is over, stop CUDA-graph captures: a shape first met after ready runs eager, never captured
+    on the hot path (the batch runner counts it in ``mmserve_cold_compiles_total{kind="shape"}``)."""
+    while not is_ready():
+        await asyncio.sleep(poll_interval_s)
+    bundle.model.seal_encoder_graphs()

@@ -128,3 +128,4 @@ def test_warm_up_captures_every_bucket_shape_and_serving_then_captures_nothing()
     assert [b.num_captures for b in backends] == captures_at_ready
     assert vision.num_eager_calls_after_seal == text.num_eager_calls_after_seal == 0
     bundle.model.drop_encoder_graphs()
+
