@@ -48,7 +48,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="raw forward batch = the server's vision batch")
     parser.add_argument("--rows-per-request", type=int, default=8, help="images per KServe request")
     parser.add_argument("--connections", type=int, default=64, help="requests wrk keeps in flight")
-    parser.add_argument("--duration-s", type=int, default=15, help="each served measurement (after 3 s warm-up)")
+    parser.add_argument("--duration-s", type=int, default=10, help="each served measurement (after 2 s warm-up)")
     parser.add_argument("--budget-s", type=float, default=200.0, help="skip sections that would not fit")
     parser.add_argument("--model-dir", type=Path, help="reuse a model written before (default: write one)")
     return parser.parse_args(argv)
@@ -181,7 +181,7 @@ def served(report: Report, args: argparse.Namespace, model_dir: Path, raw_ms: di
                                            {"MMSERVE_CUDA_GRAPHS": "false", "MMSERVE_TORCHSCRIPT_ENCODERS": "false"}),
             ("float32", "captured", {})]
     for dtype, mode, extra in runs:
-        if deadline.remaining_s() < args.duration_s + 75:
+        if deadline.remaining_s() < args.duration_s + 60:
             report.add(Row("served", f"{dtype} {mode}", "wrk", None, None, "skipped: time budget"))
             continue
         env = {"MMSERVE_DTYPE": dtype, "MMSERVE_VISION_MAX_BATCH_SIZE": str(args.batch_size),
@@ -190,7 +190,7 @@ def served(report: Report, args: argparse.Namespace, model_dir: Path, raw_ms: di
         server = start_server(model_dir, env, ready_timeout_s=max(30.0, deadline.remaining_s() - args.duration_s))
         start_s = time.monotonic() - started
         try:
-            run_wrk(wrk, server.url, str(model_dir), body, args.connections, 3)  # warm the connections
+            run_wrk(wrk, server.url, str(model_dir), body, args.connections, 2)  # warm the connections
             result = run_wrk(wrk, server.url, str(model_dir), body, args.connections, args.duration_s)
             exposition = scrape(server.url)
         finally:
