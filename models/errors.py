@@ -18,6 +18,14 @@ class ModelRepositoryError(ModelError):
     """
 
 
+class DeviceSettingError(ModelError):
+    """A device, dtype or decode device this machine cannot run (``--dtype float16`` without CUDA).
+
+    Raised at start-up, before any weight is read; the message names the
+    setting, why it cannot run here and what to use instead.
+    """
+
+
 class UnknownPresetError(ModelError):
     """A preset name that is not one of ``models.families.presets.PRESET_NAMES``."""
 

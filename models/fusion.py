@@ -26,6 +26,11 @@ variable-length Triton kernel on CUDA and its torch reference on CPU, chosen by
 ``backend`` fixed at construction (like timm's ``fused_attn`` flag). Both give
 the same result; tests flip the flag and compare.
 
+In half precision (``--dtype bfloat16|float16``) the projections and the
+attention run in the head's dtype with float32 accumulation (the kernel's
+accumulators, cuBLAS's); the per-item mean, the cosine and the match
+probability are computed in float32.
+
 The three projections are split so each modality's part can be computed (and
 cached) on its own: an image segment is (pooled, K, V), a text segment is
 (pooled, Q, length), and ``forward`` only combines them.
@@ -100,14 +105,19 @@ class LowRankCrossAttention(nn.Module):
         attended = lowrank_cross_attention(
             q, cu_seqlens_q, k, v, cu_seqlens_k=cu_seqlens_k, backend=self.backend
         )  # (T, d_v)
+        head_dtype = self.out_proj.weight.dtype
         lengths = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.long)  # (B,)
         item_of_row = torch.repeat_interleave(
             torch.arange(lengths.numel(), device=q.device), lengths
         )  # (T,)
-        summed = attended.new_zeros(lengths.numel(), attended.shape[1])  # (B, d_v)
-        summed.index_add_(0, item_of_row, attended)
-        pooled = summed / lengths.clamp_min(1).unsqueeze(1).to(summed.dtype)  # (B, d_v)
-        fused = self.norm(self.out_proj(pooled) + text_pooled)  # (B, d_t)
-        score = F.cosine_similarity(fused, self.image_proj(image_pooled), dim=-1)  # (B,)
-        match_score = torch.sigmoid(self.match_logit_scale * score + self.match_logit_bias)  # (B,)
+        # The mean over each item's rows is summed in float32 whatever the head's dtype (bf16 sums of
+        # hundreds of rows lose the low bits), then rounded back for the projection.
+        summed = attended.new_zeros(lengths.numel(), attended.shape[1], dtype=torch.float32)  # (B, d_v)
+        summed.index_add_(0, item_of_row, attended.float())
+        pooled = (summed / lengths.clamp_min(1).unsqueeze(1).to(summed.dtype)).to(head_dtype)  # (B, d_v)
+        fused = self.norm(self.out_proj(pooled) + text_pooled.to(head_dtype))  # (B, d_t)
+        # The score and the calibrated match probability in float32: a bf16 sigmoid moves in steps of 0.004.
+        image_side = self.image_proj(image_pooled.to(head_dtype)).float()  # (B, d_t)
+        score = F.cosine_similarity(fused.float(), image_side, dim=-1)  # (B,)
+        match_score = torch.sigmoid(self.match_logit_scale.float() * score + self.match_logit_bias.float())  # (B,)
         return FusionOutput(fused=fused, score=score, match_score=match_score)

@@ -9,8 +9,8 @@ on the model's device.
     fuse:          [ImageSegment], [TextSegment] -> [FusedOutput] * B     one image per text
     fuse_multi:  [[ImageSegment]], [TextSegment] -> [FusedOutput] * B     any number of images per text
 
-A segment's ``pooled`` is the embedding the server answers with: the tower's
-own, L2-normalised when ``normalize_embeddings`` is set (the convention of the
+A segment's ``pooled`` is the embedding the server answers with, float32
+whatever the model's dtype: the tower's own, L2-normalised when ``normalize_embeddings`` is set (the convention of the
 pretrained families). ``fuse`` gives the fusion head's outputs and, for models
 that have one, the model's own calibrated score (``models.scores``).
 
@@ -24,7 +24,8 @@ score kept in ``image_scores``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,8 @@ from torch import nn
 
 from models.loading.config import ModelConfig
 from models.fusion import LowRankCrossAttention
+from models.cuda_graphs import CapturedForward, GraphBackend
+from models.device_telemetry import DeviceClock
 from models.graphs import TraceOutcome
 from models.scores import CalibratedScore
 from models.text import TextEncoder
@@ -108,6 +111,7 @@ class MultimodalModel(nn.Module):
         self.text = text
         self.score = score
         self.normalize_embeddings = normalize_embeddings
+        self.device_clock: DeviceClock | None = None  # CUDA: each batch's device time (models.device_telemetry)
         self.fusion = LowRankCrossAttention(
             text_dim=text.hidden_size,
             image_dim=vision.embed_dim,
@@ -118,8 +122,18 @@ class MultimodalModel(nn.Module):
         )
 
     def _served(self, embedding: torch.Tensor) -> torch.Tensor:
-        """(B, E) -> (B, E), L2-normalised if this model serves normalised embeddings."""
+        """(B, E) -> (B, E) float32, L2-normalised if this model serves normalised embeddings.
+
+        float32 whatever the model computes in: the answer's numbers, the
+        calibrated score and the cache hold the embedding as computed, not
+        rounded again to half precision (it is E numbers; K and V, the bulk
+        of a segment, stay in the model's dtype).
+        """
+        embedding = embedding.float()
         return F.normalize(embedding, dim=-1) if self.normalize_embeddings else embedding
+
+    def _timed(self, stage: str) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext() if self.device_clock is None else self.device_clock.measure(stage)
 
     @property
     def device(self) -> torch.device:
@@ -134,6 +148,21 @@ class MultimodalModel(nn.Module):
         return [encoder.trace_graph() if encoder.graph is None else TraceOutcome(name, encoder.graph)
                 for name, encoder in (("vision", self.vision), ("text", self.text))]
 
+    def capture_encoder_graphs(self, backend_for: Callable[[], GraphBackend]) -> list[CapturedForward]:
+        """Run both encoders from CUDA graphs, each shape captured when first met (``models.cuda_graphs``).
+
+        ``backend_for`` gives each encoder its own backend (its own memory
+        pool). Call it after the model is on its device in its dtype, before
+        warm-up: warm-up then captures every bucket shape.
+        """
+        return [self.vision.capture_graphs(backend_for()), self.text.capture_graphs(backend_for())]
+
+    def seal_encoder_graphs(self) -> None:
+        """No more captures: a shape not captured by now runs eager."""
+        for encoder in (self.vision, self.text):
+            if isinstance(encoder.graph, CapturedForward):
+                encoder.graph.seal()
+
     def drop_encoder_graphs(self) -> None:
         """Run both encoders eager again (after ``trace_encoders``)."""
         self.vision.graph = self.text.graph = None
@@ -141,9 +170,10 @@ class MultimodalModel(nn.Module):
     @torch.inference_mode()
     def encode_images(self, images: torch.Tensor) -> list[ImageSegment]:
         """``images``: (B, S, S, 3) uint8 on any device; moved to the model's."""
-        out = self.vision(images.to(self.device, non_blocking=True))
-        k, v = self.fusion.project_image(out.tokens)  # (B, Lv, r), (B, Lv, d_v)
-        pooled = self._served(out.pooled)  # (B, E_v)
+        with self._timed("vision"):
+            out = self.vision(images.to(self.device, non_blocking=True))
+            k, v = self.fusion.project_image(out.tokens)  # (B, Lv, r), (B, Lv, d_v)
+            pooled = self._served(out.pooled)  # (B, E_v)
         return [ImageSegment(pooled=pooled[i], k=k[i], v=v[i]) for i in range(images.shape[0])]
 
     @torch.inference_mode()
@@ -159,9 +189,10 @@ class MultimodalModel(nn.Module):
         for row, ids in enumerate(token_ids):
             input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
             attention_mask[row, : len(ids)] = 1
-        out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
-        q = self.fusion.project_text(out.tokens)  # (B, Lt, r)
-        pooled = self._served(out.pooled)  # (B, E_t)
+        with self._timed("text"):
+            out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
+            q = self.fusion.project_text(out.tokens)  # (B, Lt, r)
+            pooled = self._served(out.pooled)  # (B, E_t)
         return [
             TextSegment(pooled=pooled[i], q=q[i, : lengths[i]]) for i in range(len(token_ids))
         ]
@@ -188,6 +219,11 @@ class MultimodalModel(nn.Module):
             raise ValueError(f"{len(images)} image lists but {len(texts)} text segments")
         if not texts:
             return []
+        with self._timed("fusion"):
+            return self._fuse_multi(images, texts)
+
+    def _fuse_multi(self, images: Sequence[Sequence[ImageSegment]],
+                    texts: Sequence[TextSegment]) -> list[FusedOutput]:
         num_images = [len(per_text) for per_text in images]
         segments = [segment for per_text in images for segment in per_text]  # text by text
         q = torch.cat([t.q for t in texts], dim=0)  # (T, r)

@@ -37,8 +37,8 @@ def crop_box(width: int, height: int, config: PreprocessConfig) -> tuple[float, 
     short_side = min(width, height)
     scale = config.resize_size / short_side
     resized_w, resized_h = shortest_edge_size(width, height, config.resize_size)
-    left = _centre_offset(resized_w, config.input_size, config.crop_rounding)
-    top = _centre_offset(resized_h, config.input_size, config.crop_rounding)
+    left = centre_offset(resized_w, config.input_size, config.crop_rounding)
+    top = centre_offset(resized_h, config.input_size, config.crop_rounding)
     return (
         left / scale,
         top / scale,
@@ -59,7 +59,7 @@ def shortest_edge_size(width: int, height: int, shortest_edge: int) -> tuple[int
     return int(shortest_edge * width / height), shortest_edge
 
 
-def _centre_offset(resized: int, crop: int, rounding: str) -> int:
+def centre_offset(resized: int, crop: int, rounding: str) -> int:
     if rounding == "floor":  # Hugging Face's center_crop
         return (resized - crop) // 2
     return int(round((resized - crop) / 2.0))  # torchvision's CenterCrop (timm)
@@ -77,8 +77,8 @@ def _resize_then_crop(image: Image.Image, config: PreprocessConfig) -> np.ndarra
     if resized_w * resized_h > MAX_EXACT_RESIZE_PIXELS:
         return _resize_box(image, config)
     resized = np.asarray(image.resize((resized_w, resized_h), resample=_RESAMPLE[config.interpolation]))
-    top = _centre_offset(resized_h, config.input_size, config.crop_rounding)
-    left = _centre_offset(resized_w, config.input_size, config.crop_rounding)
+    top = centre_offset(resized_h, config.input_size, config.crop_rounding)
+    left = centre_offset(resized_w, config.input_size, config.crop_rounding)
     crop = resized[top: top + config.input_size, left: left + config.input_size]  # (S, S, 3)
     # A copy, always: when nothing is cropped (resize_size == input_size, open_clip's "shortest") the slice is
     # Pillow's read-only buffer itself, and torch.from_numpy warns on it.

@@ -6,7 +6,9 @@
 These are the entries of ``logits_per_image`` (after the sigmoid SigLIP's
 model card applies) for one image and one text. The scale and bias are the
 model's own parameters, read at call time so they follow the model's device
-and dtype. Models without a calibrated score (the presets, a timm ViT paired
+and dtype, and computed in float32 whatever the model's dtype (the
+embeddings are float32 already; the scale and bias are read up to float32),
+so a half-precision model's score errs only by its embeddings' error. Models without a calibrated score (the presets, a timm ViT paired
 with a separate text encoder) have none: only a trained fusion head's
 ``match_score`` says whether a text fits an image there.
 """
@@ -35,9 +37,9 @@ class CalibratedScore:
 
     def __call__(self, image_embedding: torch.Tensor, text_embedding: torch.Tensor) -> torch.Tensor:
         """(B, E) and (B, E) -> (B,)."""
-        cos = F.cosine_similarity(image_embedding, text_embedding, dim=-1)  # (B,)
-        logits = cos * self.owner.logit_scale.exp().reshape(())
+        cos = F.cosine_similarity(image_embedding.float(), text_embedding.float(), dim=-1)  # (B,)
+        logits = cos * self.owner.logit_scale.float().exp().reshape(())
         bias = getattr(self.owner, "logit_bias", None)
         if bias is not None:
-            logits = logits + bias.reshape(())
+            logits = logits + bias.float().reshape(())
         return torch.sigmoid(logits) if self.kind is ScoreKind.SIGLIP_SIGMOID else logits

@@ -19,6 +19,7 @@ from transformers import AutoModel, BertConfig, BertModel
 
 from models.loading.config import TextConfig
 from models.errors import ModelRepositoryError
+from models.cuda_graphs import CapturedForward, GraphBackend, Tensors
 from models.graphs import EncoderGraph, TraceOutcome, trace
 
 
@@ -63,7 +64,7 @@ class TextEncoder(nn.Module):
         self.max_tokens: int = int(max_tokens if max_tokens is not None else config.max_position_embeddings)
         self.fixed_length = fixed_length
         self.vocab_size: int = int(vocab_size if vocab_size is not None else config.vocab_size)
-        self.graph: EncoderGraph | None = None  # set by trace_graph
+        self.graph: EncoderGraph | CapturedForward | None = None  # set by trace_graph or capture_graphs
 
     @classmethod
     def from_config(cls, config: TextConfig, vocab_size: int, pad_token_id: int) -> "TextEncoder":
@@ -116,3 +117,26 @@ class TextEncoder(nn.Module):
                         parameter.dtype)
         self.graph = outcome.graph
         return outcome
+
+    def capture_graphs(self, backend: GraphBackend) -> CapturedForward:
+        """Run ``encode`` from a CUDA graph per (batch size, length) from now on (``models.cuda_graphs``).
+
+        Each shape is captured on random token ids with padding in every row
+        but a full first one (so the graph holds the masked path, as
+        ``trace_graph`` explains), then checked against eager on the call
+        that met the shape.
+        """
+        vocab_size = self.vocab_size
+
+        def example(inputs: Tensors) -> Tensors:
+            input_ids, attention_mask = inputs
+            batch_size, length = input_ids.shape
+            lengths = torch.full((batch_size,), max(1, length // 2))  # (B,)
+            lengths[0] = length if batch_size > 1 else max(1, length - 1)
+            mask = (torch.arange(length)[None, :] < lengths[:, None]).to(attention_mask.dtype)  # (B, Lt)
+            ids = torch.randint(0, vocab_size, (batch_size, length), dtype=input_ids.dtype)  # (B, Lt)
+            return ids.to(input_ids.device), mask.to(attention_mask.device)
+
+        captured = CapturedForward("text", self.encode, example, backend)
+        self.graph = captured
+        return captured

@@ -6,8 +6,9 @@ the device in one pass (``kernels.preprocess_uint8``). The encoder returns
 every token (class token + patches) for the cross-modal attention, and the
 image embedding its library defines (timm's pre-logits for the presets;
 ``models.families.transformers_towers`` for SigLIP, CLIP and OpenCLIP). After ``trace_graph`` the ViT
-part runs as a TorchScript graph (``models.graphs``); normalisation stays
-outside it, a Triton kernel on GPU.
+part runs as a TorchScript graph (``models.graphs``) on the CPU, or from
+CUDA graphs captured per batch size (``capture_graphs``, ``models.cuda_graphs``)
+on a GPU; normalisation stays outside it, a Triton kernel on GPU.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch import nn
 
 from kernels import preprocess_uint8
 from models.loading.config import PreprocessConfig, VisionConfig
+from models.cuda_graphs import CapturedForward, GraphBackend, Tensors
 from models.graphs import EncoderGraph, TraceOutcome, trace
 
 
@@ -46,7 +48,7 @@ class UInt8VisionEncoder(nn.Module, abc.ABC):
         self.embed_dim = embed_dim  # width of each token
         self.embedding_dim = embedding_dim  # width of the image embedding
         self.num_tokens = num_tokens
-        self.graph: EncoderGraph | None = None  # set by trace_graph
+        self.graph: EncoderGraph | CapturedForward | None = None  # set by trace_graph or capture_graphs
 
     def forward(self, images: torch.Tensor) -> VisionOutput:
         """``images``: (B, S, S, 3) uint8 on the model's device."""
@@ -78,6 +80,17 @@ class UInt8VisionEncoder(nn.Module, abc.ABC):
         outcome = trace("vision", self, self.features, pixels(2), [pixels(1), pixels(3)], weight.dtype)
         self.graph = outcome.graph
         return outcome
+
+    def capture_graphs(self, backend: GraphBackend) -> CapturedForward:
+        """Run ``features`` from a CUDA graph per batch size from now on (``models.cuda_graphs``)."""
+
+        def example(inputs: Tensors) -> Tensors:
+            (pixels,) = inputs
+            return (torch.rand_like(pixels).mul(2).sub(1),)  # (B, 3, S, S), the normalised range
+
+        captured = CapturedForward("vision", self.features, example, backend)
+        self.graph = captured
+        return captured
 
 
 class VisionEncoder(UInt8VisionEncoder):

@@ -39,7 +39,8 @@ from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import image_decoder
 from server.http.middleware import add_request_guards
-from server.runtime.model_loading import load_model, trace_encoders
+from server.runtime.device_metrics import register_device_metrics
+from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
 from server.runtime.tracing_setup import build_tracing
@@ -125,10 +126,11 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = bundle if bundle is not None else await asyncio.to_thread(load_model, settings)
-        if settings.torchscript_encoders:
-            await asyncio.to_thread(trace_encoders, model)
+        if settings.torchscript_encoders or settings.cuda_graphs:
+            await asyncio.to_thread(trace_encoders, model, settings)
         else:  # a bundle shared between apps may have been traced by another
             model.model.drop_encoder_graphs()
+        register_device_metrics(registry, model)  # CUDA only: on the CPU the series are absent
         faults = FaultInjector() if settings.enable_fault_injection else None
         tracing = build_tracing(settings, model, span_exporter=span_exporter)  # OTEL_* are read here, at start
         cache = SegmentCache(
@@ -161,11 +163,13 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         monitor.start()
         # The baseline is learned from traffic after warm-up: mark ready once the router is.
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
+        graphs_sealed = asyncio.create_task(seal_graphs_when_ready(model, lambda: router.is_ready))
         try:
             async with watch_compute(router, settings.compute_hang_s), serve_ops_port(app, settings):
                 yield
         finally:
             baseline_start.cancel()
+            graphs_sealed.cancel()
             await router.drain(settings.drain_timeout_s)
             decode_pool.shutdown(wait=False, cancel_futures=True)
             await asyncio.to_thread(monitor.stop)

@@ -1,7 +1,8 @@
 """The ``mmserve`` command line.
 
     mmserve serve [--preset vit-l16|vit-b16|tiny|synthetic | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
-                  [--device auto|cpu|cuda] [--config FILE]
+                  [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
+                  [--decode-device cpu|cuda] [--served-model-name NAME] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
                          [--keep-untrained-result]     (exit 3: the head learned nothing)
@@ -55,6 +56,12 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto")
+    serve.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
+                       help="what the model computes in (default auto: bfloat16 on CUDA, float32 on the CPU)")
+    serve.add_argument("--decode-device", choices=("cpu", "cuda"),
+                       help="where JPEGs are decoded (default cpu; cuda: nvJPEG, needs a CUDA device)")
+    serve.add_argument("--served-model-name", metavar="NAME",
+                       help="the model's name in answers (default: the Hub id or directory name of --model)")
     serve.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
     serve.add_argument("--enable-fault-injection", action="store_true", default=None,
                        help="turn on POST /v1/admin/faults for alert drills (off by default)")
@@ -178,8 +185,9 @@ def _serve(args: argparse.Namespace) -> int:
     settings = load_settings(
         args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
         fusion_head=args.fusion_head, seed=args.seed,
-        host=args.host, port=args.port, device=args.device,
-        enable_fault_injection=args.enable_fault_injection, allow_open_admin=args.allow_open_admin,
+        host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
+        served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
+        allow_open_admin=args.allow_open_admin,
     )
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -53,6 +53,8 @@ class ModelInfo(BaseModel):
     normalized_embeddings: bool = Field(description="Whether the embeddings are L2-normalised.")
     fusion_head: Literal["trained", "untrained"] = Field(
         description="An untrained fusion head sends no `match_score`; `fused_embedding` is then not meaningful.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        description="What the model computes in (--dtype); the embeddings are float32 numbers whatever it is.")
 
 
 class TextInfo(BaseModel):

@@ -46,6 +46,19 @@ class Settings(BaseSettings):
     synthetic_spread: float = Field(
         0.25, ge=0, description="lognormal: sigma of log(time); uniform: half-width as a fraction of the median.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="What the model computes in: auto = bfloat16 on a CUDA device that supports it "
+                            "(float16 otherwise), float32 on the CPU. Answers are float32 numbers whatever it is.")
+    decode_device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where JPEG images are decoded: cuda = nvJPEG through torchvision.io.decode_jpeg "
+                           "(other formats and images it refuses still decode on the CPU); needs a CUDA device.")
+    served_model_name: str | None = Field(
+        None, description="The model's name in answers, /v1/models and KServe v2; default: the Hub id or the "
+                          "directory's name. The string given to --model is accepted as a name too.")
+    cuda_graphs: bool = Field(
+        True, description="On CUDA, capture every warmed encoder shape as a CUDA graph before ready and replay "
+                          "it (models.cuda_graphs); false: TorchScript (torchscript_encoders) or eager. Ignored "
+                          "on the CPU.")
     fusion_backend: Literal["auto", "triton", "torch"] = Field(
         "auto", description="Cross-attention kernel: auto = Triton on CUDA, torch on CPU.")
 

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Check the Triton kernels on CUDA and benchmark them against torch, in one
-# command, in under 8 minutes on one H200. Installs nothing; prints one table.
-#   benchmarks/gpu/run.sh [bench_gpu.py options]     (--help lists them)
+# The GPU check and benchmark, in one command, in under 5 minutes on one H200; prints two tables.
+#   1. offline install of the serving stack from .gpu-wheels/ (benchmarks/gpu/prepare_offline.sh, run where
+#      the registries are; the GPU machine has torch, triton, transformers and timm but no network)
+#   2. the Triton kernels against their torch references, and their timings   (bench_gpu.py, <= 1 min)
+#   3. a random SigLIP at google/siglip-large-patch16-256's shape: bf16/fp16 accuracy, raw forward vs
+#      mmserve eager vs CUDA graphs, nvJPEG vs Pillow decode, and `mmserve serve --model` at saturation
+#      (KServe v2 binary uint8 batches through wrk, no decode)                 (real_model.py, <= 3.75 min)
+# Served runs that would not fit the budget print a "skipped: time budget" row (fp32 served, usually);
+# `python3 benchmarks/gpu/real_model.py --budget-s 400` alone gives every row.
+#   benchmarks/gpu/run.sh [--kernels-only | --model-only]
 # Exit status: 0 checks passed, 1 a check failed, 2 no CUDA, 124 cut short.
 set -euo pipefail
 
@@ -11,8 +18,41 @@ python_bin="${PYTHON:-}"
 if [[ -z "$python_bin" ]]; then
   if [[ -x .venv/bin/python ]]; then python_bin=.venv/bin/python; else python_bin=python3; fi
 fi
+wheels="${MMSERVE_GPU_WHEELS:-$repo_root/.gpu-wheels}"
+site=/tmp/mmserve-site
 export PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}"
 unset TRITON_INTERPRET  # compiled kernels only
+export PYTHONUNBUFFERED=1
 
-# SIGINT at 470 s lets the script print the rows it has; 15 s later it is killed.
-exec timeout --signal=INT --kill-after=15 470 "$python_bin" benchmarks/gpu/bench_gpu.py "$@"
+if [[ -d "$wheels" ]]; then
+  if compgen -G "$wheels/*.whl" >/dev/null; then
+    if "$python_bin" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
+        "$wheels"/*.whl; then
+      export PYTHONPATH="$PYTHONPATH:$site"
+    else
+      echo "offline install from $wheels failed (wheels are for CPython 3.12): the served rows will fail" >&2
+    fi
+  fi
+  if compgen -G "$wheels/wrk_*.deb" >/dev/null && ! command -v wrk >/dev/null; then
+    mkdir -p /tmp/mmserve-wrk
+    for deb in "$wheels"/*.deb; do dpkg -x "$deb" /tmp/mmserve-wrk; done
+    export WRK=/tmp/mmserve-wrk/usr/bin/wrk
+    export LD_LIBRARY_PATH="/tmp/mmserve-wrk/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  fi
+else
+  echo "no $wheels: the served rows need fastapi, uvicorn, pydantic, ... (benchmarks/gpu/prepare_offline.sh)" >&2
+fi
+
+status=0
+if [[ "${1:-}" != "--model-only" ]]; then
+  # SIGINT lets a section print the rows it has; 15 s later it is killed.
+  timeout --signal=INT --kill-after=10 60 "$python_bin" benchmarks/gpu/bench_gpu.py --skip-vit --skip-compile \
+    --batch-sizes 8 64 --budget-s 45 || status=$?
+fi
+if [[ "${1:-}" != "--kernels-only" ]]; then
+  model_status=0
+  timeout --signal=INT --kill-after=10 225 "$python_bin" benchmarks/gpu/real_model.py --budget-s 205 \
+    || model_status=$?
+  if [[ $status -eq 0 ]]; then status=$model_status; fi
+fi
+exit "$status"

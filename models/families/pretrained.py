@@ -138,7 +138,7 @@ def _load_transformers(directory: Path, family: str, name: str, rank: int, backe
 
 def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "auto", rank: int = 16,
                     seed: int = 0, fusion_head: Path | None = None, is_trained_head_read: bool = True,
-                    normalize_embeddings: bool | None = None) -> ModelBundle:
+                    normalize_embeddings: bool | None = None, dtype: str | None = None) -> ModelBundle:
     """The bundle for ``--model``: a Hub id or directory of a supported family (module docstring).
 
     ``normalize_embeddings`` None follows the family's convention (the
@@ -146,12 +146,16 @@ def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "a
     ``fusion_head`` overrides ``fusion_head.safetensors`` beside the model;
     ``is_trained_head_read`` False reads neither (``mmserve train-fusion``
     starts from a fresh head, whatever lies beside the model).
+    ``dtype`` (``models.precision``) is what the model computes in; None:
+    float32 (a model repository: its ``model.yaml``'s). Every family is read
+    in float32 as stored, fingerprinted, then cast (``finish_bundle``), so a
+    fusion head trained at one dtype serves at any other.
     """
     directory = resolve_model_directory(name_or_path)
     family = detect_family(directory)
     if family == "mmserve":
         return load_repository(directory, device=device, backend=backend, fusion_head=fusion_head,
-                               is_trained_head_read=is_trained_head_read)
+                               is_trained_head_read=is_trained_head_read, dtype=dtype)
     torch.manual_seed(seed)  # the head's initial weights, when no trained head is found
     name = _served_name(name_or_path, directory)
     if family == "open_clip":
@@ -161,4 +165,4 @@ def load_pretrained(name_or_path: str, *, device: str = "cpu", backend: str = "a
         model, tokenizer = _load_transformers(directory, family, name, rank, backend, normalize_embeddings)
     head_info = (attach_fusion_head(model, tokenizer, model.config, directory, fusion_head) if is_trained_head_read
                  else FusionHeadInfo(is_trained=False))
-    return finish_bundle(model, tokenizer, model.config, device, str(directory), False, head_info)
+    return finish_bundle(model, tokenizer, model.config, device, str(directory), False, head_info, dtype=dtype)

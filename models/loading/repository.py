@@ -45,6 +45,7 @@ from models.loading.config import ModelConfig
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.multimodal import MultimodalModel
+from models.precision import torch_dtype
 from models.families.presets import SYNTHETIC_ARCHITECTURE, preset_config
 from models.families.synthetic import SyntheticServiceTimes, synthetic_towers
 from models.text import TextEncoder
@@ -75,6 +76,7 @@ class ModelDescription:
     score: str | None  # the ``score`` an answer carries (``models.scores.ScoreKind``); None: no score
     normalized_embeddings: bool
     fusion_head: str  # "trained" (``match_score`` served) or "untrained" (no ``match_score``)
+    dtype: str = "float32"  # what the model computes in (``models.precision``); answers are float32 numbers
 
 
 @dataclass(frozen=True)
@@ -96,11 +98,8 @@ class ModelBundle:
             score=None if score is None else score.kind.value,
             normalized_embeddings=self.model.normalize_embeddings,
             fusion_head="trained" if self.fusion_head.is_trained else "untrained",
+            dtype=self.config.dtype,
         )
-
-
-def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None,
@@ -161,11 +160,22 @@ def attach_fusion_head(model: MultimodalModel, tokenizer: TextTokenizer, config:
 
 def finish_bundle(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelConfig,
                   device: str, source: str, has_random_weights: bool,
-                  fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False)) -> ModelBundle:
-    """Fingerprint ``model`` as loaded, then move it to its device and dtype: the servable bundle."""
+                  fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False),
+                  dtype: str | None = None) -> ModelBundle:
+    """Fingerprint ``model`` as loaded, then move it to its device and dtype: the servable bundle.
+
+    ``dtype`` (``models.precision.SERVED_DTYPES``) overrides the config's;
+    the served dtype is part of the config and so of the fingerprint (and of
+    every segment-cache key), while a fusion head file keeps naming the
+    towers as stored (``attach_fusion_head`` runs before this).
+    """
+    if dtype is not None:
+        torch_dtype(dtype)  # names a bad value
+        config = replace(config, dtype=dtype)
     model.eval()
+    model.config = config
     model_fingerprint = fingerprint(model, tokenizer, config)
-    model.to(device=device, dtype=_torch_dtype(config.dtype))
+    model.to(device=device, dtype=torch_dtype(config.dtype))
     return ModelBundle(
         model=model,
         tokenizer=tokenizer,
@@ -178,7 +188,7 @@ def finish_bundle(model: MultimodalModel, tokenizer: TextTokenizer, config: Mode
 
 
 def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str | None = None,
-                 service_times: SyntheticServiceTimes | None = None) -> ModelBundle:
+                 service_times: SyntheticServiceTimes | None = None, dtype: str | None = None) -> ModelBundle:
     """A preset with seeded random weights (same seed, same weights, same fingerprint).
 
     ``service_times`` sets the ``synthetic`` preset's drawn stage times
@@ -198,7 +208,7 @@ def build_preset(name: str, *, seed: int = 0, device: str = "cpu", backend: str 
     else:
         model = _build(config, tokenizer, text=None)
     return finish_bundle(model, TextTokenizer.for_encoder(tokenizer, model.text.max_tokens), config, device,
-                         f"preset:{name} seed={seed}", True)
+                         f"preset:{name} seed={seed}", True, dtype=dtype)
 
 
 def _with_backend(config: ModelConfig, backend: str) -> ModelConfig:
@@ -269,7 +279,8 @@ def _timm_tower(directory: Path, config: ModelConfig, raw: dict) -> tuple[ModelC
 
 
 def load_repository(directory: Path, *, device: str = "cpu", backend: str | None = None,
-                    fusion_head: Path | None = None, is_trained_head_read: bool = True) -> ModelBundle:
+                    fusion_head: Path | None = None, is_trained_head_read: bool = True,
+                    dtype: str | None = None) -> ModelBundle:
     """Load and verify a model repository written by ``write_repository`` (or by hand).
 
     With ``vision.timm_dir`` and ``text.hf_dir`` both towers come from their
@@ -278,6 +289,8 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     head (``fusion_head``, else ``fusion_head.safetensors`` in the repository)
     replaces the head's tensors of ``weights.safetensors``; ``is_trained_head_read``
     False leaves it unread (``mmserve train-fusion`` trains a new one).
+    ``dtype`` serves the model in another dtype than ``model.yaml``'s
+    (which is the dtype its weights are kept in).
     """
     directory = Path(directory)
     config_path = directory / CONFIG_FILE
@@ -319,4 +332,4 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     head_info = (attach_fusion_head(model, text_tokenizer, config, directory, fusion_head) if is_trained_head_read
                  else FusionHeadInfo(is_trained=False))
     logger.info("loaded model repository %s (%s)", directory, config.name)
-    return finish_bundle(model, text_tokenizer, config, device, str(directory), False, head_info)
+    return finish_bundle(model, text_tokenizer, config, device, str(directory), False, head_info, dtype=dtype)

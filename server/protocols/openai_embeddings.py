@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.loading.repository import ModelBundle
+from server.protocols.model_names import ServedModelNames
 from server.ingest.decoding import decode_base64
 from server.errors import ApiError
 from server.ingest.inputs import ParsedInput, image_content, parsed_input
@@ -76,10 +77,11 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     return request
 
 
-def check_model(requested: str | None, served: str) -> None:
-    if requested is not None and requested != served:
-        raise ApiError(404, "model_not_found",
-                       f"the model {requested!r} does not exist here; this server serves {served!r}", "model")
+def check_model(requested: str | None, names: ServedModelNames) -> None:
+    """``model`` may be left out, or name the model as served or as given to ``--model`` (``model_names``)."""
+    if requested is not None and not names.accepts(requested):
+        raise ApiError(404, "model_not_found", f"the model {requested!r} does not exist here; this server serves "
+                       f"{names.described()}", "model")
 
 
 def _image_from_data_uri(value: str) -> bytes:

@@ -38,6 +38,7 @@ from server.protocols.kserve_v2_model import (
     output_tensors,
     rows_from_request,
 )
+from server.protocols.model_names import served_model_names
 from server.protocols.rows import Failure
 from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
@@ -72,10 +73,11 @@ def _error_response(failure: Failure) -> JSONResponse:
 
 
 def _check_model(state: ServerState, model_name: str, model_version: str | None) -> None:
-    served = state.bundle.config.name
-    if model_name != served:
-        raise ApiError(404, "model_not_found", f"unknown model {model_name!r}; this server serves {served!r}",
-                       "model_name")
+    names = served_model_names(state.settings, state.bundle)
+    served = names.served
+    if not names.accepts(model_name):
+        raise ApiError(404, "model_not_found", f"unknown model {model_name!r}; this server serves "
+                       f"{names.described()}", "model_name")
     if model_version not in (None, "", MODEL_VERSION):
         raise ApiError(404, "model_version_not_found", f"model {served!r} has no version {model_version!r}; "
                        f"its only version is {MODEL_VERSION!r}", "model_version")

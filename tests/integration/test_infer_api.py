@@ -53,7 +53,8 @@ def test_text_only_is_routed_text_and_equals_the_model(tiny_server, tiny_bundle)
     assert set(answer) >= {"id", "model", "text_embedding", "timings_ms", "cache"}
     assert "image_embedding" not in answer and "fused_embedding" not in answer
     assert answer["model"] == {"name": "tiny", "fingerprint": tiny_bundle.fingerprint, "family": "mmserve",
-                               "score": None, "normalized_embeddings": False, "fusion_head": "untrained"}
+                               "score": None, "normalized_embeddings": False, "fusion_head": "untrained",
+                               "dtype": "float32"}
     assert_matches_direct(answer, direct_outputs(tiny_bundle, "a red bicycle", None))
 
 

@@ -22,3 +22,12 @@ def test_stream_and_wait_leave_cpu_work_on_the_calling_thread() -> None:
         total = torch.ones(8).sum()
         work.wait()
     assert total.item() == 8.0
+
+
+def test_to_host_gives_float32_rows_in_one_copy() -> None:
+    work = DeviceWork(torch.device("cpu"))
+    rows = [torch.arange(4, dtype=torch.bfloat16), torch.ones(4, dtype=torch.bfloat16)]
+    host = work.to_host(rows)
+    assert [a.dtype for a in host] == [np.float32, np.float32]
+    np.testing.assert_array_equal(host[0], [0, 1, 2, 3])
+    assert work.to_host([]) == []

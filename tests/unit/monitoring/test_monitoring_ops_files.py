@@ -15,7 +15,9 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
+from models.device_telemetry import DeviceReading, StageDeviceTime
 from monitoring import ManualClock, Monitor, ServingMetrics
+from server.runtime.device_metrics import DeviceMetricsCollector
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_DIR = REPO_ROOT / "docker" / "prometheus"
@@ -23,11 +25,22 @@ GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
 METRIC_NAME = re.compile(r"\bmmserve_[a-zA-Z0-9_]+")
 
 
+class _EveryDeviceSeries:
+    """Readings with every optional field set, so the collector yields every family it has."""
+
+    def read(self) -> DeviceReading:
+        return DeviceReading(1, 2, 50.0, 3, 4)
+
+    def stage_times(self) -> dict[str, StageDeviceTime]:
+        return {"vision": StageDeviceTime(1, 0.01)}
+
+
 def exported_sample_names() -> set[str]:
     """Every sample name the app's registry can expose, derived from the registered families."""
     registry = CollectorRegistry()
     ServingMetrics(registry)
     Monitor(clock=ManualClock()).register(registry)
+    registry.register(DeviceMetricsCollector(_EveryDeviceSeries()))  # registered on CUDA servers only
     suffixes = {
         "counter": ("_total", "_created"),
         "gauge": ("",),

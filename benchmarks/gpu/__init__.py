@@ -1,0 +1,1 @@
+"""The one-shot GPU checks and benchmarks (``benchmarks/gpu/run.sh``); not collected by pytest."""

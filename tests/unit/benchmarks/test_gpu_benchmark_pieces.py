@@ -1,0 +1,68 @@
+"""The GPU benchmark's CPU-checkable pieces: the KServe body it sends, the wrk summary it reads, its images.
+
+The body is decoded by the server's own codec, so what wrk sends is a request
+the server accepts; the served smoke test runs the whole path (mmserve serve
+on the CPU, wrk, the summary) for two seconds on a tiny SigLIP.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.gpu.served import (
+    WrkResult, find_wrk, kserve_uint8_body, metric_sum, parse_wrk, run_wrk, scrape, start_server,
+)
+from benchmarks.gpu.siglip_large import jpeg_bytes, random_images
+from benchmarks.random_pretrained import write_siglip
+from server.protocols.kserve_v2_codec import decode_infer_request
+
+
+def test_the_uint8_body_is_a_request_the_server_decodes_to_the_same_pixels():
+    images = random_images(3, 16, seed=1)
+    body = kserve_uint8_body(images)
+    request = decode_infer_request(body.body, str(body.header_length))
+    (tensor,) = request.inputs
+    assert (tensor.name, tensor.datatype, tuple(tensor.shape)) == ("image_uint8", "UINT8", (3, 16, 16, 3))
+    np.testing.assert_array_equal(tensor.data, images)
+    assert [o.name for o in request.outputs] == ["image_embedding"] and request.outputs[0].is_binary
+    with pytest.raises(ValueError):
+        kserve_uint8_body(images.astype(np.float32))
+
+
+def test_the_wrk_summary_gives_images_per_second():
+    line = "Running...\nMMSERVE_WRK requests=600 non2xx=2 socket_errors=1 duration_us=15000000 p50_us=4200 p99_us=9100\n"
+    result = parse_wrk(line)
+    assert result == WrkResult(600, 2, 1, 15.0, 4.2, 9.1)
+    assert result.images_per_s(rows_per_request=8) == pytest.approx(320.0)
+    with pytest.raises(ValueError, match="no wrk summary"):
+        parse_wrk("connection refused")
+
+
+def test_metric_sum_adds_every_label_set_and_tells_absent_from_zero():
+    exposition = ('# HELP mmserve_cold_compiles_total x\nmmserve_cold_compiles_total{kind="shape"} 0.0\n'
+                  'mmserve_cold_compiles_total{kind="triton_kernel"} 2.0\nmmserve_cold_compiles_totalx 5\n')
+    assert metric_sum(exposition, "mmserve_cold_compiles_total") == 2.0
+    assert metric_sum(exposition, "mmserve_device_memory_bytes") is None
+
+
+def test_images_are_distinct_and_jpegs_decode():
+    images = random_images(4, 64, seed=2)
+    assert images.shape == (4, 64, 64, 3) and images.dtype == np.uint8
+    assert len({image.tobytes() for image in images}) == 4
+    assert all(data[:3] == b"\xff\xd8\xff" for data in jpeg_bytes(images))
+
+
+@pytest.mark.skipif(find_wrk() is None, reason="wrk is not installed")
+def test_the_served_path_runs_end_to_end_on_a_tiny_model(tmp_path):
+    model_dir = write_siglip(tmp_path / "tiny-siglip")
+    server = start_server(model_dir, {"MMSERVE_VISION_MAX_BATCH_SIZE": "4"}, ready_timeout_s=120, device="cpu")
+    try:
+        body = kserve_uint8_body(random_images(2, 32, seed=3))
+        result = run_wrk(find_wrk(), server.url, str(model_dir), body, connections=2, duration_s=2, threads=1)
+        exposition = scrape(server.url)
+    finally:
+        server.stop()
+    assert result.num_requests > 0 and result.num_non_2xx == 0 and result.num_socket_errors == 0
+    assert metric_sum(exposition, "mmserve_cold_compiles_total") in (None, 0.0)
+    assert metric_sum(exposition, "mmserve_device_memory_bytes") is None  # the CPU has no device series

@@ -1,0 +1,64 @@
+"""Which images the device JPEG decoder takes and which go to Pillow, and how close its pixels are.
+
+torchvision's ``decode_jpeg`` runs on the CPU too (libjpeg), so the routing
+(JPEG to the batch decoder, PNG, EXIF-rotated and corrupt JPEGs to Pillow) and
+the on-device resize run here with ``device="cpu"``; the GPU script compares
+nvJPEG's answers with the CPU-decoded ones on a real device.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from models.jpeg_decode import DeviceJpegDecoder, cpu_decode_to_input, is_jpeg
+from models.loading.config import PreprocessConfig
+
+SIGLIP_LIKE = PreprocessConfig(input_size=32, resize_size=32, interpolation="bicubic", resize_mode="squash")
+CLIP_LIKE = PreprocessConfig(input_size=32, resize_size=32, interpolation="bicubic", resize_mode="shortest_edge",
+                             crop_rounding="floor")
+
+
+def _smooth_image(width: int, height: int) -> Image.Image:
+    y, x = np.mgrid[0:height, 0:width]
+    pixels = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], axis=-1)
+    return Image.fromarray(pixels.astype(np.uint8))
+
+
+def _encoded(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format=fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def test_jpegs_are_decoded_by_the_batch_decoder_and_others_by_pillow():
+    decoder = DeviceJpegDecoder(torch.device("cpu"), SIGLIP_LIKE)
+    jpeg = _encoded(_smooth_image(64, 48), "JPEG", quality=95)
+    png = _encoded(_smooth_image(40, 40), "PNG")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees
+    rotated = _encoded(_smooth_image(64, 48), "JPEG", quality=95, exif=exif.tobytes())
+    corrupt = jpeg[:3] + b"\x00" * 64
+    assert is_jpeg(jpeg) and not is_jpeg(png)
+    batch = decoder.decode([jpeg, png, rotated])
+    assert batch.shape == (3, 32, 32, 3) and batch.dtype == torch.uint8
+    assert (decoder.num_device_decoded, decoder.num_cpu_decoded) == (1, 2)
+    np.testing.assert_array_equal(batch[1].numpy(), cpu_decode_to_input(png, SIGLIP_LIKE))
+    np.testing.assert_array_equal(batch[2].numpy(), cpu_decode_to_input(rotated, SIGLIP_LIKE))  # rotated by Pillow
+    with pytest.raises(OSError):  # refused by nvJPEG's stand-in, then by Pillow: the caller's 400
+        decoder.decode([corrupt])
+    assert decoder.num_device_decoded == 1
+
+
+def test_device_pixels_are_close_to_pillows_for_both_geometries():
+    for preprocess in (SIGLIP_LIKE, CLIP_LIKE):
+        decoder = DeviceJpegDecoder(torch.device("cpu"), preprocess)
+        jpeg = _encoded(_smooth_image(120, 80), "JPEG", quality=95)
+        ours = decoder.decode([jpeg])[0].numpy().astype(np.int16)
+        pillow = cpu_decode_to_input(jpeg, preprocess).astype(np.int16)
+        assert np.abs(ours - pillow).mean() < 2.0  # IDCT rounding and resampling, not a different picture
+        assert np.abs(ours - pillow).max() <= 24
