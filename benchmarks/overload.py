@@ -32,7 +32,6 @@ import json
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -42,6 +41,7 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.harness import capacity_rps, lag_p99_ms, latency_ms, mmserve_command, ruled, run_samples, running
+from benchmarks.harness.periodic_thread import PeriodicThread
 from benchmarks.harness.process_resources import ResourceSampler, rss_bytes
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
@@ -68,7 +68,7 @@ def _probe_image_b64(size_px: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-class RefusalProbe:
+class RefusalProbe(PeriodicThread):
     """Every ``interval_s``, on its own thread, an image request and a text request.
 
     The image requests go where the overload is (the image lanes): their
@@ -78,31 +78,24 @@ class RefusalProbe:
     """
 
     def __init__(self, url: str, image_px: int, interval_s: float = 0.25) -> None:
+        super().__init__(interval_s, "refusal-probe", is_ticking_at_start=False)
         self.url = url
-        self.interval_s = interval_s
         self.answers: list[tuple[str, int, bool]] = []
         self._image_body = {"image": {"b64": _probe_image_b64(image_px)}, "use_cache": False}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="refusal-probe", daemon=True)
+        self._client: httpx.Client | None = None
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as client:
-            while not self._stop.wait(self.interval_s):
-                for kind, body in (("image", self._image_body),
-                                   ("text", {"text": f"probe at {time.monotonic():.3f}"})):
-                    response = client.post("/v1/infer", json=body)
-                    self.answers.append((kind, response.status_code, "retry-after" in response.headers))
+        with httpx.Client(base_url=self.url, timeout=30) as self._client:
+            super()._run()
+
+    def tick(self) -> None:
+        assert self._client is not None
+        for kind, body in (("image", self._image_body), ("text", {"text": f"probe at {time.monotonic():.3f}"})):
+            response = self._client.post("/v1/infer", json=body)
+            self.answers.append((kind, response.status_code, "retry-after" in response.headers))
 
     def statuses(self, kind: str) -> Counter:
         return Counter(status for answer_kind, status, _ in self.answers if answer_kind == kind)
-
-    def __enter__(self) -> RefusalProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _deadline_trace(directory: Path, rate_rps: float, duration_s: float, deadline_ms: int, seed: int) -> Path:

@@ -138,13 +138,10 @@ class ServerRuns:
 
 @dataclass(frozen=True)
 class Measured:
+    """One measured run: the generator's outcome (report and samples) and where the CPU went meanwhile."""
+
     outcome: BenchOutcome
     cpu: CpuSpent
-
-    @property
-    def other_cpus(self) -> float:
-        """CPUs busy with neither server nor this generator, on average over the run."""
-        return self.cpu.other_cpus
 
 
 def measured_run(server: ServerProcess, servers: Sequence[ServerProcess], config: BenchConfig) -> Measured:
@@ -186,19 +183,19 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
             measured = run(name, RunMode.CLOSED, plan.seconds, round_index, concurrency=plan.concurrency)
             report = measured.outcome.report
             runs[name].throughputs_rps.append(report["throughput_rps"])
-            runs[name].saturation_other_cpus.append(measured.other_cpus)
-            runs[name].other_cpus.append(measured.other_cpus)
+            runs[name].saturation_other_cpus.append(measured.cpu.other_cpus)
+            runs[name].other_cpus.append(measured.cpu.other_cpus)
             runs[name].count_errors(report["errors_by_status"])
             log(f"{label} saturation {name:8s} round {round_index}: "
                 f"{report['throughput_rps']:.1f} ok/s, errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.other_cpus:.2f} CPUs{batch_means(report)}")
+                f"other processes took {measured.cpu.other_cpus:.2f} CPUs{batch_means(report)}")
     rate_rps = plan.fixed_rate_share * runs[peer].throughput_rps
     for round_index in range(plan.num_rounds):
         for name in reversed(abba_order(round_index, peer, ours)):
             measured = run(name, RunMode.OPEN, plan.seconds, OPEN_SEED_BASE + round_index, rate_rps=rate_rps)
             outcome = measured.outcome
             report = outcome.report
-            runs[name].other_cpus.append(measured.other_cpus)
+            runs[name].other_cpus.append(measured.cpu.other_cpus)
             runs[name].open_samples.extend(outcome.result.samples)
             runs[name].open_num_sent += report["sent"]
             runs[name].open_num_ok += report["ok"]
@@ -208,7 +205,7 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
             log(f"{label} open {rate_rps:.1f} req/s {name:8s} round {round_index}: "
                 f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
                 f"errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.other_cpus:.2f} CPUs")
+                f"other processes took {measured.cpu.other_cpus:.2f} CPUs")
     return runs
 
 

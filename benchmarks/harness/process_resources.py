@@ -10,11 +10,12 @@ vanish as a run gets longer. Linux only.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections.abc import Sequence
 
 import numpy as np
+
+from benchmarks.harness.periodic_thread import PeriodicThread
 
 
 def rss_bytes(pid: int) -> int:
@@ -29,34 +30,21 @@ def num_open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-class ResourceSampler:
-    """Reads RSS and open fds of ``pid`` every ``interval_s`` on a thread, until stopped."""
+class ResourceSampler(PeriodicThread):
+    """Reads RSS and open fds of ``pid`` every ``interval_s`` on a thread, from the block's start until its end."""
 
     def __init__(self, pid: int, interval_s: float) -> None:
+        super().__init__(interval_s, "resource-sampler", is_ticking_at_start=True)
         self.pid = pid
-        self.interval_s = interval_s
         self.times_s: list[float] = []
         self.rss_bytes: list[int] = []
         self.num_fds: list[int] = []
         self._started_s = time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="resource-sampler", daemon=True)
 
-    def _run(self) -> None:
-        while True:
-            self.times_s.append(time.monotonic() - self._started_s)
-            self.rss_bytes.append(rss_bytes(self.pid))
-            self.num_fds.append(num_open_fds(self.pid))
-            if self._stop.wait(self.interval_s):
-                return
-
-    def __enter__(self) -> ResourceSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def tick(self) -> None:
+        self.times_s.append(time.monotonic() - self._started_s)
+        self.rss_bytes.append(rss_bytes(self.pid))
+        self.num_fds.append(num_open_fds(self.pid))
 
 
 def slope_per_minute(times_s: Sequence[float], values: Sequence[float]) -> float:
