@@ -1,21 +1,11 @@
 """The set-up both tracing benchmarks share: the presets' loads, each tracing configuration's server, the sink.
 
-``benchmarks.tracing_overhead`` (throughput and CPU per request, alternated)
-and ``benchmarks.tracing_cpu_share`` (tracing's share of sampled stacks)
-measure the same servers under the same load:
-
-    base    the build before tracing existed (``base_source``: ``git archive`` of a commit, run from a
-            temporary directory through ``PYTHONPATH``)
-    off     no OTEL_* variables: tracing=auto stays off
-    0%      tracing on, nothing kept (MMSERVE_TRACE_SAMPLE_RATIO=0)
-    1%      OTLP/HTTP to the sink, MMSERVE_TRACE_SAMPLE_RATIO=0.01
-    100%    the same, MMSERVE_TRACE_SAMPLE_RATIO=1
-
-Every server has its segment cache off (each request costs compute) and the
-slow-request rule off (``MMSERVE_TRACE_SLOW_MS=0``: on a CPU every vit-b16
-request is "slow", and the rule would turn 1 % into 100 %). The sink
-(``benchmarks.otlp_sink``, its own process) accepts and discards, so the
-server pays the real export cost.
+``benchmarks.tracing_overhead`` (throughput and CPU per request, alternated;
+its docstring lists the configurations: base, off, 0%, 1%, 100%) and
+``benchmarks.tracing_cpu_share`` (tracing's share of sampled stacks) measure
+the same servers under the same load: segment cache off, slow-request rule
+off, OTLP/HTTP export to the discarding sink (``benchmarks.otlp_sink``) in a
+process of its own.
 """
 
 from __future__ import annotations
