@@ -7,6 +7,10 @@ process, an inference worker and a queue manager, so every server is started
 in a new session and signalled as a process group: stopping it stops all of
 its children, and pausing it (SIGSTOP) keeps an idle server's polling loops
 off the CPU while the other server is measured.
+
+``running`` keeps one server for a block; ``paused_servers`` starts a set
+one after the other (no start-up competes with another's) and ``resumed``
+lets one of them run for a measurement.
 """
 
 from __future__ import annotations
