@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from benchmarks.harness import (
-    AlternationPlan, CpuMeter, RunSpec, ServerCommand, ServerStartError, otlp_sink_command, paused_servers,
-    resumed, run_alternated, start_paused,
+    AlternationPlan, CpuMeter, RunSpec, ServerCommand, ServerStartError, capacity_rps, otlp_sink_command,
+    paused_servers, resumed, run_alternated, run_report, running, start_paused,
 )
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.workload import parse_mix
@@ -114,3 +114,15 @@ def test_an_alternated_comparison_runs_warm_ups_then_a_b_b_a_saturation_then_b_a
         assert len(runs[name].other_cpus) == 4  # two saturation runs, two fixed-rate runs
         assert runs[name].open_num_ok == runs[name].open_num_sent > 0
         assert runs[name].errors == {}
+
+
+def test_a_run_reports_what_the_server_received_and_capacity_counts_its_answers():
+    with running(otlp_sink_command(), ready_timeout_s=30.0) as sink:
+        def received() -> int:
+            return httpx.get(sink.url + "/stats", timeout=5.0, trust_env=False).json()["requests"]
+
+        before = received()
+        report = run_report(BenchConfig(url=sink.url, mode=RunMode.OPEN, duration_s=0.5, rate_rps=40.0,
+                                        mix=parse_mix("text:1"), seed=3, timeout_s=5.0, show_progress=False))
+        assert report["sent"] == report["ok"] == received() - before > 0
+        assert capacity_rps(sink.url, mix="text:1", duration_s=0.5, concurrency=2) > 0
