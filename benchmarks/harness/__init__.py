@@ -58,16 +58,7 @@ driven over HTTP as a user drives them.
 """
 
 from benchmarks.harness.alternation import (
-    AlternationPlan,
-    ConfigFor,
-    RunSpec,
-    ServerRuns,
-    abba_order,
-    abba_sequence,
-    compare,
-    log,
-    rotated,
-    run_alternated,
+    AlternationPlan, ConfigFor, RunSpec, ServerRuns, abba_order, abba_sequence, compare, log, rotated, run_alternated,
     run_orders,
 )
 from benchmarks.harness.comparison_table import Targets, format_comparison, verdict_text, verdicts
@@ -77,29 +68,9 @@ from benchmarks.harness.load_runs import capacity_rps, mixed_load_config, run_re
 from benchmarks.harness.machine import machine_line, num_usable_cpus, utc_now
 from benchmarks.harness.sample_stats import lag_p99_ms, latency_ms, ok_rate_rps, percentile_ms
 from benchmarks.harness.server_commands import (
-    infinity_command,
-    litserve_command,
-    mmserve_command,
-    mmserve_model_command,
-    otlp_sink_command,
+    infinity_command, litserve_command, mmserve_command, mmserve_model_command, otlp_sink_command,
 )
 from benchmarks.harness.server_process import (
-    ServerCommand,
-    ServerProcess,
-    ServerStartError,
-    paused_servers,
-    resumed,
-    running,
-    start_paused,
+    ServerCommand, ServerProcess, ServerStartError, paused_servers, resumed, running, start_paused,
 )
 from benchmarks.harness.table_layout import align, fixed_width, label_and_text, ruled
-
-__all__ = [
-    "AlternationPlan", "ConfigFor", "CpuMeter", "CpuSpent", "RunSpec", "ServerCommand", "ServerProcess",
-    "ServerRuns", "ServerStartError", "Targets", "abba_order", "abba_sequence", "align", "capacity_rps", "compare",
-    "cpu_ms_per_request", "fixed_width", "format_comparison", "infinity_command", "label_and_text", "lag_p99_ms",
-    "latency_ms", "litserve_command", "log", "machine_line", "mean_interval", "mixed_load_config",
-    "mmserve_command", "mmserve_model_command", "num_usable_cpus", "ok_rate_rps", "otlp_sink_command",
-    "paused_servers", "percentile_ms", "resumed", "rotated", "ruled", "run_alternated", "run_orders", "run_report",
-    "run_samples", "running", "start_paused", "utc_now", "verdict_text", "verdicts",
-]
