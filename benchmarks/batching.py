@@ -33,11 +33,11 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.encoder_tracing import trace_all_encoders
+from benchmarks.harness import fixed_width, litserve_command, mmserve_command, run_report, running, utc_now
 from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
-from benchmarks.serving_processes import litserve_command, mmserve_command, running
 from models.loading.repository import build_preset
 
 BATCH_CAP = 8
@@ -82,10 +82,10 @@ def _config(url: str, mode: RunMode, seconds: float, mix: str, image_px: int, *,
                        text_length=TEXT_CHARS, seed=seed, timeout_s=120.0, show_progress=False)
 
 
-async def served_throughput(url: str, plan: PresetPlan, image_px: int) -> float:
-    outcome = await run_bench(_config(url, RunMode.CLOSED, plan.seconds, "fusion:1", image_px,
-                                      concurrency=plan.concurrency))
-    return outcome.report["throughput_rps"]
+def served_throughput(url: str, plan: PresetPlan, image_px: int) -> float:
+    """Saturation ok/s of fusion requests: a closed loop of ``plan.concurrency`` clients."""
+    report = run_report(_config(url, RunMode.CLOSED, plan.seconds, "fusion:1", image_px, concurrency=plan.concurrency))
+    return report["throughput_rps"]
 
 
 def vision_load_command(url: str, plan: PresetPlan, image_px: int) -> list[str]:
@@ -122,18 +122,18 @@ def measure(plan: PresetPlan) -> dict[str, float]:
     raw_before = raw_throughput(plan.preset, plan.seconds)
     with running(mmserve_command(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": str(BATCH_CAP)})) as server:
         url = server.url
-        row["served_rps"] = asyncio.run(served_throughput(url, plan, image_px))
+        row["served_rps"] = served_throughput(url, plan, image_px)
         row["text_p99_alone_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=False))
         row["text_p99_loaded_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=True))
     raw_after = raw_throughput(plan.preset, plan.seconds)
     row["raw_rps"] = (raw_before + raw_after) / 2
     with running(mmserve_command(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": "1"})) as server:
         url = server.url
-        row["served_batch1_rps"] = asyncio.run(served_throughput(url, plan, image_px))
+        row["served_batch1_rps"] = served_throughput(url, plan, image_px)
     peer = litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=BATCH_DELAY_MS,
                             is_fast_queue=True, is_traced=True)
     with running(peer) as server:
-        row["litserve_rps"] = asyncio.run(served_throughput(server.url, plan, image_px))
+        row["litserve_rps"] = served_throughput(server.url, plan, image_px)
     return row
 
 
@@ -148,12 +148,12 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"], choices=sorted(PLANS))
     parser.add_argument("--seconds", type=float, help="override each measurement's duration")
     args = parser.parse_args()
-    print(f"batching benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+    print(f"batching benchmark, {utc_now()}, "
           f"{platform.machine()} x{torch.get_num_threads()} torch threads, torch {torch.__version__}, float32, "
           f"batch cap {BATCH_CAP}, cache off")
     header = ("preset", "raw_rps", "served_rps", "served/raw", "litserve_rps", "litserve/raw", "batch1_rps",
               "gain 8/1", "text_p99_alone", "text_p99_loaded", "isolation")
-    print(" ".join(f"{h:>15}" for h in header))
+    print(fixed_width(header, 15))
     for name in args.presets:
         plan = PLANS[name] if args.seconds is None else dataclasses.replace(PLANS[name], seconds=args.seconds)
         row = measure(plan)
@@ -162,7 +162,7 @@ def main() -> None:
                   f"{row['litserve_rps'] / row['raw_rps']:.3f}", f"{row['served_batch1_rps']:.1f}",
                   f"{row['served_rps'] / row['served_batch1_rps']:.2f}", f"{row['text_p99_alone_ms']:.1f} ms",
                   f"{row['text_p99_loaded_ms']:.1f} ms", f"{row['text_p99_loaded_ms'] / row['text_p99_alone_ms']:.2f}")
-        print(" ".join(f"{v:>15}" for v in values), flush=True)
+        print(fixed_width(values, 15), flush=True)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 
-from benchmarks.comparison_table import align
+from benchmarks.harness.table_layout import align
 from benchmarks.loadgen.embeddings_payload import (
     EMBEDDINGS_PATH, EmbeddingsDialect, data_uri, image_body, text_body,
 )

@@ -19,7 +19,6 @@ the GIL behind the busy thread, with two the waits mostly overlap.
 from __future__ import annotations
 
 import argparse
-import datetime
 import platform
 import statistics
 import threading
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.encoder_tracing import trace_all_encoders
+from benchmarks.harness import utc_now
 from models.loading.repository import build_preset
 
 BATCH_SIZE = 8
@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"encoder graphs, {now}, {platform.machine()} {platform.processor() or ''}, "
+    print(f"encoder graphs, {utc_now()}, {platform.machine()} {platform.processor() or ''}, "
           f"{torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}")
     print(f"one batch of {BATCH_SIZE} (text: {TEXT_TOKENS}-token bucket), float32, CPU; medians, eager and traced "
           "alternating")

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from benchmarks.harness import abba_order
 from kernels import preprocess_uint8
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -100,6 +101,7 @@ def measure(num_images: int, size: int, repeats: int, warmup: int, seed: int) ->
     rng = np.random.default_rng(seed)
     images = [rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for _ in range(num_images)]
     uint8_path, float32_path = Uint8Path(num_images, size), Float32Path(num_images, size)
+    paths: dict[str, Uint8Path | Float32Path] = {"uint8": uint8_path, "float32": float32_path}
     _, out_uint8 = uint8_path.run(images)
     _, out_float32 = float32_path.run(images)
     max_diff = (out_uint8 - out_float32).abs().max().item()
@@ -107,10 +109,9 @@ def measure(num_images: int, size: int, repeats: int, warmup: int, seed: int) ->
         raise SystemExit(f"the two paths disagree by {max_diff} at batch {num_images}")
     samples: dict[str, list[StageTimes]] = {"uint8": [], "float32": []}
     for i in range(warmup + repeats):
-        # Alternate which variant goes first, so neither always runs on a warm cache.
-        order = (("uint8", uint8_path), ("float32", float32_path))
-        for name, path in order if i % 2 == 0 else order[::-1]:
-            times, _ = path.run(images)
+        # Alternate which variant goes first (A-B-B-A), so neither always runs on a warm cache.
+        for name in abba_order(i, "uint8", "float32"):
+            times, _ = paths[name].run(images)
             if i >= warmup:
                 samples[name].append(times)
     rows = []

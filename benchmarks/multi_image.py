@@ -37,9 +37,10 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from benchmarks.harness import (
+    ServerProcess, abba_sequence, machine_line, mmserve_command, percentile_ms, running, utc_now,
+)
 from benchmarks.loadgen.workload import poisson_offsets_s
-from benchmarks.machine_line import machine_line
-from benchmarks.serving_processes import ServerProcess, mmserve_command, running
 
 IMAGE_SIZE_PX = 224
 FIXED_RATE_SHARE = 0.5  # of the singles' saturation: the generator shares the two cores, so 0.7 left it behind
@@ -122,9 +123,9 @@ async def _saturate(url: str, mode: str, num_images: int, plan: Plan, source: Im
 
 async def _open_loop(url: str, mode: str, num_images: int, rate_needs: float, seconds: float, seed: int,
                      source: ImageSource) -> tuple[list[float], int]:
-    """Each need's latency (ms) from its intended send time, Poisson arrivals at ``rate_needs`` needs/s;
+    """Each need's latency (s) from its intended send time, Poisson arrivals at ``rate_needs`` needs/s;
     and the number of failed needs (not in the latencies)."""
-    latencies_ms: list[float] = []
+    latencies_s: list[float] = []
     num_failed = 0
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=httpx.Limits(max_connections=128)) as client:
         started_s = time.perf_counter()
@@ -136,40 +137,33 @@ async def _open_loop(url: str, mode: str, num_images: int, rate_needs: float, se
             if failures:
                 num_failed += 1
             else:
-                latencies_ms.append((time.perf_counter() - intended_s) * 1000)
+                latencies_s.append(time.perf_counter() - intended_s)
 
         tasks = [asyncio.ensure_future(one(started_s + offset, _bodies(mode, num_images, source, None)))
                  for offset in poisson_offsets_s(rate_needs, seconds, seed)]
         await asyncio.gather(*tasks)
-    return latencies_ms, num_failed
-
-
-def _p99(latencies_ms: Sequence[float]) -> float:
-    return float(np.percentile(latencies_ms, 99)) if latencies_ms else float("nan")
-
-
-def _alternate(first: str, second: str, num_rounds: int) -> list[str]:
-    return [name for index in range(num_rounds) for name in ((first, second) if index % 2 == 0 else (second, first))]
+    return latencies_s, num_failed
 
 
 def _compare(server: ServerProcess, num_images: int, plan: Plan, source: ImageSource) -> dict[str, float]:
     rates: dict[str, list[float]] = {"multi": [], "single": []}
     failures = 0
     asyncio.run(_saturate(server.url, "single", num_images, Plan(2.0, 1, plan.concurrency), source, None))  # warm
-    for mode in _alternate("multi", "single", plan.num_rounds):
+    for mode in abba_sequence("multi", "single", plan.num_rounds):
         rate, failed = asyncio.run(_saturate(server.url, mode, num_images, plan, source, None))
         rates[mode].append(rate)
         failures += failed
     rate_needs = FIXED_RATE_SHARE * statistics.fmean(rates["single"]) / num_images
-    latencies: dict[str, list[float]] = {"multi": [], "single": []}
-    for index, mode in enumerate(_alternate("single", "multi", plan.num_rounds)):
+    latencies_s: dict[str, list[float]] = {"multi": [], "single": []}
+    for index, mode in enumerate(abba_sequence("single", "multi", plan.num_rounds)):
         measured, failed = asyncio.run(_open_loop(server.url, mode, num_images, rate_needs, plan.seconds,
                                                   seed=index // 2, source=source))
-        latencies[mode] += measured
+        latencies_s[mode] += measured
         failures += failed
     return {
         "multi_images_per_s": statistics.fmean(rates["multi"]), "single_images_per_s": statistics.fmean(rates["single"]),
-        "multi_p99_ms": _p99(latencies["multi"]), "single_p99_ms": _p99(latencies["single"]),
+        "multi_p99_ms": percentile_ms(latencies_s["multi"], 99),
+        "single_p99_ms": percentile_ms(latencies_s["single"], 99),
         "rate_needs_per_s": rate_needs, "failures": failures,
     }
 
@@ -177,7 +171,7 @@ def _compare(server: ServerProcess, num_images: int, plan: Plan, source: ImageSo
 def _cache_gain(server: ServerProcess, plan: Plan, source: ImageSource) -> dict[str, float]:
     catalogue = source.take(1)[0]
     rates: dict[str, list[float]] = {"cached": [], "uncached": []}
-    for mode in _alternate("cached", "uncached", plan.num_rounds):
+    for mode in abba_sequence("cached", "uncached", plan.num_rounds):
         rates[mode].append(asyncio.run(_saturate(server.url, mode, 2, plan, source, catalogue))[0])
     return {mode: statistics.fmean(values) for mode, values in rates.items()}
 
@@ -215,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=12)
     args = parser.parse_args(argv)
     print(f"machine: {machine_line()}")
-    print(f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(f"date: {utc_now()}")
     for preset in args.presets:
         run_preset(preset, Plan(args.seconds, args.rounds, args.concurrency), args.images)
 

@@ -32,7 +32,6 @@ import json
 import random
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -41,19 +40,13 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from benchmarks.harness import capacity_rps, lag_p99_ms, latency_ms, mmserve_command, ruled, run_samples, running
+from benchmarks.harness.periodic_thread import PeriodicThread
+from benchmarks.harness.process_resources import ResourceSampler, rss_bytes
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.runner import Sample
 from benchmarks.loadgen.workload import poisson_offsets_s
-from benchmarks.soak import (
-    ResourceSampler,
-    capacity_rps,
-    lag_p99_ms,
-    latency_ms,
-    rss_bytes,
-    run_load,
-    served,
-)
 
 # Large images make decoding the costly part, which keeps saturation at a rate one
 # Python load generator can offer three times over on the same small machine.
@@ -75,7 +68,7 @@ def _probe_image_b64(size_px: int) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
-class RefusalProbe:
+class RefusalProbe(PeriodicThread):
     """Every ``interval_s``, on its own thread, an image request and a text request.
 
     The image requests go where the overload is (the image lanes): their
@@ -85,31 +78,24 @@ class RefusalProbe:
     """
 
     def __init__(self, url: str, image_px: int, interval_s: float = 0.25) -> None:
+        super().__init__(interval_s, "refusal-probe", is_ticking_at_start=False)
         self.url = url
-        self.interval_s = interval_s
         self.answers: list[tuple[str, int, bool]] = []
         self._image_body = {"image": {"b64": _probe_image_b64(image_px)}, "use_cache": False}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="refusal-probe", daemon=True)
+        self._client: httpx.Client | None = None
 
     def _run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=30) as client:
-            while not self._stop.wait(self.interval_s):
-                for kind, body in (("image", self._image_body),
-                                   ("text", {"text": f"probe at {time.monotonic():.3f}"})):
-                    response = client.post("/v1/infer", json=body)
-                    self.answers.append((kind, response.status_code, "retry-after" in response.headers))
+        with httpx.Client(base_url=self.url, timeout=30) as self._client:
+            super()._run()
+
+    def tick(self) -> None:
+        assert self._client is not None
+        for kind, body in (("image", self._image_body), ("text", {"text": f"probe at {time.monotonic():.3f}"})):
+            response = self._client.post("/v1/infer", json=body)
+            self.answers.append((kind, response.status_code, "retry-after" in response.headers))
 
     def statuses(self, kind: str) -> Counter:
         return Counter(status for answer_kind, status, _ in self.answers if answer_kind == kind)
-
-    def __enter__(self) -> RefusalProbe:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def _deadline_trace(directory: Path, rate_rps: float, duration_s: float, deadline_ms: int, seed: int) -> Path:
@@ -129,9 +115,9 @@ def _deadline_trace(directory: Path, rate_rps: float, duration_s: float, deadlin
 
 
 def _replay(url: str, trace: Path, duration_s: float) -> list[Sample]:
-    return run_load(BenchConfig(url=url, mode=RunMode.TRACE, duration_s=duration_s, trace_path=trace,
-                                num_images=NUM_IMAGES, image_size=ImageSize(IMAGE_PX, IMAGE_PX),
-                                is_truncating=True, show_progress=False))
+    return run_samples(BenchConfig(url=url, mode=RunMode.TRACE, duration_s=duration_s, trace_path=trace,
+                                   num_images=NUM_IMAGES, image_size=ImageSize(IMAGE_PX, IMAGE_PX),
+                                   is_truncating=True, show_progress=False))
 
 
 def _phase_row(name: str, offered_rps: float, samples: list[Sample], duration_s: float) -> tuple[str, ...]:
@@ -143,17 +129,10 @@ def _phase_row(name: str, offered_rps: float, samples: list[Sample], duration_s:
             f"{latency_ms(samples, 99):.0f}", f"{lag_p99_ms(samples):.0f}")
 
 
-def _table(rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
-
-
 def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, phase_s: float) -> tuple[str, bool]:
-    settings = {"default_timeout_ms": str(deadline_ms), "cache_image_bytes": "0", "cache_text_bytes": "0",
-                "decode_threads": str(DECODE_THREADS), "max_decode_queue": str(MAX_DECODE_QUEUE)}
-    with served(preset, settings) as server:
+    settings = {"DEFAULT_TIMEOUT_MS": str(deadline_ms), "CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0",
+                "DECODE_THREADS": str(DECODE_THREADS), "MAX_DECODE_QUEUE": str(MAX_DECODE_QUEUE)}
+    with running(mmserve_command(preset, settings)) as server:
         saturation_rps = capacity_rps(server.url, image_px=IMAGE_PX, mix=MIX)
         calm_rps = 0.5 * saturation_rps
         with tempfile.TemporaryDirectory() as directory:
@@ -188,7 +167,7 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, ph
         f"deadline {deadline_ms} ms, caches off, {IMAGE_PX} px JPEGs ({MIX}), {DECODE_THREADS} decode threads, "
         f"max_decode_queue {MAX_DECODE_QUEUE}; latency of 200s from the actual send time "
         "(what the server's deadline counts), and from the intended one (includes the generator's lag)",
-        _table(rows),
+        ruled(rows),
         f"RSS: warmed-up {warm_rss / 1024**2:.1f} MiB, during overload max {max_rss / 1024**2:.1f} MiB "
         f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(sampler.rss_bytes) / 1024**2:.1f} MiB",
         f"refusal probe during overload: {sum(probe.statuses('image').values())} image requests, "

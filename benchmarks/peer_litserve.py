@@ -46,22 +46,21 @@ import argparse
 import asyncio
 import base64
 import dataclasses
-import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 
-from benchmarks.alternated_runs import FIXED_RATE_SHARE, AlternationPlan, ServerRuns, run_alternated
-from benchmarks.comparison_table import Targets, format_comparison
-from benchmarks.loadgen.config import BenchConfig, RunMode
+from benchmarks.harness import (
+    AlternationPlan, RunSpec, ServerCommand, ServerRuns, Targets, compare, format_comparison, litserve_command,
+    machine_line, mmserve_command, num_usable_cpus, running, utc_now,
+)
+from benchmarks.harness.alternation import FIXED_RATE_SHARE
+from benchmarks.loadgen.config import BenchConfig
 from benchmarks.loadgen.image_pool import ImageFormat, ImagePool, ImageSize
 from benchmarks.loadgen.runner import INFER_PATH
 from benchmarks.loadgen.server_metrics import batch_size_view, scrape
 from benchmarks.loadgen.workload import TextLengthRange
-from benchmarks.machine_line import machine_line
-from benchmarks.serving_processes import ServerCommand, litserve_command, mmserve_command, running
 
 BATCH_CAP = 8
 QUEUE_DELAY_MS = 5.0
@@ -96,10 +95,13 @@ PLANS = {
 }
 
 
-def _config(url: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
-            rate_rps: float | None = None) -> BenchConfig:
-    return BenchConfig(url=url, mode=mode, duration_s=seconds, concurrency=concurrency, rate_rps=rate_rps,
-                       text_length=TEXT_CHARS, seed=seed, timeout_s=60.0, show_progress=False)
+def _config(run: RunSpec) -> BenchConfig:
+    """The generator's defaults (mix, 100 JPEGs 224x224) with texts every preset takes whole."""
+    return run.config(text_length=TEXT_CHARS, timeout_s=60.0)
+
+
+def _alternation(plan: PresetPlan) -> AlternationPlan:
+    return AlternationPlan(plan.seconds, plan.num_rounds, plan.warmup_s, plan.concurrency, FIXED_RATE_SHARE)
 
 
 def measure_preset(plan: PresetPlan, device: str, is_traced: bool) -> dict[str, ServerRuns]:
@@ -110,26 +112,12 @@ def measure_preset(plan: PresetPlan, device: str, is_traced: bool) -> dict[str, 
         LITSERVE: litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=QUEUE_DELAY_MS,
                                    device=device, is_fast_queue=True, is_traced=is_traced),
     }
-    alternation = AlternationPlan(plan.seconds, plan.num_rounds, plan.warmup_s, plan.concurrency, FIXED_RATE_SHARE)
-    # Started one after the other so neither start-up competes with the other's.
-    with running(commands[MMSERVE]) as mmserve:
-        mmserve.pause()
-        with running(commands[LITSERVE]) as litserve:
-            litserve.pause()
-            servers = {LITSERVE: litserve, MMSERVE: mmserve}
-
-            def config_for(name: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
-                           rate_rps: float | None = None) -> BenchConfig:
-                return _config(servers[name].url, mode, seconds, seed, concurrency=concurrency, rate_rps=rate_rps)
-
-            return run_alternated(servers, LITSERVE, MMSERVE, alternation, config_for, plan.preset)
+    return compare(commands, LITSERVE, MMSERVE, _alternation(plan), _config, plan.preset)
 
 
 def format_preset_table(plan: PresetPlan, runs: dict[str, ServerRuns]) -> str:
-    alternation = AlternationPlan(plan.seconds, plan.num_rounds, plan.warmup_s, plan.concurrency, FIXED_RATE_SHARE)
-    return format_comparison(f"preset {plan.preset}", runs, LITSERVE, MMSERVE, alternation,
-                             Targets(plan.min_throughput_ratio, plan.max_p99_ratio), len(os.sched_getaffinity(0)),
-                             "mm/lit")
+    return format_comparison(f"preset {plan.preset}", runs, LITSERVE, MMSERVE, _alternation(plan),
+                             Targets(plan.min_throughput_ratio, plan.max_p99_ratio), num_usable_cpus(), "mm/lit")
 
 
 # -- one batch with a bad item ---------------------------------------------------------
@@ -229,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="LitServe runs the eager encoders (default: TorchScript graphs, as mmserve)")
     args = parser.parse_args(argv)
 
-    print(f"mmserve vs LitServe, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {machine_line()}")
+    print(f"mmserve vs LitServe, {utc_now()}, {machine_line()}")
     print(f"device {args.device}, float32, batch cap {BATCH_CAP}, batch delay {QUEUE_DELAY_MS:g} ms on both; "
           "mmserve segment cache off; LitServe 1 worker with fast_queue; encoders "
           f"{'eager on LitServe, TorchScript on mmserve' if args.litserve_eager else 'as TorchScript graphs on both'}; "

@@ -5,7 +5,8 @@ a small random model with the family's own library
 (``benchmarks.random_pretrained``), 4 layers, 256 wide, 224 px, patch 16,
 and serves that one directory with ``mmserve serve --model DIR`` (segment
 cache off, so every request is computed) and with Infinity (``infinity_emb
-v2 --model-id DIR``, 0.0.78, from a venv of its own: ``benchmarks.peer_venv``).
+v2 --model-id DIR``, 0.0.78, from a venv of its own:
+``benchmarks.harness.peer_venv``).
 Both take the same OpenAI ``POST /v1/embeddings`` bodies, one input each,
 images as ``data:`` URIs (Infinity's dialect adds ``"modality": "image"``).
 Both batch at most 8 (mmserve waits up to 5 ms for a batch to fill; Infinity
@@ -18,7 +19,7 @@ has no such knob) and run float32 on the CPU.
 2. Timing, for the families both serve, text-only and image-only: closed-loop
    saturation (C clients) and open-loop p99 at 70 % of Infinity's saturation,
    A-B-B-A alternated, the idle server paused, other processes' CPU recorded
-   (``benchmarks.alternated_runs``). Targets: text throughput >= 2x Infinity's
+   (``benchmarks.harness.alternation``). Targets: text throughput >= 2x Infinity's
    and p99 <= 0.5x; images >= 1.15x and p99 <= 0.7x.
 
     python -m benchmarks.real_models
@@ -33,31 +34,28 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
-import os
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from benchmarks.alternated_runs import AlternationPlan, ServerRuns, log, run_alternated
-from benchmarks.comparison_table import Targets, format_comparison, verdict_text, verdicts
 from benchmarks.embedding_agreement import (
     AgreementRow, agreement_row, failure_reason, format_agreement_table, served_model_name,
 )
-from benchmarks.loadgen.config import BenchConfig, RunMode
+from benchmarks.harness import (
+    AlternationPlan, RunSpec, ServerProcess, ServerRuns, ServerStartError, Targets, format_comparison,
+    infinity_command, log, machine_line, mmserve_model_command, num_usable_cpus, resumed, run_alternated, running,
+    start_paused, utc_now, verdict_text, verdicts,
+)
+from benchmarks.harness.peer_venv import DEFAULT_INFINITY_VENV, PeerInstallError, ensure_venv, installed_version
+from benchmarks.loadgen.config import BenchConfig
 from benchmarks.loadgen.embeddings_payload import EmbeddingsDialect
 from benchmarks.loadgen.image_pool import ImageFormat, ImagePool, ImageSize
 from benchmarks.loadgen.workload import Mix, TextLengthRange, parse_mix
-from benchmarks.machine_line import machine_line
-from benchmarks.peer_venv import DEFAULT_INFINITY_VENV, PeerInstallError, ensure_venv, installed_version
 from benchmarks.random_pretrained import SENTENCES, TowerSize
 from benchmarks.reference_embeddings import Family, ReferenceInputs, reference_embeddings, write_family
-from benchmarks.serving_processes import (
-    ServerProcess, ServerStartError, infinity_command, mmserve_model_command, running,
-)
 
 MMSERVE = "mmserve"
 INFINITY = "infinity"
@@ -105,15 +103,11 @@ def _start_peer(venv: Path | None, directory: Path, family: Family) -> tuple[Ser
     """Infinity serving ``directory``, paused; or None and what it said when it could not start."""
     if venv is None:
         return None, "not installed (see above)"
-    server = ServerProcess(infinity_command(venv, directory, served_model_name=family.value, batch_size=BATCH_CAP))
+    command = infinity_command(venv, directory, served_model_name=family.value, batch_size=BATCH_CAP)
     try:
-        server.wait_ready(READY_TIMEOUT_S)
-    except ServerStartError:
-        reason = failure_reason(server.stderr_tail())
-        server.stop()
-        return None, f"did not start: {reason}"
-    server.pause()
-    return server, None
+        return start_paused(command, READY_TIMEOUT_S), None
+    except ServerStartError as e:
+        return None, f"did not start: {failure_reason(e.stderr_tail)}"
 
 
 def _agreement(family: Family, servers: dict[str, ServerProcess], dialects: dict[str, EmbeddingsDialect],
@@ -121,11 +115,8 @@ def _agreement(family: Family, servers: dict[str, ServerProcess], dialects: dict
     want = reference_embeddings(family, directory, inputs)
     rows = []
     for name, server in servers.items():
-        server.resume()
-        try:
+        with resumed(server):
             rows.append(agreement_row(family.value, name, server.url, dialects[name], inputs, want, ImageFormat.PNG))
-        finally:
-            server.pause()
     return rows
 
 
@@ -133,11 +124,9 @@ def _timing(family: Family, servers: dict[str, ServerProcess], dialects: dict[st
             plan: AlternationPlan) -> list[tuple[Lane, dict[str, ServerRuns]]]:
     results = []
     for lane in LANES:
-        def config_for(name: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
-                       rate_rps: float | None = None, lane: Lane = lane) -> BenchConfig:
-            return BenchConfig(url=servers[name].url, mode=mode, duration_s=seconds, concurrency=concurrency,
-                               rate_rps=rate_rps, mix=lane.mix, text_length=TEXT_CHARS, seed=seed, timeout_s=60.0,
-                               show_progress=False, embeddings=dialects[name])
+        def config_for(run: RunSpec, lane: Lane = lane) -> BenchConfig:
+            """One input per ``POST /v1/embeddings`` in the server's dialect, the lane's modality only."""
+            return run.config(mix=lane.mix, text_length=TEXT_CHARS, timeout_s=60.0, embeddings=dialects[run.name])
 
         runs = run_alternated(servers, INFINITY, MMSERVE, plan, config_for, f"{family.value} {lane.name}")
         results.append((lane, runs))
@@ -167,16 +156,15 @@ def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceI
             servers = {MMSERVE: mmserve} if peer is None else {INFINITY: peer, MMSERVE: mmserve}
             dialects = {}
             for name, server in servers.items():
-                server.resume()
-                dialects[name] = _dialect(server, is_image_modality_marked=name == INFINITY)
-                server.pause()
+                with resumed(server):
+                    dialects[name] = _dialect(server, is_image_modality_marked=name == INFINITY)
             rows = _agreement(family, servers, dialects, directory, inputs)
             if peer_failure is not None:
                 rows.append(AgreementRow(family.value, INFINITY, failure=peer_failure))
             if plan is not None and peer is not None:
                 for lane, runs in _timing(family, servers, dialects, plan):
                     print(format_comparison(f"{family.value}, {lane.name} only", runs, INFINITY, MMSERVE, plan,
-                                            lane.targets, len(os.sched_getaffinity(0)), "mm/inf"), flush=True)
+                                            lane.targets, num_usable_cpus(), "mm/inf"), flush=True)
                     verdict_lines.append(_verdict_line(family, lane, runs))
         finally:
             if peer is not None:
@@ -211,8 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = AlternationPlan(args.seconds, args.rounds, args.warmup_s, args.concurrency)
     _quiet_libraries()
 
-    print(f"mmserve vs Infinity on real model families, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-          f"{machine_line()}", flush=True)
+    print(f"mmserve vs Infinity on real model families, {utc_now()}, {machine_line()}", flush=True)
     venv: Path | None = None
     if not args.no_peer:
         try:

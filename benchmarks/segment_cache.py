@@ -17,17 +17,15 @@ preset, seeds and batching), with the load generator of ``mmserve bench``:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import platform
-import time
+import statistics
 
 import torch
 
-from benchmarks.loadgen.bench import run_bench
+from benchmarks.harness import abba_sequence, mmserve_command, paused_servers, resumed, run_report, running, utc_now
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
-from benchmarks.serving_processes import mmserve_command, running
 
 CACHE_OFF = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0"}
 CACHE_ON: dict[str, str] = {}
@@ -42,10 +40,6 @@ def _config(url: str, mode: RunMode, seconds: float, *, num_images: int, zipf: f
                        show_progress=False)
 
 
-def run(config: BenchConfig) -> dict:
-    return asyncio.run(run_bench(config)).report
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="vit-b16")
@@ -55,7 +49,7 @@ def main() -> None:
                         help="pool of the all-unique workload; keep it well above the requests a run sends")
     parser.add_argument("--workloads", nargs="+", choices=("zipf", "unique"), default=["zipf", "unique"])
     args = parser.parse_args()
-    print(f"segment cache benchmark, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, preset {args.preset}, "
+    print(f"segment cache benchmark, {utc_now()}, preset {args.preset}, "
           f"{platform.machine()} x{torch.get_num_threads()} torch threads, batch cap 8, fusion requests, "
           f"{args.seconds:.0f} s per measurement, closed loop of {args.concurrency} at saturation")
     print(f"{'workload':<48} {'cache off':>10} {'cache on':>10}  ratio")
@@ -69,7 +63,7 @@ SETTINGS = {"MAX_BATCH_SIZE": "8"}
 
 
 def _saturation(url: str, args: argparse.Namespace, workload: dict, seed: int) -> dict:
-    return run(_config(url, RunMode.CLOSED, args.seconds, concurrency=args.concurrency, seed=seed, **workload))
+    return run_report(_config(url, RunMode.CLOSED, args.seconds, concurrency=args.concurrency, seed=seed, **workload))
 
 
 def _row(name: str, off: str, on: str, ratio: str) -> None:
@@ -81,12 +75,12 @@ def measure_zipf(args: argparse.Namespace) -> None:
     zipf = {"num_images": 64, "zipf": 1.1}
     with running(mmserve_command(args.preset, {**SETTINGS, **CACHE_OFF})) as server:
         rate = off_rps = _saturation(server.url, args, zipf, seed=1)["throughput_rps"]
-        off_p99 = run(_config(server.url, RunMode.OPEN, args.seconds, rate=rate, seed=3, **zipf))["p99_ms"]
+        off_p99 = run_report(_config(server.url, RunMode.OPEN, args.seconds, rate=rate, seed=3, **zipf))["p99_ms"]
     with running(mmserve_command(args.preset, {**SETTINGS, **CACHE_ON})) as server:
         on_rps = _saturation(server.url, args, zipf, seed=1)["throughput_rps"]
     # A fresh process: the open loop starts from a cold cache.
     with running(mmserve_command(args.preset, {**SETTINGS, **CACHE_ON})) as server:
-        open_report = run(_config(server.url, RunMode.OPEN, args.seconds, rate=rate, seed=3, **zipf))
+        open_report = run_report(_config(server.url, RunMode.OPEN, args.seconds, rate=rate, seed=3, **zipf))
     _row("Zipf(1.1) over 64 images, saturation req/s", f"{off_rps:.2f}", f"{on_rps:.2f}",
          f"{on_rps / off_rps:.2f}x (target >= 1.8x)")
     _row(f"Zipf(1.1) open loop at {rate:.2f} req/s, p99 ms", f"{off_p99:.0f}", f"{open_report['p99_ms']:.0f}",
@@ -101,21 +95,18 @@ def measure_unique(args: argparse.Namespace) -> None:
     paused), so the machine's drift hits both alike; each side's runs are pooled.
     """
     unique = {"num_images": args.unique_images, "zipf": None}
-    with running(mmserve_command(args.preset, {**SETTINGS, **CACHE_OFF})) as off_server, \
-            running(mmserve_command(args.preset, {**SETTINGS, **CACHE_ON})) as on_server:
-        rates: dict[str, list[float]] = {"off": [], "on": []}
-        events = None
-        for round_index, side in enumerate(("off", "on", "on", "off")):
-            active, idle = (off_server, on_server) if side == "off" else (on_server, off_server)
-            idle.pause()
-            active.resume()
-            report = _saturation(active.url, args, unique, seed=2 + round_index)
+    commands = {"off": mmserve_command(args.preset, {**SETTINGS, **CACHE_OFF}),
+                "on": mmserve_command(args.preset, {**SETTINGS, **CACHE_ON})}
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    events = None
+    with paused_servers(commands) as servers:
+        for round_index, side in enumerate(abba_sequence("off", "on", 2)):
+            with resumed(servers[side]) as active:
+                report = _saturation(active.url, args, unique, seed=2 + round_index)
             rates[side].append(report["throughput_rps"])
             if side == "on":
                 events = report.get("server", {}).get("cache", {}).get("by_modality", {}).get("image", {})
-        off_server.resume()
-        on_server.resume()
-    off_rps, on_rps = (sum(values) / len(values) for values in (rates["off"], rates["on"]))
+    off_rps, on_rps = (statistics.fmean(rates[side]) for side in ("off", "on"))
     _row(f"all-unique images ({args.unique_images} pool), saturation req/s", f"{off_rps:.2f}", f"{on_rps:.2f}",
          f"cost {100 * (1 - on_rps / off_rps):+.1f} % (target <= 3 %)")
     print(f"  runs off {[round(r, 2) for r in rates['off']]}, on {[round(r, 2) for r in rates['on']]}; "

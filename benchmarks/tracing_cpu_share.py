@@ -4,8 +4,9 @@ Throughput cannot show a 2 % cost on a shared 2-core guest: two starts of the
 same server differ by up to 10 % in req/s (BENCHMARKS.md, "Tracing
 overhead"). A profile can, because it is a share within one process at one
 time, whatever the machine's speed then. For each configuration a fresh
-server (``benchmarks.tracing_overhead``'s set-up: cache off, OTLP/HTTP to a
-discarding sink in its own process, slow rule off) is saturated by a closed
+server (``benchmarks.tracing_setup``, as ``benchmarks.tracing_overhead``
+starts it: cache off, OTLP/HTTP to a discarding sink in its own process,
+slow rule off) is saturated by a closed
 loop while ``py-spy`` samples its Python threads (``--nonblocking``, so the
 sampler does not stop the server); a sample is tracing's when any frame on
 its stack is:
@@ -37,7 +38,6 @@ collection run elsewhere for objects tracing made, or GIL hand-offs.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import dataclasses
 import platform
@@ -52,9 +52,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import RunMode
-from benchmarks.tracing_overhead import PLANS, PresetPlan, bench_config, otlp_sink, start_server
+from benchmarks.harness import run_report, utc_now
+from benchmarks.tracing_setup import PLANS, PresetPlan, bench_config, otlp_sink, start_server
 from models.loading.repository import build_preset
 
 CONFIGS = ("off", "0%", "1%", "100%")
@@ -133,7 +133,7 @@ def profile_once(config: str, plan: PresetPlan, image_px: int, sink_url: str, se
         server.resume()
         load_config = dataclasses.replace(bench_config(server.url, plan, image_px, RunMode.CLOSED, seed=0),
                                           duration_s=seconds + 2 * _LOAD_LEAD_S)
-        load = threading.Thread(target=lambda: asyncio.run(run_bench(load_config)), daemon=True)
+        load = threading.Thread(target=lambda: run_report(load_config), daemon=True)
         load.start()
         time.sleep(_LOAD_LEAD_S)
         with tempfile.NamedTemporaryFile("r", suffix=".txt") as raw:
@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--gil", action="store_true",
                         help="only samples of threads holding the GIL: the share of the interpreter's time")
     args = parser.parse_args()
-    print(f"tracing CPU share, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()}, "
+    print(f"tracing CPU share, {utc_now()}, {platform.machine()}, "
           f"python {platform.python_version()}, py-spy --rate {args.rate} --nonblocking{' --gil' if args.gil else ''}, "
           f"{args.seconds:g} s per configuration, a fresh server each, cache off, OTLP/HTTP to a discarding sink, "
           "slow rule off")

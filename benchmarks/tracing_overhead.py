@@ -46,112 +46,22 @@ measures tracing's share of the time instead).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import platform
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 
-import httpx
 import torch
 
-from benchmarks.loadgen.bench import run_bench
-from benchmarks.loadgen.config import BenchConfig, RunMode
-from benchmarks.loadgen.image_pool import ImageSize
-from benchmarks.loadgen.workload import TextLengthRange, parse_mix
-from benchmarks.serving_processes import ServerProcess, free_port, mmserve_command
+from benchmarks.harness import (
+    CpuMeter, ServerProcess, fixed_width, mean_interval, paused_servers, resumed, rotated, run_report, utc_now,
+)
+from benchmarks.loadgen.config import RunMode
+from benchmarks.tracing_setup import (
+    PLANS, SAMPLE_RATIOS, TRACED_CONFIGS, PresetPlan, base_source, bench_config, otlp_sink, server_command,
+    sink_stats,
+)
 from models.loading.repository import build_preset
-
-TRACED_CONFIGS = ("off", "1%", "100%")
-SAMPLE_RATIOS = {"0%": "0", "1%": "0.01", "100%": "1"}
-NO_CACHE = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0"}
-TEXT_CHARS = TextLengthRange(16, 48)
-
-
-@dataclass(frozen=True)
-class PresetPlan:
-    """One preset's load: the mix, the closed loop's clients, the open loop's rate, each phase's length."""
-
-    preset: str
-    mix: str
-    concurrency: int
-    open_rate_rps: float
-    seconds: float
-
-
-PLANS = {
-    # Every stage and every span (decode, queue, vision, text, fusion, respond, the batch) per request.
-    "tiny": PresetPlan("tiny", "fusion:1", concurrency=32, open_rate_rps=250.0, seconds=8.0),
-    # Texts: a vit-b16 image batch takes seconds on this CPU, next to which any per-request cost
-    # vanishes; the text tower is where vit-b16 serves hundreds of requests a second.
-    "vit-b16": PresetPlan("vit-b16", "text:1", concurrency=32, open_rate_rps=40.0, seconds=10.0),
-}
-
-
-@contextmanager
-def otlp_sink() -> Iterator[str]:
-    """The discarding receiver as its own process; yields its base URL."""
-    port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "benchmarks.otlp_sink", "--port", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(url + "/stats", timeout=1.0, trust_env=False)
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def sink_stats(url: str) -> dict[str, int]:
-    return httpx.get(url + "/stats", timeout=5.0, trust_env=False).json()
-
-
-@contextmanager
-def base_source(commit: str | None) -> Iterator[str | None]:
-    """The repository at ``commit`` in a temporary directory (for PYTHONPATH), or ``None`` without one."""
-    if commit is None:
-        yield None
-        return
-    with tempfile.TemporaryDirectory(prefix="mmserve-base-") as directory:
-        archive = subprocess.run(["git", "archive", commit], check=True, capture_output=True).stdout
-        subprocess.run(["tar", "-x", "-C", directory], input=archive, check=True)
-        yield directory
-
-
-def server_settings(config: str, sink_url: str, base_dir: str | None) -> tuple[dict[str, str], dict[str, str]]:
-    """(MMSERVE_* settings without the prefix, extra environment) of one configuration."""
-    if config == "base":
-        assert base_dir is not None
-        return dict(NO_CACHE), {"PYTHONPATH": os.pathsep.join([base_dir, os.environ.get("PYTHONPATH", "")])}
-    if config == "off":
-        return dict(NO_CACHE), {}
-    ratio = SAMPLE_RATIOS[config]
-    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": sink_url + "/v1/traces", "OTEL_SERVICE_NAME": "mmserve-bench"}
-    return {**NO_CACHE, "TRACE_SAMPLE_RATIO": ratio, "TRACE_SLOW_MS": "0"}, env
-
-
-def bench_config(url: str, plan: PresetPlan, image_px: int, mode: RunMode, seed: int) -> BenchConfig:
-    return BenchConfig(url=url, mode=mode, duration_s=plan.seconds,
-                       rate_rps=plan.open_rate_rps if mode is RunMode.OPEN else None,
-                       concurrency=plan.concurrency if mode is RunMode.CLOSED else None,
-                       mix=parse_mix(plan.mix), num_images=64, image_size=ImageSize(image_px, image_px),
-                       text_length=TEXT_CHARS, seed=seed, timeout_s=120.0, show_progress=False)
 
 
 def measure_once(server: ServerProcess, plan: PresetPlan, image_px: int, seed: int) -> dict[str, float]:
@@ -160,30 +70,14 @@ def measure_once(server: ServerProcess, plan: PresetPlan, image_px: int, seed: i
     CPU per request (from ``/proc``) is each request's work, whatever share
     of the two cores the server got beside the load generator.
     """
-    server.resume()
-    try:
-        cpu_before_s = server.cpu_s()
-        closed = asyncio.run(run_bench(bench_config(server.url, plan, image_px, RunMode.CLOSED, seed))).report
-        closed_cpu_s = server.cpu_s() - cpu_before_s
-        opened = asyncio.run(run_bench(bench_config(server.url, plan, image_px, RunMode.OPEN, seed))).report
-    finally:
-        server.pause()
+    with resumed(server):
+        meter = CpuMeter(server)
+        closed = run_report(bench_config(server.url, plan, image_px, RunMode.CLOSED, seed))
+        closed_cpu = meter.stop()
+        opened = run_report(bench_config(server.url, plan, image_px, RunMode.OPEN, seed))
     return {"rps": closed["throughput_rps"], "closed_p99_ms": closed["p99_ms"], "open_p99_ms": opened["p99_ms"],
-            "cpu_ms": 1000.0 * closed_cpu_s / max(closed["ok"], 1),
+            "cpu_ms": closed_cpu.server_ms_per_request(closed["ok"]),
             "errors": closed["errors"] + opened["errors"], "behind": float(bool(opened.get("generator_bottleneck")))}
-
-
-def start_server(config: str, plan: PresetPlan, sink_url: str, base_dir: str | None) -> ServerProcess:
-    settings, env = server_settings(config, sink_url, base_dir)
-    command = mmserve_command(plan.preset, settings)
-    server = ServerProcess(dataclasses.replace(command, env={**command.env, **env}))
-    try:
-        server.wait_ready(600.0)
-    except BaseException:
-        server.stop()
-        raise
-    server.pause()
-    return server
 
 
 def measure_preset(plan: PresetPlan, num_rounds: int, configs: Sequence[str],
@@ -204,14 +98,10 @@ def measure_preset(plan: PresetPlan, num_rounds: int, configs: Sequence[str],
     with otlp_sink() as sink_url:
         exported_before = sink_stats(sink_url)
         for first_round in range(0, num_rounds, rounds_per_set):
-            with ExitStack() as stack:
-                servers: dict[str, ServerProcess] = {}
-                for config in configs:
-                    servers[config] = start_server(config, plan, sink_url, base_dir)
-                    stack.callback(servers[config].stop)
+            commands = {config: server_command(config, plan, sink_url, base_dir) for config in configs}
+            with paused_servers(commands) as servers:
                 for round_index in range(first_round, min(first_round + rounds_per_set, num_rounds)):
-                    shift = round_index % len(configs)
-                    for config in tuple(configs[shift:]) + tuple(configs[:shift]):
+                    for config in rotated(configs, round_index):
                         rows[config].append(measure_once(servers[config], plan, image_px, seed=round_index))
         exported = sink_stats(sink_url)
     summary: dict[str, dict[str, float]] = {}
@@ -241,26 +131,6 @@ def measure_preset(plan: PresetPlan, num_rounds: int, configs: Sequence[str],
     return summary
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the mean and its 95 % confidence interval (Student's t), values taken as independent.
-
-    The values are each set of servers' mean ratio. Sets run back to back on
-    the same machine, so they are not quite independent; the interval is a
-    guide to how many sets a claim needs, not a test.
-    """
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, float("nan"), float("nan")
-    half_width = T_975[min(len(values) - 1, len(T_975)) - 1] * statistics.stdev(values) / len(values) ** 0.5
-    return mean, mean - half_width, mean + half_width
-
-
-# Student's t, two-sided 95 %, for 1..30 degrees of freedom (the last stands for more).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"], choices=sorted(PLANS))
@@ -276,14 +146,14 @@ def main() -> None:
     args = parser.parse_args()
     restart_every = 1 if args.fresh_servers else args.restart_every
     configs = (("base",) if args.base_commit else ()) + ("off",) + tuple(c for c in args.configs if c != "off")
-    print(f"tracing overhead, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.machine()} "
+    print(f"tracing overhead, {utc_now()}, {platform.machine()} "
           f"x{torch.get_num_threads()} torch threads, torch {torch.__version__}, python {platform.python_version()}, "
           f"{args.rounds} rounds (order rotated), {servers_said(restart_every)}, "
           "cache off, OTLP/HTTP to a discarding sink, slow rule off"
           + (f", base = {args.base_commit}" if args.base_commit else ""))
     header = ("preset", "mix", "tracing", "closed_rps", "vs_off", "closed_p99", "open_rps", "open_p99",
               "cpu/req", "cpu_vs_off", "errors")
-    print(" ".join(f"{h:>12}" for h in header[:-1]), f"{header[-1]:>7}")
+    print(fixed_width(header[:-1], 12), f"{header[-1]:>7}")
     with base_source(args.base_commit) as base_dir:
         for name in args.presets:
             plan = PLANS[name] if args.seconds is None else dataclasses.replace(PLANS[name], seconds=args.seconds)
@@ -304,7 +174,7 @@ def print_preset(name: str, plan: PresetPlan, summary: dict[str, dict[str, float
                   f"{row['closed_p99_ms']:.1f} ms", f"{plan.open_rate_rps:.0f}", f"{row['open_p99_ms']:.1f} ms",
                   f"{row['cpu_ms']:.2f} ms", f"{row['cpu_vs_off']:.3f}")
         behind = " (generator behind)" if row["behind"] else ""
-        print(" ".join(f"{v:>12}" for v in values), f"{int(row['errors']):>7}{behind}", flush=True)
+        print(fixed_width(values, 12), f"{int(row['errors']):>7}{behind}", flush=True)
     for config in configs:
         row = summary[config]
         mean, low, high = row["vs_off_interval"]  # type: ignore[misc]

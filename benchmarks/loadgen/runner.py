@@ -150,6 +150,17 @@ class Sender:
         )
 
 
+def _recorder(on_sample: Callable[[Sample], None]) -> tuple[list[Sample], Callable[[Sample], None]]:
+    """The list a run returns its samples in, and the callback that fills it and passes each sample on."""
+    samples: list[Sample] = []
+
+    def record(sample: Sample) -> None:
+        samples.append(sample)
+        on_sample(sample)
+
+    return samples, record
+
+
 async def run_open_loop(
     slots: ConnectionSlots,
     arrivals: Iterable[Arrival],
@@ -159,12 +170,7 @@ async def run_open_loop(
     on_sample: Callable[[Sample], None] = lambda sample: None,
 ) -> RunResult:
     """Send every arrival at its intended time, never waiting for answers; then drain."""
-    samples: list[Sample] = []
-
-    def record(sample: Sample) -> None:
-        samples.append(sample)
-        on_sample(sample)
-
+    samples, record = _recorder(on_sample)
     started_at_s = time.perf_counter()
     sender = Sender(slots, started_at_s, timeout_s, record, builder.path)
     in_flight: set[asyncio.Task[None]] = set()
@@ -192,12 +198,7 @@ async def run_closed_loop(
     on_sample: Callable[[Sample], None] = lambda sample: None,
 ) -> RunResult:
     """``concurrency`` workers, each sending back to back until ``duration_s`` has passed."""
-    samples: list[Sample] = []
-
-    def record(sample: Sample) -> None:
-        samples.append(sample)
-        on_sample(sample)
-
+    samples, record = _recorder(on_sample)
     started_at_s = time.perf_counter()
     stop_at_s = started_at_s + duration_s
     sender = Sender(slots, started_at_s, timeout_s, record, builder.path)

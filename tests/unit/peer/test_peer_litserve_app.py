@@ -19,7 +19,7 @@ from fastapi import HTTPException
 
 from benchmarks.peer_litserve_app import MultimodalLitAPI, PeerOutput
 from benchmarks.peer_request import PeerLimits
-from benchmarks.serving_processes import ServerProcess, litserve_command, running
+from benchmarks.harness import ServerProcess, litserve_command, running
 from encoded_images import encoded_image_b64
 from server.settings import Settings
 

@@ -11,8 +11,9 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.alternated_runs import AlternationPlan, ServerRuns, abba_order, run_orders
-from benchmarks.comparison_table import Targets, format_comparison, verdicts
+from benchmarks.harness import (
+    AlternationPlan, ServerRuns, Targets, abba_order, format_comparison, run_orders, verdicts,
+)
 from benchmarks.embedding_agreement import AgreementRow, failure_reason, format_agreement_table
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.embeddings_payload import (

@@ -1,7 +1,8 @@
 """The table a peer comparison prints: both servers' pooled runs, their ratio, the target and the verdict.
 
 Pure formatting and arithmetic over ``ServerRuns`` (no I/O), shared by
-``peer_litserve`` and ``real_models`` and tested on made-up runs. A target
+every comparison with a peer (``peer_litserve``, ``real_models``) and
+tested on made-up runs. A target
 compares ratios, never absolute times: the machines are shared and drift.
 """
 
@@ -11,7 +12,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from benchmarks.alternated_runs import AlternationPlan, ServerRuns, run_orders
+from benchmarks.harness.alternation import AlternationPlan, ServerRuns, run_orders
+from benchmarks.harness.table_layout import align
 
 
 @dataclass(frozen=True)
@@ -45,13 +47,6 @@ def verdict_text(is_met: bool) -> str:
 
 def _worst_ms(values_ms: Sequence[float]) -> str:
     return f"{max(values_ms):.1f}" if values_ms else "-"
-
-
-def align(rows: Sequence[Sequence[str]]) -> list[str]:
-    """The first column left-aligned, the others right-aligned, two spaces apart."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row))
-            for row in rows]
 
 
 def format_comparison(title: str, runs: Mapping[str, ServerRuns], peer: str, ours: str, plan: AlternationPlan,

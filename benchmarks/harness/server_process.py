@@ -7,6 +7,10 @@ process, an inference worker and a queue manager, so every server is started
 in a new session and signalled as a process group: stopping it stops all of
 its children, and pausing it (SIGSTOP) keeps an idle server's polling loops
 off the CPU while the other server is measured.
+
+``running`` keeps one server for a block; ``paused_servers`` starts a set
+one after the other (no start-up competes with another's) and ``resumed``
+lets one of them run for a measurement.
 """
 
 from __future__ import annotations
@@ -15,23 +19,28 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
+
+from benchmarks.harness.cpu_accounting import group_cpu_s
 
 _POLL_INTERVAL_S = 0.25
 _STOP_TIMEOUT_S = 30.0
 _STDERR_TAIL_CHARS = 3000
+READY_TIMEOUT_S = 600.0  # a large preset on a busy CPU takes minutes to load and warm
 
 
 class ServerStartError(RuntimeError):
-    """A server process exited or never became ready; the message carries its stderr tail."""
+    """A server process exited or never became ready; the message (and ``stderr_tail``) carry its stderr tail."""
+
+    def __init__(self, message: str, stderr_tail: str) -> None:
+        super().__init__(f"{message}:\n{stderr_tail}")
+        self.stderr_tail = stderr_tail
 
 
 @dataclass(frozen=True)
@@ -55,64 +64,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _mmserve_serve(source: tuple[str, str], settings: Mapping[str, str], device: str,
-                   port: int | None) -> ServerCommand:
-    port = free_port() if port is None else port
-    env = {"MMSERVE_LOG_LEVEL": "warning", **{f"MMSERVE_{name}": value for name, value in settings.items()}}
-    argv = (sys.executable, "-m", "server.cli", "serve", *source, "--port", str(port), "--device", device)
-    return ServerCommand("mmserve", argv, port, "/health/ready", env)
-
-
-def mmserve_command(preset: str, settings: Mapping[str, str], *, device: str = "cpu",
-                    port: int | None = None) -> ServerCommand:
-    """``mmserve serve --preset PRESET``; ``settings`` are ``MMSERVE_*`` names without the prefix."""
-    return _mmserve_serve(("--preset", preset), settings, device, port)
-
-
-def mmserve_model_command(model: Path, settings: Mapping[str, str], *, device: str = "cpu",
-                          port: int | None = None) -> ServerCommand:
-    """``mmserve serve --model DIR`` (a Hugging Face, open_clip or mmserve directory); settings as above."""
-    return _mmserve_serve(("--model", str(model)), settings, device, port)
-
-
-def infinity_command(venv: Path, model: Path, *, served_model_name: str, batch_size: int, device: str = "cpu",
-                     port: int | None = None) -> ServerCommand:
-    """Infinity (``infinity_emb v2``) serving the Hugging Face directory ``model``, from its own venv.
-
-    ``venv`` is the peer's own virtual environment (``benchmarks.peer_venv``).
-    Routes go under ``/v1``, so its embeddings path is mmserve's
-    (``/v1/embeddings``); ``/health`` stays where it is. Bound to loopback
-    (its default is every interface), usage statistics off. It inherits
-    no ``PYTHONPATH``: a worktree's top-level packages (``kernels``,
-    ``models``) would shadow names its libraries look for.
-    """
-    port = free_port() if port is None else port
-    argv = (str(venv / "bin" / "infinity_emb"), "v2", "--model-id", str(model),
-            "--served-model-name", served_model_name, "--batch-size", str(batch_size), "--device", device,
-            "--engine", "torch", "--host", "127.0.0.1", "--port", str(port), "--url-prefix", "/v1",
-            "--log-level", "warning")
-    env = {"INFINITY_ANONYMOUS_USAGE_STATS": "0", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
-    return ServerCommand("infinity", argv, port, "/health", env, unset_env=("PYTHONPATH", "VIRTUAL_ENV"))
-
-
-def litserve_command(preset: str, *, max_batch_size: int, max_queue_delay_ms: float, device: str = "cpu",
-                     is_fast_queue: bool = False, is_traced: bool = False, port: int | None = None) -> ServerCommand:
-    """The same preset under LitServe (``benchmarks.peer_litserve_app``), same batch cap and delay.
-
-    ``is_fast_queue`` turns on LitServe's ZeroMQ transport (``fast_queue``);
-    ``is_traced`` runs the encoders as TorchScript graphs, as mmserve does by default.
-    """
-    port = free_port() if port is None else port
-    argv = (sys.executable, "-m", "benchmarks.peer_litserve_app", "--preset", preset, "--port", str(port),
-            "--device", device, "--max-batch-size", str(max_batch_size),
-            "--max-queue-delay-ms", repr(max_queue_delay_ms))
-    if is_fast_queue:
-        argv += ("--fast-queue",)
-    if is_traced:
-        argv += ("--torchscript-encoders",)
-    return ServerCommand("litserve", argv, port, "/health")
 
 
 class ServerProcess:
@@ -152,37 +103,21 @@ class ServerProcess:
         ready_url = self.url + self.command.ready_path
         while True:
             if self._process.poll() is not None:
-                raise ServerStartError(
-                    f"{self.command.name} exited with {self._process.returncode} during start-up:\n"
-                    + self.stderr_tail()
-                )
+                raise ServerStartError(f"{self.command.name} exited with {self._process.returncode} during start-up",
+                                       self.stderr_tail())
             try:
                 if httpx.get(ready_url, timeout=2.0, trust_env=False).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline_s:
-                raise ServerStartError(
-                    f"{self.command.name} was not ready after {timeout_s:.0f} s:\n" + self.stderr_tail()
-                )
+                raise ServerStartError(f"{self.command.name} was not ready after {timeout_s:.0f} s",
+                                       self.stderr_tail())
             time.sleep(_POLL_INTERVAL_S)
 
     def cpu_s(self) -> float:
         """CPU seconds (user + system) used so far by the live processes of the server's group."""
-        group_id = self._process.pid
-        clock_ticks_per_s = os.sysconf("SC_CLK_TCK")
-        total_ticks = 0
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()  # the fields after "(comm)"
-            except OSError:  # gone since listdir
-                continue
-            if int(fields[2]) == group_id:  # pgrp
-                total_ticks += int(fields[11]) + int(fields[12])  # utime + stime
-        return total_ticks / clock_ticks_per_s
+        return group_cpu_s(self._process.pid)
 
     def _signal_group(self, signum: signal.Signals) -> None:
         try:
@@ -217,7 +152,7 @@ class ServerProcess:
 
 
 @contextmanager
-def running(command: ServerCommand, ready_timeout_s: float = 600.0) -> Iterator[ServerProcess]:
+def running(command: ServerCommand, ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[ServerProcess]:
     """A ready server for the block's duration; stopped (with its children) on the way out."""
     server = ServerProcess(command)
     try:
@@ -225,3 +160,45 @@ def running(command: ServerCommand, ready_timeout_s: float = 600.0) -> Iterator[
         yield server
     finally:
         server.stop()
+
+
+def start_paused(command: ServerCommand, ready_timeout_s: float = READY_TIMEOUT_S) -> ServerProcess:
+    """A ready server, paused until a run resumes it; stopped again if it never became ready.
+
+    The caller owns it and stops it (``paused_servers`` does that for a set).
+    """
+    server = ServerProcess(command)
+    try:
+        server.wait_ready(ready_timeout_s)
+    except BaseException:
+        server.stop()
+        raise
+    server.pause()
+    return server
+
+
+@contextmanager
+def paused_servers(commands: Mapping[str, ServerCommand],
+                   ready_timeout_s: float = READY_TIMEOUT_S) -> Iterator[dict[str, ServerProcess]]:
+    """Every server of ``commands``, started one after the other and paused; all stopped on the way out.
+
+    One at a time, so that no start-up (loading, warming) competes with
+    another's for the cores; paused, so that an idle server's polling takes
+    no CPU from the runs of the one being measured (``resumed``).
+    """
+    with ExitStack() as stack:
+        servers: dict[str, ServerProcess] = {}
+        for name, command in commands.items():
+            servers[name] = start_paused(command, ready_timeout_s)
+            stack.callback(servers[name].stop)
+        yield servers
+
+
+@contextmanager
+def resumed(server: ServerProcess) -> Iterator[ServerProcess]:
+    """``server`` running for the block (one measured run), paused again after it."""
+    server.resume()
+    try:
+        yield server
+    finally:
+        server.pause()

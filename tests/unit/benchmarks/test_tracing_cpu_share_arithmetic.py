@@ -1,51 +1,15 @@
-"""The tracing benchmarks' arithmetic: the interval on per-round ratios, and which profile samples are tracing's."""
+"""The tracing CPU-share benchmark's arithmetic: which profile samples are tracing's, and under which frame."""
 
 from __future__ import annotations
 
-import math
-import random
-import statistics
 from pathlib import Path
 
 import pytest
 
 import benchmarks
 from benchmarks.tracing_cpu_share import parse_raw, tracing_share
-from benchmarks.tracing_overhead import mean_interval
 
 CHECKOUT = Path(benchmarks.__file__).resolve().parents[1].as_posix()
-
-
-def test_the_interval_is_the_t_interval_of_the_mean():
-    mean, low, high = mean_interval([0.9, 1.0, 1.1])
-    # sd 0.1, n 3: t(0.975, 2 df) = 4.303
-    assert mean == pytest.approx(1.0)
-    assert (low, high) == pytest.approx((1.0 - 4.303 * 0.1 / math.sqrt(3), 1.0 + 4.303 * 0.1 / math.sqrt(3)))
-
-
-def test_more_rounds_of_the_same_spread_narrow_it():
-    rng = random.Random(7)
-    widths = []
-    for num_rounds in (5, 20, 80):
-        ratios = [rng.gauss(0.98, 0.15) for _ in range(num_rounds)]
-        _, low, high = mean_interval(ratios)
-        assert low < statistics.fmean(ratios) < high
-        widths.append(high - low)
-    assert widths[0] > widths[1] > widths[2]
-
-
-def test_it_covers_the_true_mean_about_95_times_in_100():
-    rng = random.Random(11)
-    covered = 0
-    for _ in range(400):
-        _, low, high = mean_interval([rng.gauss(1.0, 0.15) for _ in range(12)])
-        covered += low <= 1.0 <= high
-    assert 0.91 <= covered / 400 <= 0.99
-
-
-def test_one_round_has_no_interval():
-    mean, low, high = mean_interval([0.97])
-    assert mean == 0.97 and math.isnan(low) and math.isnan(high)
 
 
 def test_a_sample_is_tracings_if_any_frame_is_and_is_filed_under_the_outermost():

@@ -1,4 +1,4 @@
-"""One line that says which machine a benchmark ran on, for the head of what it prints.
+"""One line that says which machine a benchmark ran on, and when, for the head of what it prints.
 
 BENCHMARKS.md keeps each figure with its machine: the CPU model (``lscpu``),
 the CPUs this process may use, and the torch and Python that ran it.
@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-
-import torch
+import time
 
 
 def cpu_model_name() -> str:
@@ -25,7 +24,19 @@ def cpu_model_name() -> str:
     return "unknown CPU"
 
 
+def utc_now() -> str:
+    """The time a benchmark started, as every header prints it: ``2026-12-03 08:09 UTC``."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def num_usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity), which its servers share with it."""
+    return len(os.sched_getaffinity(0))
+
+
 def machine_line() -> str:
-    num_cpus = len(os.sched_getaffinity(0))
-    return (f"{platform.machine()} {cpu_model_name()}, {num_cpus} CPUs, torch {torch.__version__} "
+    """Architecture, CPU model, CPUs this process may use, torch (and its threads) and Python."""
+    import torch  # here, not at import: the harness is imported by benchmarks that never load a model
+
+    return (f"{platform.machine()} {cpu_model_name()}, {num_usable_cpus()} CPUs, torch {torch.__version__} "
             f"({torch.get_num_threads()} threads in this process), python {platform.python_version()}")

@@ -1,43 +1,69 @@
 """Two servers measured in turn on one machine: A-B-B-A rounds, the idle one paused, the neighbours counted.
 
-Shared by every comparison with a peer server (``peer_litserve``,
-``real_models``). The machine's speed drifts by up to 20 % within minutes,
-so runs alternate in an A-B-B-A pattern (one pair per round, the order
-mirrored), each server's runs are pooled, and the result is a ratio. Both
-servers stay started and the one not being measured is paused (SIGSTOP), so
-its idle polling takes no CPU from the other's runs. Each run also records
-how many CPUs processes other than the two servers and this generator took
-meanwhile (``/proc/stat``, steal included), so a run slowed by a neighbour
+The machine's speed drifts by up to 20 % within minutes, so runs alternate
+in an A-B-B-A pattern (one pair per round, the order mirrored), each
+server's runs are pooled, and the result is a ratio. Both servers stay
+started and the one not being measured is paused (SIGSTOP), so its idle
+polling takes no CPU from the other's runs. Each run also records how many
+CPUs processes other than the two servers and this generator took meanwhile
+(``benchmarks.harness.cpu_accounting``), so a run slowed by a neighbour
 shows as such.
 
-Per comparison (``run_alternated``):
+Per comparison (``run_alternated``, or ``compare`` to start the servers too):
 
 1. saturation: a closed loop of C workers sending back to back (C well above
    the batch cap, so batches stay full); ok answers per second.
 2. fixed rate: an open loop (Poisson arrivals) at a share of the *peer's*
    measured saturation, latency from each request's intended send time (no
    coordinated omission); percentiles over the pooled samples.
+
+What each run sends is the benchmark's: a ``ConfigFor`` turns a ``RunSpec``
+(which server, closed or open, how long, how hard) into the generator's
+``BenchConfig``, usually ``spec.config(text_length=..., mix=...)``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any
 
+from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent
+from benchmarks.harness.server_process import ServerCommand, ServerProcess, paused_servers, resumed
 from benchmarks.loadgen.bench import BenchOutcome, run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.runner import Sample
 from benchmarks.loadgen.stats import summarize_latency
-from benchmarks.serving_processes import ServerProcess
 
 FIXED_RATE_SHARE = 0.7
 WARMUP_SEED = 99
 OPEN_SEED_BASE = 100
+
+
+def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
+    """Round 0 runs ``first`` then ``second``, round 1 the mirror, and so on."""
+    return (first, second) if round_index % 2 == 0 else (second, first)
+
+
+def abba_sequence(first: str, second: str, num_rounds: int) -> list[str]:
+    """Every run of ``num_rounds`` A-B-B-A rounds in order: ``a, b, b, a, a, b, ...``."""
+    return [name for index in range(num_rounds) for name in abba_order(index, first, second)]
+
+
+def rotated(names: Sequence[str], round_index: int) -> tuple[str, ...]:
+    """``names`` rotated by the round, so with more than two each takes every place in turn."""
+    shift = round_index % len(names)
+    return tuple(names[shift:]) + tuple(names[:shift])
+
+
+def run_orders(num_rounds: int, peer: str, ours: str) -> tuple[list[str], list[str]]:
+    """The order of the saturation runs and of the fixed-rate runs, as ``run_alternated`` makes them."""
+    saturation = abba_sequence(peer, ours, num_rounds)
+    fixed_rate = [name for index in range(num_rounds) for name in reversed(abba_order(index, peer, ours))]
+    return saturation, fixed_rate
 
 
 @dataclass(frozen=True)
@@ -49,6 +75,27 @@ class AlternationPlan:
     warmup_s: float
     concurrency: int
     fixed_rate_share: float = FIXED_RATE_SHARE
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run the alternation asks for: which server, where, closed or open loop, how long and how hard."""
+
+    name: str
+    url: str
+    mode: RunMode
+    seconds: float
+    seed: int
+    concurrency: int | None = None  # the closed loop's workers
+    rate_rps: float | None = None  # the open loop's Poisson rate
+
+    def config(self, **workload: Any) -> BenchConfig:
+        """The generator's configuration for this run; ``workload`` says what is sent (mix, texts, images...)."""
+        return BenchConfig(url=self.url, mode=self.mode, duration_s=self.seconds, concurrency=self.concurrency,
+                           rate_rps=self.rate_rps, seed=self.seed, show_progress=False, **workload)
+
+
+ConfigFor = Callable[[RunSpec], BenchConfig]
 
 
 @dataclass
@@ -89,41 +136,20 @@ class ServerRuns:
             self.errors[status] = self.errors.get(status, 0) + count
 
 
-def machine_busy_s() -> float:
-    """CPU seconds the whole machine has been busy (steal included: CPU another guest took)."""
-    with open("/proc/stat", encoding="ascii") as stat:
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass(frozen=True)
 class Measured:
+    """One measured run: the generator's outcome (report and samples) and where the CPU went meanwhile."""
+
     outcome: BenchOutcome
-    other_cpus: float  # CPUs busy with neither server nor this generator, on average over the run
+    cpu: CpuSpent
 
 
 def measured_run(server: ServerProcess, servers: Sequence[ServerProcess], config: BenchConfig) -> Measured:
-    """One run against ``server``, resumed for the run and paused again after it.
-
-    Also measures how much CPU everything else on the machine took meanwhile,
-    so a run slowed by a neighbour shows as such.
-    """
-    server.resume()
-    try:
-        started_s = time.perf_counter()
-        busy_before_s = machine_busy_s()
-        ours_before_s = time.process_time() + sum(s.cpu_s() for s in servers)
+    """One run against ``server``, resumed for the run and paused again after it, with the CPU it and others took."""
+    with resumed(server):
+        meter = CpuMeter(server, servers)
         outcome = asyncio.run(run_bench(config))
-        ours_s = time.process_time() + sum(s.cpu_s() for s in servers) - ours_before_s
-        other_s = machine_busy_s() - busy_before_s - ours_s
-        return Measured(outcome, max(0.0, other_s) / (time.perf_counter() - started_s))
-    finally:
-        server.pause()
-
-
-def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
-    """Round 0 runs ``first`` then ``second``, round 1 the mirror, and so on."""
-    return (first, second) if round_index % 2 == 0 else (second, first)
+        return Measured(outcome, meter.stop())
 
 
 def batch_means(report: dict) -> str:
@@ -137,13 +163,6 @@ def log(message: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-class ConfigFor(Protocol):
-    """The run configuration for one server (its URL and its request dialect are the caller's)."""
-
-    def __call__(self, name: str, mode: RunMode, seconds: float, seed: int, *, concurrency: int | None = None,
-                 rate_rps: float | None = None) -> BenchConfig: ...
-
-
 def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, plan: AlternationPlan,
                    config_for: ConfigFor, label: str) -> dict[str, ServerRuns]:
     """Saturation, then the fixed open-loop rate (a share of ``peer``'s saturation), A-B-B-A.
@@ -152,29 +171,31 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
     """
     runs = {peer: ServerRuns(), ours: ServerRuns()}
     both = tuple(servers.values())
+
+    def run(name: str, mode: RunMode, seconds: float, seed: int, **load: float) -> Measured:
+        return measured_run(servers[name], both, config_for(RunSpec(name, servers[name].url, mode, seconds, seed,
+                                                                    **load)))
+
     for name in (peer, ours):
-        measured_run(servers[name], both, config_for(name, RunMode.CLOSED, plan.warmup_s, WARMUP_SEED,
-                                                     concurrency=plan.concurrency))
+        run(name, RunMode.CLOSED, plan.warmup_s, WARMUP_SEED, concurrency=plan.concurrency)
     for round_index in range(plan.num_rounds):
         for name in abba_order(round_index, peer, ours):
-            measured = measured_run(servers[name], both, config_for(name, RunMode.CLOSED, plan.seconds, round_index,
-                                                                    concurrency=plan.concurrency))
+            measured = run(name, RunMode.CLOSED, plan.seconds, round_index, concurrency=plan.concurrency)
             report = measured.outcome.report
             runs[name].throughputs_rps.append(report["throughput_rps"])
-            runs[name].saturation_other_cpus.append(measured.other_cpus)
-            runs[name].other_cpus.append(measured.other_cpus)
+            runs[name].saturation_other_cpus.append(measured.cpu.other_cpus)
+            runs[name].other_cpus.append(measured.cpu.other_cpus)
             runs[name].count_errors(report["errors_by_status"])
             log(f"{label} saturation {name:8s} round {round_index}: "
                 f"{report['throughput_rps']:.1f} ok/s, errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.other_cpus:.2f} CPUs{batch_means(report)}")
+                f"other processes took {measured.cpu.other_cpus:.2f} CPUs{batch_means(report)}")
     rate_rps = plan.fixed_rate_share * runs[peer].throughput_rps
     for round_index in range(plan.num_rounds):
         for name in reversed(abba_order(round_index, peer, ours)):
-            measured = measured_run(servers[name], both, config_for(name, RunMode.OPEN, plan.seconds,
-                                                                    OPEN_SEED_BASE + round_index, rate_rps=rate_rps))
+            measured = run(name, RunMode.OPEN, plan.seconds, OPEN_SEED_BASE + round_index, rate_rps=rate_rps)
             outcome = measured.outcome
             report = outcome.report
-            runs[name].other_cpus.append(measured.other_cpus)
+            runs[name].other_cpus.append(measured.cpu.other_cpus)
             runs[name].open_samples.extend(outcome.result.samples)
             runs[name].open_num_sent += report["sent"]
             runs[name].open_num_ok += report["ok"]
@@ -184,12 +205,12 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
             log(f"{label} open {rate_rps:.1f} req/s {name:8s} round {round_index}: "
                 f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
                 f"errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.other_cpus:.2f} CPUs")
+                f"other processes took {measured.cpu.other_cpus:.2f} CPUs")
     return runs
 
 
-def run_orders(num_rounds: int, peer: str, ours: str) -> tuple[list[str], list[str]]:
-    """The order of the saturation runs and of the fixed-rate runs, as ``run_alternated`` makes them."""
-    saturation = [name for index in range(num_rounds) for name in abba_order(index, peer, ours)]
-    fixed_rate = [name for index in range(num_rounds) for name in reversed(abba_order(index, peer, ours))]
-    return saturation, fixed_rate
+def compare(commands: Mapping[str, ServerCommand], peer: str, ours: str, plan: AlternationPlan,
+            config_for: ConfigFor, label: str) -> dict[str, ServerRuns]:
+    """Start both servers (in ``commands``' order, each paused once ready), then ``run_alternated``; stop them."""
+    with paused_servers(commands) as servers:
+        return run_alternated(servers, peer, ours, plan, config_for, label)

@@ -1,0 +1,99 @@
+"""Where the CPU went during a run, from ``/proc``: the servers', this generator's, and everyone else's.
+
+Two figures come out of it. A server's CPU seconds per answered request
+(user + system of every process in its group, so the workers a server forks
+count too) is the work each request cost, whatever share of the cores the
+server got beside the load generator. The CPUs that processes other than the
+servers and this generator took meanwhile (``/proc/stat``, steal included:
+CPU another guest took) show a run slowed by a neighbour as such.
+
+Linux only (``/proc``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+def group_cpu_s(group_id: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of process group ``group_id``."""
+    clock_ticks_per_s = os.sysconf("SC_CLK_TCK")
+    total_ticks = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()  # the fields after "(comm)"
+        except OSError:  # gone since listdir
+            continue
+        if int(fields[2]) == group_id:  # pgrp
+            total_ticks += int(fields[11]) + int(fields[12])  # utime + stime
+    return total_ticks / clock_ticks_per_s
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (steal included: CPU another guest took)."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in stat.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_ms_per_request(cpu_s: float, num_ok: int) -> float:
+    """Milliseconds of CPU per answered request (a run that answered nothing counts as one, not as a zero divide)."""
+    return 1000.0 * cpu_s / max(num_ok, 1)
+
+
+class HasCpu(Protocol):
+    """A server whose CPU seconds so far can be read (``ServerProcess``)."""
+
+    def cpu_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class CpuSpent:
+    """CPU seconds over one run: of the measured server, of ours (generator + every server), of the machine."""
+
+    wall_s: float
+    server_s: float
+    ours_s: float
+    machine_s: float
+
+    @property
+    def other_cpus(self) -> float:
+        """CPUs busy with neither the servers nor this generator, on average over the run (never below 0)."""
+        return max(0.0, self.machine_s - self.ours_s) / self.wall_s
+
+    def server_ms_per_request(self, num_ok: int) -> float:
+        return cpu_ms_per_request(self.server_s, num_ok)
+
+
+class CpuMeter:
+    """Reads the clocks when made; ``stop()`` returns what was spent since.
+
+    ``server`` is the one being measured; ``servers`` every server started
+    for the comparison (paused ones take nothing, but a neighbour's work must
+    not be booked as "other processes"). This process counts as ours: it is
+    the load generator.
+    """
+
+    def __init__(self, server: HasCpu, servers: Sequence[HasCpu] = ()) -> None:
+        self._server = server
+        self._servers = tuple(servers) or (server,)
+        self._started_s = time.perf_counter()
+        self._machine_s = machine_busy_s()
+        self._ours_s = self._ours_now_s()
+        self._server_s = server.cpu_s()
+
+    def _ours_now_s(self) -> float:
+        return time.process_time() + sum(server.cpu_s() for server in self._servers)
+
+    def stop(self) -> CpuSpent:
+        server_s = self._server.cpu_s() - self._server_s
+        ours_s = self._ours_now_s() - self._ours_s
+        machine_s = machine_busy_s() - self._machine_s
+        return CpuSpent(time.perf_counter() - self._started_s, server_s, ours_s, machine_s)
