@@ -209,18 +209,17 @@ async def _encode(encoder: ZeroShotEncoder, context: RequestContext, options: Ze
     """Images and texts at once; a failure names its item; the other side is cancelled."""
     image_task = asyncio.ensure_future(encoder.encode_images(images, options, context.started_ns))
     text_task = asyncio.ensure_future(encoder.encode_texts(texts, options, context.started_ns))
+    tasks = {image_task: image_field, text_task: text_field}
     try:
-        await asyncio.wait({image_task, text_task}, return_when=asyncio.FIRST_EXCEPTION)
-    finally:
-        for task in (image_task, text_task):
-            if not task.done():
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:  # one side failed, or the request was cancelled: the other side stops and settles its plans
+        if not all(task.done() for task in tasks):
+            for task in tasks:
                 task.cancel()
-    for task, field_of in ((image_task, image_field), (text_task, text_field)):
-        if not task.cancelled() and task.exception() is not None:
-            for other in (image_task, text_task):
-                if other is not task:
-                    await asyncio.gather(other, return_exceptions=True)
-            error = task.exception()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    for task, field_of in tasks.items():
+        error = None if task.cancelled() else task.exception()
+        if error is not None:
             raise (_named(error, field_of) if isinstance(error, IntakeItemError) else error) from error
     return image_task.result(), text_task.result()
 
