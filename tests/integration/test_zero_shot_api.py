@@ -246,3 +246,33 @@ def test_a_model_without_a_calibrated_score_or_trained_head_is_refused(tiny_serv
             answer = client.post(path, json=body)
             assert answer.status_code == 422, answer.text
             assert answer.json()["error"]["code"] == "no_calibrated_score"
+
+
+def test_a_trained_fusion_head_answers_with_the_match_score_infer_gives(tmp_path: Path):
+    """A tiny mmserve repository with a trained head beside it: classify's and rank's scores are
+    ``/v1/infer``'s ``match_score`` of each image with each templated label."""
+    from models.fusion_head_file import FUSION_HEAD_FILE, save_fusion_head
+    from models.loading.repository import build_preset, fingerprint, load_repository, write_repository
+    from models.training.loop import fresh_head
+    from tests.conftest import run_live_server
+
+    repository = tmp_path / "tiny"
+    write_repository(repository, build_preset("tiny", seed=0))
+    bundle = load_repository(repository)
+    towers = fingerprint(bundle.model, bundle.tokenizer, bundle.config, skip_prefix="fusion.")
+    save_fusion_head(repository / FUSION_HEAD_FILE, fresh_head(bundle.model.fusion, 7), towers_fingerprint=towers,
+                     is_trained=True)
+    image, labels = _b64(encoded_image(9)), ["cat", "a dog", "bicycle"]
+    with run_live_server(Settings(model=str(repository), device="cpu")) as server, server.client() as client:
+        classified = client.post("/v1/classify", json={"image": image, "labels": labels, "template": "a {}"})
+        ranked = client.post("/v1/rank", json={"query": image, "candidates": labels})
+        want = [client.post("/v1/infer", json={"image": image, "text": f"a {label}"}).json()["match_score"]
+                for label in labels]
+        plain = [client.post("/v1/infer", json={"image": image, "text": label}).json()["match_score"]
+                 for label in labels]
+    assert classified.status_code == 200, classified.text
+    assert classified.json()["score_kind"] == ranked.json()["score_kind"] == "match_score"
+    got = {entry["label"]: entry["score"] for entry in classified.json()["results"][0]["labels"]}
+    assert [got[label] for label in labels] == pytest.approx(want, abs=TOLERANCE)
+    assert [r["index"] for r in ranked.json()["results"]] == list(np.argsort(-np.array(plain), kind="stable"))
+    assert [r["score"] for r in ranked.json()["results"]] == pytest.approx(sorted(plain, reverse=True), abs=TOLERANCE)
