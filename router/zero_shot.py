@@ -24,13 +24,17 @@ come through as they are for the whole call.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
+
+from cache import SegmentKey
 from models.multimodal import ImageSegment, TextSegment
 from models.tokenizer import TokenizedText
 from router.errors import IntakeItemError
@@ -41,6 +45,9 @@ from router.segments import ImageContent, SegmentPlan, SlotStatus
 from router.tracing import SpanIds
 
 T = TypeVar("T")
+
+# Texts whose tokens are remembered: ten label sets of the largest size by default, a few MiB.
+MAX_MEMOIZED_TEXTS = 16_384
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,38 @@ class _PlannedTexts:
             plan.abandon()
 
 
+class TokenMemo:
+    """The tokens and segment key of recently seen texts, least recently used first out; thread-safe.
+
+    A label set is sent again and again, and tokenizing and hashing a
+    thousand labels costs more than encoding one image, so a warm request
+    looks its labels up here instead. Keyed by the text and whether it may
+    be cut; one memo serves one model (the key carries its fingerprint).
+    """
+
+    def __init__(self, max_entries: int) -> None:
+        self._max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, bool], tuple[TokenizedText, SegmentKey]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, text: str, truncate: bool) -> tuple[TokenizedText, SegmentKey] | None:
+        with self._lock:
+            found = self._entries.get((text, truncate))
+            if found is not None:
+                self._entries.move_to_end((text, truncate))
+            return found
+
+    def put(self, text: str, truncate: bool, tokens: tuple[TokenizedText, SegmentKey]) -> None:
+        with self._lock:
+            self._entries[(text, truncate)] = tokens
+            self._entries.move_to_end((text, truncate))
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
+
+
 def _abandon_landed_plans(future: Future) -> None:
     """Done-callback for a planning job whose caller was cancelled: nobody will submit its plans."""
     if not future.cancelled() and future.exception() is None:
@@ -115,8 +154,10 @@ class ZeroShotEncoder:
     """
 
     def __init__(self, router: Router, intake: RequestIntake, executor: Executor, *, window: int | None = None,
+                 max_memoized_texts: int = MAX_MEMOIZED_TEXTS,
                  clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
         self._router = router
+        self.token_memo = TokenMemo(max_memoized_texts)
         self._intake = intake
         self._executor = executor
         text_lane = router.lanes[Route.TEXT].settings
@@ -141,13 +182,16 @@ class ZeroShotEncoder:
             raise
         prepare_ns = self._clock_ns() - started_ns
         statuses = tuple(plan.text.status for plan in planned.plans)
+        distinct: list[TextSegment | None] = [plan.text_value for plan in planned.plans]  # hits now, the rest below
+        first_submit_ns: list[int] = []
         try:
             window = asyncio.Semaphore(self._window)
-            first_submit_ns: list[int] = []
+            pending = [j for j, value in enumerate(distinct) if value is None]  # a warm call has none: no task
             tasks = [asyncio.ensure_future(self._segment(planned, j, options, arrival_ns, window, first_submit_ns))
-                     for j in range(len(planned.plans))]
+                     for j in pending]
             try:
-                distinct = await asyncio.gather(*tasks)
+                for j, segment in zip(pending, await asyncio.gather(*tasks)):
+                    distinct[j] = segment
             except BaseException:
                 for task in tasks:
                     task.cancel()
@@ -156,33 +200,33 @@ class ZeroShotEncoder:
         finally:
             planned.abandon()  # a no-op for what was published or failed
         text_ns = self._clock_ns() - first_submit_ns[0] if first_submit_ns else 0
-        segments = tuple(distinct[j] for j in planned.distinct_of)
+        segments = tuple(distinct[j] for j in planned.distinct_of)  # type: ignore[misc]  # every one is set
         return EncodedTexts(segments, planned.tokens, statuses, prepare_ns, text_ns)
 
     def _plan_texts(self, texts: tuple[str, ...], options: ZeroShotOptions) -> _PlannedTexts:
-        """Tokenize every text and plan each distinct token sequence once (a pool thread)."""
-        tokenizer = self._router.bundle.tokenizer
-        tokens = []
+        """Tokenize every text (or remember its tokens) and plan each distinct one once (a pool thread)."""
+        tokenizer, catalog = self._router.bundle.tokenizer, self._router.segments
+        tokens, keys = [], []
         for index, text in enumerate(texts):
-            try:
-                tokens.append(tokenizer.encode(text, truncate=options.truncate))
-            except Exception as e:
-                raise IntakeItemError(index, e) from e
-        distinct: dict[tuple[int, ...], int] = {}
+            memoized = self.token_memo.get(text, options.truncate)
+            if memoized is None:
+                try:
+                    tokenized = tokenizer.encode(text, truncate=options.truncate)
+                except Exception as e:
+                    raise IntakeItemError(index, e) from e
+                memoized = (tokenized, catalog.text_key(tokenized.token_ids))
+                self.token_memo.put(text, options.truncate, memoized)
+            tokens.append(memoized[0])
+            keys.append(memoized[1])
+        distinct: dict[SegmentKey, int] = {}
         distinct_of, first_text = [], []
-        planned = _PlannedTexts(tuple(tokens), (), [], ())
-        try:
-            for index, tokenized in enumerate(tokens):
-                if tokenized.token_ids not in distinct:
-                    distinct[tokenized.token_ids] = len(planned.plans)
-                    planned.plans.append(self._router.plan_segments((), tokenized.token_ids, options.use_cache))
-                    first_text.append(index)
-                distinct_of.append(distinct[tokenized.token_ids])
-        except BaseException:
-            planned.abandon()
-            raise
-        planned.distinct_of, planned.first_text = tuple(distinct_of), tuple(first_text)
-        return planned
+        for index, key in enumerate(keys):
+            if key not in distinct:
+                distinct[key] = len(first_text)
+                first_text.append(index)
+            distinct_of.append(distinct[key])
+        plans = catalog.plan_texts([keys[index] for index in first_text], options.use_cache)
+        return _PlannedTexts(tuple(tokens), tuple(distinct_of), plans, tuple(first_text))
 
     async def _segment(self, planned: _PlannedTexts, j: int, options: ZeroShotOptions, arrival_ns: int,
                        window: asyncio.Semaphore, first_submit_ns: list[int]) -> TextSegment:

@@ -276,3 +276,36 @@ def test_a_trained_fusion_head_answers_with_the_match_score_infer_gives(tmp_path
     assert [got[label] for label in labels] == pytest.approx(want, abs=TOLERANCE)
     assert [r["index"] for r in ranked.json()["results"]] == list(np.argsort(-np.array(plain), kind="stable"))
     assert [r["score"] for r in ranked.json()["results"]] == pytest.approx(sorted(plain, reverse=True), abs=TOLERANCE)
+
+
+def _wait_for_no_claims(server) -> None:
+    import time
+
+    cache = server.app.state.mmserve.router.cache
+    deadline = time.monotonic() + 5.0
+    while cache.num_in_flight and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert cache.num_in_flight == 0, f"{cache.num_in_flight} claim(s) left unresolved"
+
+
+@pytest.mark.parametrize("exit_path", ["bad_image", "deadline", "client_left"])
+def test_every_exit_settles_the_label_claims_and_the_labels_still_serve(exit_path, servers):
+    server = servers["clip"]
+    labels = [f"{exit_path} label {index}" for index in range(8)]
+    body = {"image": _b64(encoded_image(61)), "labels": labels}
+    if exit_path == "bad_image":
+        answer = server.client().post("/v1/classify", json={**body, "image": {"b64": "bm90IGFuIGltYWdl"}})
+        assert answer.status_code == 415 and answer.json()["error"]["field"] == "image"
+    elif exit_path == "deadline":
+        answer = server.client().post("/v1/classify", json={**body, "timeout_ms": 1})
+        assert answer.status_code in (503, 504), answer.text
+        assert answer.json()["error"]["code"] in ("overloaded", "deadline_exceeded")
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{server.url}/v1/classify", json=body,
+                       timeout=0.001)
+    _wait_for_no_claims(server)
+    with server.client() as client:
+        answer = client.post("/v1/classify", json=body)
+    assert answer.status_code == 200, answer.text
+    assert len(answer.json()["results"][0]["labels"]) == len(labels)
