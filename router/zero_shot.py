@@ -291,7 +291,10 @@ class ZeroShotEncoder:
                                 priority=options.priority, timeout_ms=options.timeout_ms, truncate=options.truncate,
                                 use_cache=options.use_cache, trace=options.trace)
                      for i, j in chunk]
-            outcomes = await self._intake.run(items, arrival_ns)
+            try:
+                outcomes = await self._intake.run(items, arrival_ns)
+            except IntakeItemError as e:
+                raise e.error from e  # every text and image was checked already: what is left is the call's
             for (i, j), outcome in zip(chunk, outcomes):
                 if outcome.result.match_score is None:
                     raise RuntimeError("the fusion head served no match_score: it is not trained")

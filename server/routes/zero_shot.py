@@ -22,7 +22,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
@@ -253,12 +252,6 @@ def _traced_images(images: Sequence[ImageContent], encoded: EncodedImages | None
                  for content, outcome in zip(images, outcomes))
 
 
-async def _head_scores(encoder: ZeroShotEncoder, images: Sequence[ImageContent], texts: Sequence[str],
-                       options: ZeroShotOptions, arrival_ns: int) -> np.ndarray:
-    """(N, L) match scores of the trained fusion head: every pair fused (both segments already cached)."""
-    return await encoder.head_scores(images, texts, options, arrival_ns)
-
-
 # -- POST /v1/classify ------------------------------------------------------------------------------------
 
 
@@ -281,7 +274,7 @@ async def _classify(context: RequestContext, body: bytes) -> dict:
             [s.pooled for s in texts.segments])).numpy()  # (N, L)
         score_kind = classify_score_kind(scoring.score.kind).value
     else:
-        scores = await _head_scores(encoder, checked.images, checked.texts, options, context.started_ns)
+        scores = await encoder.head_scores(checked.images, checked.texts, options, context.started_ns)  # (N, L)
         score_kind = "match_score"
     cache = _record(context, checked.images, images, texts, request.priority,
                     time.perf_counter_ns() - scored_started_ns)
@@ -336,7 +329,7 @@ async def _rank(context: RequestContext, body: bytes) -> dict:
                                          [s.pooled for s in encoded_texts.segments])).numpy()  # (N, L)
         score_kind = scoring.score.kind.value
     else:
-        scores = await _head_scores(encoder, image_contents, texts, options, context.started_ns)
+        scores = await encoder.head_scores(image_contents, texts, options, context.started_ns)  # (N, L)
         score_kind = "match_score"
     cache = _record(context, image_contents, images, encoded_texts, request.priority,
                     time.perf_counter_ns() - scored_started_ns)

@@ -309,3 +309,63 @@ def test_every_exit_settles_the_label_claims_and_the_labels_still_serve(exit_pat
         answer = client.post("/v1/classify", json=body)
     assert answer.status_code == 200, answer.text
     assert len(answer.json()["results"][0]["labels"]) == len(labels)
+
+
+def test_a_siglip_label_over_64_tokens_is_cut_as_the_pipeline_cuts_it(model_dirs, servers):
+    directory = model_dirs["siglip"]
+    labels = ["a red bicycle leaning on a wall " * 12, "snow on the mountains"]
+    tokenizer = AutoTokenizer.from_pretrained(str(directory))
+    assert len(tokenizer(f"This is a photo of {labels[0]}.")["input_ids"]) > 64
+    image = encoded_image(71, UNRESIZED_PX["siglip"])
+    want = pipeline("zero-shot-image-classification", model=str(directory), device="cpu")(
+        _rgb(image), candidate_labels=labels)
+    with servers["siglip"].client() as client:
+        answer = client.post("/v1/classify", json={"image": _b64(image), "labels": labels})
+    assert answer.status_code == 200, answer.text
+    got = answer.json()["results"][0]["labels"]
+    assert [entry["label"] for entry in got] == [entry["label"] for entry in want]
+    np.testing.assert_allclose([e["score"] for e in got], [e["score"] for e in want], rtol=0, atol=TOLERANCE)
+
+
+def test_classify_and_rank_need_a_key_when_keys_are_set(live_server_factory):
+    body = {"image": _b64(encoded_image(1)), "labels": ["cat"]}
+    with live_server_factory(api_keys="secret-key") as server, server.client() as client:
+        for path, json in (("/v1/classify", body), ("/v1/rank", {"query": "cat", "candidates": [body["image"]]})):
+            assert client.post(path, json=json).status_code == 401
+            keyed = client.post(path, json=json, headers={"Authorization": "Bearer secret-key"})
+            assert keyed.json()["error"]["code"] == "no_calibrated_score"  # past the key check: the tiny model's answer
+
+
+def test_classify_is_traced_and_its_latency_monitored_under_its_own_route(model_dirs):
+    import time
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    from tests.conftest import run_live_server
+
+    trace_id, span_id = 0x4BF92F3577B34DA6A3CE929D0E0E4737, 0x00F067AA0BA902B8
+    exporter = InMemorySpanExporter()
+    settings = Settings(model=str(model_dirs["clip"]), device="cpu", trace_sample_ratio=1.0, trace_slow_ms=0)
+    with run_live_server(settings, span_exporter=exporter) as server, server.client() as client:
+        answer = client.post("/v1/classify", json={"images": [_b64(encoded_image(81)), _b64(encoded_image(82))],
+                                                   "labels": ["traced cat", "traced dog"]},
+                             headers={"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"})
+        ranked = client.post("/v1/rank", json={"query": _b64(encoded_image(81)), "candidates": ["a", "b"]})
+        assert answer.status_code == ranked.status_code == 200
+        assert answer.headers["traceparent"].split("-")[1] == f"{trace_id:032x}"
+        deadline, exported = time.monotonic() + 10, ""
+        while time.monotonic() < deadline:
+            exported = client.get("/metrics").text
+            if all(f'mmserve_stage_latency_seconds{{quantile="0.5",route="{route}",stage="total"}}' in exported
+                   for route in ("classify", "rank")):
+                break
+            time.sleep(0.2)
+    assert 'mmserve_stage_latency_seconds{quantile="0.5",route="classify",stage="total"}' in exported
+    assert 'mmserve_stage_latency_seconds{quantile="0.5",route="rank",stage="total"}' in exported
+    assert 'mmserve_requests_total{code="200",route="classify"}' in exported
+    spans = [span for span in exporter.get_finished_spans() if span.context.trace_id == trace_id]
+    root = next(span for span in spans if span.kind == SpanKind.SERVER)
+    assert root.name == "POST /v1/classify" and root.parent.span_id == span_id
+    assert dict(root.attributes)["mmserve.route"] == "classify" and dict(root.attributes)["mmserve.rows"] == 2
+    assert root.links  # to the batches that computed its images
