@@ -6,7 +6,7 @@ refusal has its own code and names its field:
 
     too_many_labels / too_many_candidates   over MMSERVE_MAX_LABELS_PER_REQUEST / _CANDIDATES_
     empty_labels / empty_candidates         an empty list
-    empty_label                             a label (or text candidate) that is empty or only whitespace
+    empty_label / empty_text                a label / a text query or candidate that is empty or only whitespace
     invalid_template                        a template without ``{}`` or with other fields
     mixed_candidates                        candidates of both modalities
     same_modality                           candidates of the query's own modality
@@ -135,10 +135,10 @@ def image_content(image: Image, field: str, settings: Settings) -> ImageContent:
     return ImageContent(pixels=pixels, shape=tuple(image.uint8.shape))
 
 
-def check_text(text: str, field: str, settings: Settings) -> str:
-    """A label or text: not blank, under the character limit, valid Unicode."""
+def check_text(text: str, field: str, settings: Settings, empty_code: str = "empty_text") -> str:
+    """A label or text: not blank (``empty_code``), under the character limit, valid Unicode."""
     if not text.strip():
-        raise ApiError(422, "empty_label", f"{field} is empty or only whitespace", field)
+        raise ApiError(422, empty_code, f"{field} is empty or only whitespace", field)
     if len(text) > settings.max_text_chars:
         raise ApiError(422, "text_too_long", f"{field} has {len(text)} characters; the limit is "
                                              f"{settings.max_text_chars} (MMSERVE_MAX_TEXT_CHARS)", field)
@@ -181,7 +181,8 @@ def classify_input(request: ClassifyRequest, settings: Settings) -> ClassifyInpu
         raise ApiError(422, "too_many_images", f"images has {len(request.images)} entries; the limit is "
                                                f"{settings.max_images_per_request} (MMSERVE_MAX_IMAGES_PER_REQUEST)",
                        "images")
-    labels = tuple(check_text(label, f"labels[{index}]", settings) for index, label in enumerate(request.labels))
+    labels = tuple(check_text(label, f"labels[{index}]", settings, "empty_label")
+                   for index, label in enumerate(request.labels))
     texts = tuple(apply_template(request.template, label) for label in labels)
     for index, text in enumerate(texts):
         if len(text) > settings.max_text_chars:

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
@@ -271,7 +272,7 @@ async def _classify(context: RequestContext, body: bytes) -> dict:
     if scoring.score is not None:
         scores = (await encoder.off_loop(
             _classify_matrix, scoring.score, [s.pooled for s in images.segments],
-            [s.pooled for s in texts.segments])).numpy()  # (N, L)
+            [s.pooled for s in texts.segments]))  # (N, L)
         score_kind = classify_score_kind(scoring.score.kind).value
     else:
         scores = await encoder.head_scores(checked.images, checked.texts, options, context.started_ns)  # (N, L)
@@ -286,8 +287,9 @@ async def _classify(context: RequestContext, body: bytes) -> dict:
             "results": results, "cache": cache}
 
 
-def _classify_matrix(score: CalibratedScore, images: list, texts: list):
-    return classify_scores(score, stack_embeddings(images), stack_embeddings(texts))
+def _classify_matrix(score: CalibratedScore, images: list, texts: list) -> np.ndarray:
+    """(N, L) classify scores on the host (runs in the pool: torch stays off the event loop)."""
+    return classify_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
 
 
 @router.post(
@@ -303,8 +305,9 @@ async def classify(request: Request) -> Response:
 # -- POST /v1/rank ----------------------------------------------------------------------------------------
 
 
-def _pair_matrix(score: CalibratedScore, images: list, texts: list):
-    return pair_scores(score, stack_embeddings(images), stack_embeddings(texts))
+def _pair_matrix(score: CalibratedScore, images: list, texts: list) -> np.ndarray:
+    """(N, L) per-pair scores on the host (runs in the pool)."""
+    return pair_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
 
 
 async def _rank(context: RequestContext, body: bytes) -> dict:
@@ -326,7 +329,7 @@ async def _rank(context: RequestContext, body: bytes) -> dict:
     scored_started_ns = time.perf_counter_ns()
     if scoring.score is not None:
         scores = (await encoder.off_loop(_pair_matrix, scoring.score, [s.pooled for s in images.segments],
-                                         [s.pooled for s in encoded_texts.segments])).numpy()  # (N, L)
+                                         [s.pooled for s in encoded_texts.segments]))  # (N, L)
         score_kind = scoring.score.kind.value
     else:
         scores = await encoder.head_scores(image_contents, texts, options, context.started_ns)  # (N, L)

@@ -210,6 +210,9 @@ LIMIT_CASES = [
     ("/v1/rank", {"query": "a cat", "candidates": []}, 422, "empty_candidates", "candidates"),
     ("/v1/rank", {"query": "a cat", "candidates": ["IMG", "a dog"]}, 422, "mixed_candidates", "candidates[1]"),
     ("/v1/rank", {"query": "a cat", "candidates": ["a dog"]}, 422, "same_modality", "candidates"),
+    ("/v1/rank", {"query": "IMG", "candidates": ["a dog", " "]}, 422, "empty_text", "candidates[1]"),
+    ("/v1/rank", {"query": "", "candidates": ["IMG"]}, 422, "empty_text", "query"),
+    ("/v1/classify", {"image": "IMG", "labels": ["cat"], "top_k": 0}, 422, "invalid_request", "top_k"),
 ]
 
 
