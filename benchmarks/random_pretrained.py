@@ -59,8 +59,12 @@ def _sentencepiece_model(vocab_size: int) -> bytes:
     return model.getvalue()
 
 
-def write_siglip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) -> Path:
-    """A random ``SiglipModel`` with its tokenizer and image processor, as ``save_pretrained`` writes them."""
+def write_siglip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0, max_text_tokens: int = 16) -> Path:
+    """A random ``SiglipModel`` with its tokenizer and image processor, as ``save_pretrained`` writes them.
+
+    ``max_text_tokens``: the text positions (and the tokenizer's ``model_max_length``); transformers'
+    zero-shot pipeline pads SigLIP texts to 64, so a model compared with it needs 64.
+    """
     from transformers import (
         SiglipConfig, SiglipImageProcessorPil, SiglipModel, SiglipTextConfig, SiglipTokenizer, SiglipVisionConfig,
     )
@@ -69,10 +73,10 @@ def write_siglip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0) 
     directory.mkdir(parents=True, exist_ok=True)
     spiece = directory / "spiece.model"
     spiece.write_bytes(_sentencepiece_model(vocab_size=64))
-    tokenizer = SiglipTokenizer(vocab_file=str(spiece), model_max_length=16)
+    tokenizer = SiglipTokenizer(vocab_file=str(spiece), model_max_length=max_text_tokens)
     text = SiglipTextConfig(vocab_size=len(tokenizer), hidden_size=size.hidden_size,
                             intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,
-                            num_attention_heads=size.num_heads, max_position_embeddings=16,
+                            num_attention_heads=size.num_heads, max_position_embeddings=max_text_tokens,
                             pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
     vision = SiglipVisionConfig(image_size=size.image_size, patch_size=size.patch_size, hidden_size=size.hidden_size,
                                 intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,

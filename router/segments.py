@@ -36,6 +36,7 @@ from enum import Enum
 from typing import Generic, TypeVar
 
 from cache import (
+    CacheLookup,
     ClaimAbandonedError,
     ClaimAlreadyResolvedError,
     LookupKind,
@@ -231,7 +232,19 @@ class SegmentCatalog:
         return token_ids_key(self.model_fingerprint, TEXT_PREPROCESS_ID, token_ids)
 
     def lookup(self, key: SegmentKey, use_cache: bool) -> SegmentSlot:
-        found = self.cache.lookup(key) if use_cache else self.cache.bypass(key)
+        return self._slot(key, self.cache.lookup(key) if use_cache else self.cache.bypass(key), use_cache)
+
+    def plan_texts(self, keys: Sequence[SegmentKey], use_cache: bool) -> list[SegmentPlan]:
+        """One text-only plan per key, in order, all looked up under one cache lock (thread-safe).
+
+        For a call of many texts (zero-shot labels, ``router.zero_shot``); the
+        keys must be distinct, as ``SegmentCache.lookup_many`` needs.
+        """
+        found = self.cache.lookup_many(keys) if use_cache else [self.cache.bypass(key) for key in keys]
+        return [SegmentPlan((), self._slot(key, lookup, use_cache), self.lookup, use_cache)
+                for key, lookup in zip(keys, found)]
+
+    def _slot(self, key: SegmentKey, found: CacheLookup, use_cache: bool) -> SegmentSlot:
         if not use_cache or not self.cache.is_enabled(key.modality):
             return SegmentSlot(key, SlotStatus.BYPASS, claim=found.claim)
         if found.kind == LookupKind.HIT:

@@ -34,6 +34,7 @@ from router.joint_budget import JointTokenBudget
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
+from router.zero_shot import ZeroShotEncoder
 from server.http.body_limit import BodySizeLimit
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
@@ -44,7 +45,8 @@ from server.runtime.model_loading import load_model, seal_graphs_when_ready, tra
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
 from server.runtime.tracing_setup import build_tracing
-from server.routes import admin, health, infer, monitoring, openai, v2
+from server.routes import admin, health, infer, monitoring, openai, v2, zero_shot
+from server.protocols.zero_shot_schemas import ClassifyRequest, RankRequest
 from server.schemas import InferRequest
 from server.settings import Settings
 from server.state import ServerState
@@ -104,10 +106,11 @@ def _openapi(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
                              description=app.description)
-        request_schema = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        components.update(request_schema.pop("$defs", {}))
-        components["InferRequest"] = request_schema
+        for model in (InferRequest, ClassifyRequest, RankRequest):  # bodies the handlers parse themselves
+            request_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(request_schema.pop("$defs", {}))
+            components[model.__name__] = request_schema
         app.openapi_schema = schema
     return app.openapi_schema
 
@@ -155,7 +158,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
                                faults=faults)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
-                                        tracer=tracing.request_tracer if tracing is not None else None)
+                                        tracer=tracing.request_tracer if tracing is not None else None,
+                                        zero_shot=ZeroShotEncoder(router, intake, decode_pool))
         num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
         compile_watch = _watch_cold_compiles(router, metrics)
@@ -193,6 +197,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
             route = v2.METRICS_ROUTE
         elif path == "/v1/embeddings":
             route = openai.METRICS_ROUTE
+        elif path in zero_shot.METRICS_ROUTES:
+            route = zero_shot.METRICS_ROUTES[path]
         else:
             route = "other"  # not the raw path: anyone could mint label values
         metrics.requests_total.labels(route=route, code=code).inc()
@@ -205,6 +211,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     app.include_router(admin.router)
     app.include_router(v2.router)
     app.include_router(openai.router)
+    app.include_router(zero_shot.router)
     app.include_router(monitoring.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

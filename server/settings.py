@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(36_000_000, ge=1, description="Largest image (width x height), from its header.")
     max_text_chars: int = Field(100_000, ge=1, description="Longest text accepted before tokenizing.")
     max_images_per_request: int = Field(4, ge=1, le=64, description="Most images one request may carry.")
+    max_labels_per_request: int = Field(
+        1000, ge=1, description="Most labels one POST /v1/classify may score (each one a cached text segment).")
+    max_candidates_per_request: int = Field(256, ge=1, description="Most candidates one POST /v1/rank may rank.")
     max_joint_tokens: int | None = Field(
         None, ge=1, description="Longest joint sequence (images x tokens per image + text tokens) a request may "
                                 "fuse; default: max_images_per_request images beside the model's longest text.")

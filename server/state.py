@@ -16,6 +16,7 @@ from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
 from router.intake import RequestIntake
 from router.router import Router
+from router.zero_shot import ZeroShotEncoder
 from server.settings import Settings
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class ServerState:
     intake: RequestIntake  # every protocol's way in: tokenize, plan, decode, submit, settle
     faults: FaultInjector | None = None  # only with enable_fault_injection
     tracer: RequestTracer | None = None  # only while tracing is on (server.runtime.tracing_setup)
+    zero_shot: ZeroShotEncoder | None = None  # /v1/classify and /v1/rank: labels as cached text segments
 
     @functools.cached_property
     def model_description(self) -> dict:

@@ -52,7 +52,7 @@ def schema(tiny_server):
 def test_the_schema_lists_every_input_path(schema):
     labels = {operation.ok().label for operation in schema.get_all_operations()}
     assert {"POST /v1/infer", "POST /v1/embeddings", "POST /v2/models/{model_name}/infer",
-            "GET /health/live", "DELETE /v1/cache"} <= labels
+            "GET /health/live", "DELETE /v1/cache", "POST /v1/classify", "POST /v1/rank"} <= labels
 
 
 def test_no_operation_answers_5xx_or_breaks_its_schema(schema, tiny_server):
