@@ -49,7 +49,7 @@ from server.protocols.zero_shot_schemas import (
     classify_input,
     rank_input,
 )
-from server.routes.infer import ClientDisconnectedError, until_disconnected
+from server.request_layer import ClientDisconnectedError, until_disconnected
 from server.runtime.monitoring_setup import cache_hit_of
 from server.state import ServerState
 
