@@ -35,7 +35,8 @@ import numpy as np
 from PIL import Image
 
 from benchmarks.random_pretrained import TowerSize, write_siglip
-from benchmarks.serving_processes import mmserve_model_command, running
+from benchmarks.harness.server_commands import mmserve_model_command
+from benchmarks.harness.server_process import running
 
 WARM_P50_RATIO_TARGET = 1.2  # warm classify p50 / image-only p50, at the largest label count
 THROUGHPUT_RATIO_TARGET = 20.0  # warm classify throughput / the in-process pipeline's
