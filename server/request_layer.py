@@ -5,12 +5,14 @@
     arrival   request id, arrival clock (perf_counter_ns), trace (tracer.begin)      this layer
     parse     endpoint.parse(request, state) -> Parsed(items, context)              the endpoint
     check     endpoint.check(parsed, state): refusals that come after the items     the endpoint
-    intake    the items -> one router intake call (server.protocols.rows), the      this layer
-              client's disconnect cancels it
+    run       endpoint.run(parsed, state, arrival) -> Ran; by default the items     the endpoint
+              -> one router intake call (server.protocols.rows); the client's      (default: this layer)
+              disconnect cancels it
     render    endpoint.render(parsed, answered, state) -> Response                  the endpoint
     close     trace finished (answer_traced), mmserve_requests_total,               this layer
               mmserve_request_duration_seconds, X-Request-ID
-    record    per item: mmserve_joint_tokens, monitor.record (answered only)        this layer
+    record    per item: mmserve_joint_tokens, monitor.record (answered only), or    this layer
+              the run's one RequestRecord under the metrics label
     a failure anywhere -> Failure (its ApiError, the row it came from) -> endpoint.render_error
 
 Routes parse their protocol and render their answer; they never take the
@@ -21,27 +23,35 @@ compute stages as its own request, but no ``decode`` or ``total`` sample
 (those are the whole request's); a one-item protocol records every stage,
 ``respond`` and ``total`` included.
 
-Adding an endpoint (``POST /v1/classify``, say) takes a subclass and a route::
+Adding an endpoint (``POST /v1/moderate``, say) takes a subclass and a route::
 
-    class Classify(Endpoint[ClassifyRequest]):
-        http_route, metrics_label, protocol = "/v1/classify", "classify", "classify"
+    class Moderate(Endpoint[ModerateRequest]):
+        http_route, metrics_label, protocol = "/v1/moderate", "moderate", "moderate"
 
         async def parse(self, request, state):
-            body = parse_classify(await request.body())             # raise ApiError for bad input
+            body = parse_moderate(await request.body())             # raise ApiError for bad input
             return Parsed(items_of(body, state.settings), body)     # one ParsedInput per item
 
         def render(self, parsed, answered, state):
             return JSONResponse(scores_of(parsed.context, answered.outcomes))
 
-    @router.post("/v1/classify")
-    async def classify(request: Request) -> Response:
-        return await serve(request, Classify())
+    @router.post("/v1/moderate")
+    async def moderate(request: Request) -> Response:
+        return await serve(request, Moderate())
 
-``render_error`` (the protocol's error shape; default ``ApiError.response()``),
-``check`` and ``metrics_route`` have defaults. A new ``protocol`` label
-shows as ``other`` in drift attribution until ``monitoring.inputs`` lists it;
-``metrics_label`` is a label of ``mmserve_requests_total``, so it is a fixed
-name, never one from the request.
+``render_error`` (the protocol's error shape; default
+``ApiError.response()``), ``check``, ``run`` and ``metrics_route`` have
+defaults. An endpoint whose middle is not one intake call (``/v1/classify``
+and ``/v1/rank``: labels through the segment cache, images through the intake,
+one matrix product; ``server.routes.zero_shot``) overrides ``run``: it gets
+the request's ``Arrival`` (id, arrival clock, trace ids, the items as the
+intake takes them), times its own stages with ``Arrival.timed`` and returns a
+``Ran``: the items' outcomes (traced as rows), its own result for ``render``
+and, if the request is one latency record rather than one per item, a
+``RequestRecord`` with its stages, which this layer records (``total`` added).
+A new ``protocol`` label shows as ``other`` in drift attribution until
+``monitoring.inputs`` lists it; ``metrics_label`` is a label of
+``mmserve_requests_total``, so it is a fixed name, never one from the request.
 """
 
 from __future__ import annotations
@@ -50,15 +60,17 @@ import abc
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from fastapi import Request
 from starlette.responses import Response
 
+from monitoring import RequestInputs
 from router.intake import IntakeItem
 from router.item_facts import ItemFacts
+from router.tracing import SpanIds
 from server.errors import ApiError
 from server.http.traced_answer import TracedAnswer, TracedItem, answer_traced
 from server.ingest.inputs import ParsedInput, intake_item
@@ -78,13 +90,58 @@ class Parsed(Generic[C]):
     context: C
 
 
-class Answered:
-    """What ``Endpoint.render`` gets: the request's id and every item's outcome, in order."""
+@dataclass(frozen=True)
+class Arrival:
+    """A request as this layer admitted it, for ``Endpoint.run``: id, arrival clock, trace ids, intake items."""
 
-    def __init__(self, request_id: str, started_ns: int, respond_started_ns: int,
-                 outcomes: Sequence[RowOutcome]) -> None:
+    request_id: str
+    started_ns: int
+    trace: SpanIds | None  # the server span, while tracing is on
+    items: Sequence[IntakeItem]  # ``Parsed.items`` as the intake takes them, same order
+
+    async def timed(self, work: Awaitable[T]) -> tuple[T, int]:
+        """``work``'s result and how long it took (ns): a run step's own stage, on this layer's clock."""
+        started_ns = time.perf_counter_ns()
+        value = await work
+        return value, time.perf_counter_ns() - started_ns
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """A request the monitor sees as one latency record, under its metrics label (``Endpoint.run`` says so).
+
+    ``stage_ns`` are the run's stages; the layer adds ``total`` (arrival to the
+    start of ``render``), records them and ``Answered.stage_ns`` shows them.
+    """
+
+    stage_ns: Mapping[str, int]
+    batch_size: int | None
+    cache_hit: bool | None
+    inputs: RequestInputs | None
+
+
+@dataclass(frozen=True)
+class Ran:
+    """What ``Endpoint.run`` gives back: every item's outcome in order, and what an endpoint's own run adds.
+
+    ``value``: the run's own result, for ``render`` (``Answered.value``).
+    ``record``: set, the request is one monitor record with these stages
+    (no joint-token observation); ``None``, each answered item is one.
+    """
+
+    outcomes: Sequence[RowOutcome]
+    value: Any = None
+    record: RequestRecord | None = None
+
+
+class Answered:
+    """What ``Endpoint.render`` gets: the request's id, every item's outcome in order, and the run's value."""
+
+    def __init__(self, request_id: str, started_ns: int, respond_started_ns: int, ran: Ran) -> None:
         self.request_id = request_id
-        self.outcomes = outcomes
+        self.outcomes = ran.outcomes
+        self.value = ran.value
+        self.record = ran.record
         self._started_ns = started_ns
         self._respond_started_ns = respond_started_ns
         self._respond_ns: int | None = None
@@ -104,11 +161,15 @@ class Answered:
     def stage_ns(self) -> dict[str, int]:
         """A one-item request's stage times (``decode``, its batch's stages, ``respond``, ``total``).
 
+        With a ``RequestRecord``: its stages and ``total`` (up to ``render``).
+
         ``respond`` and ``total`` end at the first call: call it last, right
         before serialising, when the answer shows its timings (``/v1/infer``'s
         ``timings_ms``). The monitor records the same numbers. Without a call,
         they end when ``render`` returns (``end_respond``).
         """
+        if self._stage_ns is None and self.record is not None:  # the run's stages, up to render
+            self._stage_ns = {**self.record.stage_ns, "total": self._respond_started_ns - self._started_ns}
         if self._stage_ns is None:
             outcome = self.outcomes[0].prepared
             now_ns = time.perf_counter_ns()
@@ -146,6 +207,10 @@ class Endpoint(abc.ABC, Generic[C]):
     @abc.abstractmethod
     def render(self, parsed: Parsed[C], answered: Answered, state: ServerState) -> Response:
         """The protocol's answer."""
+
+    async def run(self, parsed: Parsed[C], state: ServerState, arrival: Arrival) -> Ran:
+        """The items' outcomes: by default every item through one router intake call, at once."""
+        return Ran(await infer_rows(state, parsed.items, arrival.items, arrival.started_ns))
 
     def render_error(self, failure: Failure, parsed: Parsed[C] | None) -> Response:
         """The protocol's error answer (default: mmserve's ``{"error": {...}}``)."""
@@ -201,8 +266,10 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
         items = [intake_item(row, f"{request_id}-{index}" if endpoint.is_rows else request_id, span_ids,
                              endpoint.protocol) for index, row in enumerate(parsed.items)]
         endpoint.check(parsed, state)
-        outcomes = await until_disconnected(request, infer_rows(state, parsed.items, items, started_ns))
-        answered = Answered(request_id, started_ns, time.perf_counter_ns(), outcomes)
+        ran = await until_disconnected(request, endpoint.run(parsed, state,
+                                                             Arrival(request_id, started_ns, span_ids, items)))
+        outcomes = ran.outcomes
+        answered = Answered(request_id, started_ns, time.perf_counter_ns(), ran)
         response = endpoint.render(parsed, answered, state)
         answered.end_respond()
     except ClientDisconnectedError:
@@ -223,16 +290,23 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
                                                                                exemplar)
     response.headers["X-Request-ID"] = request_id
     if answered is not None and failure is None:
-        _record(state, endpoint, answered)  # last: the answer is complete, and nothing comes back from monitoring
+        # last: the answer is complete, and nothing comes back from monitoring
+        _record(state, endpoint, metrics_route, answered)
     return response
 
 
-def _record(state: ServerState, endpoint: Endpoint, answered: Answered) -> None:
+def _record(state: ServerState, endpoint: Endpoint, metrics_route: str, answered: Answered) -> None:
     """Every answered item's joint tokens and latency record (an error's stages are partial: never recorded).
 
     Fast refusals (503 when shedding) would pull the latency digests down just
     as things get slow; errors are counted in ``mmserve_requests_total{code}``.
+    A run's ``RequestRecord`` is the request's one record, under its metrics label.
     """
+    if answered.record is not None:
+        record = answered.record
+        state.monitor.record(metrics_route, answered.stage_ns(), batch_size=record.batch_size,
+                             cache_hit=record.cache_hit, inputs=record.inputs)
+        return
     for outcome in answered.outcomes:
         prepared, result = outcome.prepared, outcome.result
         route = result.route.value

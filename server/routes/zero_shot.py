@@ -11,16 +11,19 @@ per-pair score as ``/v1/infer`` does. A model whose only image-text score is
 mmserve's fusion head answers with the head's ``match_score`` once the head
 is trained, and 422 ``no_calibrated_score`` before: never an uncalibrated
 number. Requests count under ``route="classify"`` / ``route="rank"``.
+
+Both are endpoints of the request layer (``server.request_layer``), which
+owns the request's id, clock, trace, metrics and monitor record; their own
+``run`` step replaces the layer's one intake call with the middle above and
+times its ``score`` stage on the layer's clock.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
-import logging
-import time
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -34,30 +37,27 @@ from router.errors import IntakeItemError
 from router.image_header import images_encoding, largest_image_pixels
 from router.request import Priority
 from router.segments import ImageContent
-from router.tracing import SpanIds
 from router.zero_shot import EncodedImages, EncodedTexts, ZeroShotEncoder, ZeroShotOptions
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
 from server.http.error_mapping import api_error_from
-from server.http.traced_answer import TracedAnswer, TracedItem, answer_traced
 from server.ingest import json_body
 from server.ingest.inputs import ParsedInput
+from server.protocols.rows import RowOutcome
 from server.protocols.zero_shot_schemas import (
+    ClassifyInput,
     ClassifyRequest,
     ClassifyResponse,
+    RankInput,
     RankRequest,
     RankResponse,
     classify_input,
     rank_input,
 )
-from server.request_layer import ClientDisconnectedError, until_disconnected
+from server.request_layer import Answered, Arrival, Endpoint, Parsed, Ran, RequestRecord, serve
 from server.runtime.monitoring_setup import cache_hit_of
 from server.state import ServerState
 
-logger = logging.getLogger(__name__)
-
 router = APIRouter(tags=["Zero-shot"])
-
-METRICS_ROUTES = {"/v1/classify": "classify", "/v1/rank": "rank"}  # the route label of each path's requests
 
 _ERROR_RESPONSES = {
     status: {"description": description, "content": {"application/json": {"schema": ERROR_RESPONSE_SCHEMA}}}
@@ -71,74 +71,6 @@ _ERROR_RESPONSES = {
         504: "The request's deadline passed before it was computed.",
     }.items()
 }
-
-
-# -- the per-request layer of these routes ----------------------------------------------------------------
-
-
-@dataclass
-class RequestContext:
-    """What a handler gets from the per-request layer, and what it leaves there for the monitor and tracer."""
-
-    state: ServerState
-    request_id: str
-    started_ns: int
-    trace: SpanIds | None
-    stage_ns: dict[str, int] = field(default_factory=dict)
-    batch_size: int | None = None
-    cache_hit: bool | None = None
-    inputs: RequestInputs | None = None
-    traced_items: tuple[TracedItem, ...] = ()
-    respond: tuple[int, int] | None = None
-
-
-Handler = Callable[[RequestContext, bytes], Awaitable[dict]]
-
-
-async def answer_request(request: Request, http_route: str, metrics_route: str, handle: Handler) -> Response:
-    """The one per-request wrapper of these routes: id, arrival clock, trace, request metrics, monitor record.
-
-    ``handle`` parses the body and returns the answer's body (without
-    ``timings_ms``, added here); whatever it raises becomes a JSON error.
-    """
-    started_ns = time.perf_counter_ns()
-    state: ServerState = request.app.state.mmserve
-    request_id = uuid.uuid4().hex
-    tracer = state.tracer
-    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
-    context = RequestContext(state, request_id, started_ns, trace.ids if trace is not None else None)
-    error_code: str | None = None
-    try:
-        body_bytes = await request.body()
-        body = await until_disconnected(request, handle(context, body_bytes))
-        respond_started_ns = time.perf_counter_ns()
-        context.stage_ns["total"] = respond_started_ns - started_ns
-        body["timings_ms"] = {stage: round(ns / 1e6, 3) for stage, ns in context.stage_ns.items()}
-        response = Response(json_body.dumps(body), media_type="application/json")
-        context.respond = (respond_started_ns, time.perf_counter_ns() - respond_started_ns)
-        state.monitor.record(metrics_route, context.stage_ns, batch_size=context.batch_size,
-                             cache_hit=context.cache_hit, inputs=context.inputs)
-    except ClientDisconnectedError:
-        error_code = "client_disconnected"
-        response = ApiError(499, error_code, "the client closed the connection").response()
-    except Exception as e:  # noqa: BLE001 - every failure becomes a JSON answer
-        error = api_error_from(e)
-        if error is None:
-            logger.exception("unexpected error in request %s", request_id)
-            error = ApiError(500, "internal_error", f"internal error (request id {request_id})")
-        error_code = error.code
-        response = error.response()
-    ended_ns = time.perf_counter_ns()
-    exemplar = None
-    if trace is not None and tracer is not None:
-        exemplar = answer_traced(tracer, trace, TracedAnswer(
-            http_route, metrics_route, response.status_code, ended_ns, context.traced_items, error_code,
-            respond=context.respond, as_rows=True), response)
-    state.metrics.requests_total.labels(route=metrics_route, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=metrics_route).observe((ended_ns - started_ns) / 1e9,
-                                                                               exemplar)
-    response.headers["X-Request-ID"] = request_id
-    return response
 
 
 # -- shared by both routes --------------------------------------------------------------------------------
@@ -186,10 +118,26 @@ def _encoder(state: ServerState) -> ZeroShotEncoder:
     return state.zero_shot
 
 
-def _options(context: RequestContext, request: ClassifyRequest | RankRequest) -> ZeroShotOptions:
-    return ZeroShotOptions(request_id=context.request_id, priority=Priority(request.priority),
-                           timeout_ms=request.timeout_ms, truncate=request.truncate, use_cache=request.use_cache,
-                           trace=context.trace)
+@dataclass(frozen=True)
+class _Call:
+    """A checked classify or rank request as both run it: its images against its texts, each side's field names."""
+
+    body: ClassifyRequest | RankRequest
+    checked: ClassifyInput | RankInput
+    scoring: _Scoring
+    images: tuple[ImageContent, ...]
+    texts: tuple[str, ...]
+    image_field: Callable[[int], str]  # image i's field in errors (``images[2]``, ``query``)
+    text_field: Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class _Scored:
+    """The run's result for ``render``: scores (images x texts), their kind, the answer's ``cache`` field."""
+
+    matrix: np.ndarray  # (N, L)
+    score_kind: str
+    cache: dict[str, object]
 
 
 def _named(error: IntakeItemError, field_of: Callable[[int], str]) -> ApiError | IntakeItemError:
@@ -203,13 +151,12 @@ def _named(error: IntakeItemError, field_of: Callable[[int], str]) -> ApiError |
     return ApiError(inner.status, inner.code, f"{name}: {inner.message}", name, inner.retry_after_s)
 
 
-async def _encode(encoder: ZeroShotEncoder, context: RequestContext, options: ZeroShotOptions,
-                  images: Sequence[ImageContent], texts: Sequence[str], image_field: Callable[[int], str],
-                  text_field: Callable[[int], str]) -> tuple[EncodedImages, EncodedTexts]:
+async def _encode(encoder: ZeroShotEncoder, call: _Call, options: ZeroShotOptions,
+                  arrival_ns: int) -> tuple[EncodedImages, EncodedTexts]:
     """Images and texts at once; a failure names its item; the other side is cancelled."""
-    image_task = asyncio.ensure_future(encoder.encode_images(images, options, context.started_ns))
-    text_task = asyncio.ensure_future(encoder.encode_texts(texts, options, context.started_ns))
-    tasks = {image_task: image_field, text_task: text_field}
+    image_task = asyncio.ensure_future(encoder.encode_images(call.images, options, arrival_ns))
+    text_task = asyncio.ensure_future(encoder.encode_texts(call.texts, options, arrival_ns))
+    tasks = {image_task: call.image_field, text_task: call.text_field}
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
     finally:  # one side failed, or the request was cancelled: the other side stops and settles its plans
@@ -224,72 +171,122 @@ async def _encode(encoder: ZeroShotEncoder, context: RequestContext, options: Ze
     return image_task.result(), text_task.result()
 
 
-def _record(context: RequestContext, images: Sequence[ImageContent], encoded_images: EncodedImages,
-            encoded_texts: EncodedTexts, priority: str, scored_ns: int) -> dict[str, object]:
-    """Fill the context's stages and monitor facts; returns the answer's ``cache`` field."""
+def _request_record(call: _Call, encoded_images: EncodedImages, encoded_texts: EncodedTexts,
+                    score_ns: int) -> tuple[dict[str, object], RequestRecord]:
+    """The answer's ``cache`` field, and the request's latency record (its stages and facts) for the monitor."""
     first = encoded_images.outcomes[0]
-    context.stage_ns.update(first.result.stage_ns)
-    context.stage_ns["decode"] = max([encoded_texts.prepare_ns, *(o.decode_ns for o in encoded_images.outcomes)])
+    stage_ns = dict(first.result.stage_ns)
+    stage_ns["decode"] = max([encoded_texts.prepare_ns, *(o.decode_ns for o in encoded_images.outcomes)])
     if encoded_texts.text_ns:
-        context.stage_ns["text"] = encoded_texts.text_ns
-    context.stage_ns["score"] = scored_ns
-    context.batch_size = first.result.batch_size
+        stage_ns["text"] = encoded_texts.text_ns
+    stage_ns["score"] = score_ns
     image_statuses = [outcome.plan.image_statuses()[0] for outcome in encoded_images.outcomes]
     counts = encoded_texts.status_counts()
     text_statuses = [status for status, num in counts.items() for _ in range(num)]
-    context.cache_hit = cache_hit_of({"images": image_statuses, "texts": text_statuses})
-    context.inputs = RequestInputs.of(
-        largest_image_pixels=largest_image_pixels(images), image_encoding=images_encoding(images),
-        num_text_tokens=max(len(tokens.token_ids) for tokens in encoded_texts.tokens), num_images=len(images),
-        priority=priority, protocol="native")
-    return {"images": image_statuses, "texts": counts}
+    inputs = RequestInputs.of(
+        largest_image_pixels=largest_image_pixels(call.images), image_encoding=images_encoding(call.images),
+        num_text_tokens=max(len(tokens.token_ids) for tokens in encoded_texts.tokens), num_images=len(call.images),
+        priority=call.body.priority, protocol="native")
+    record = RequestRecord(stage_ns, batch_size=first.result.batch_size,
+                           cache_hit=cache_hit_of({"images": image_statuses, "texts": text_statuses}), inputs=inputs)
+    return {"images": image_statuses, "texts": counts}, record
 
 
-def _traced_images(images: Sequence[ImageContent], encoded: EncodedImages | None,
-                   options: ZeroShotOptions) -> tuple[TracedItem, ...]:
-    outcomes = encoded.outcomes if encoded is not None else (None,) * len(images)
-    return tuple(TracedItem(ParsedInput(None, (content,), options.priority.value, options.timeout_ms,
-                                        options.truncate, options.use_cache), outcome)
-                 for content, outcome in zip(images, outcomes))
+class _ZeroShot(Endpoint[_Call]):
+    """Classify and rank through the request layer, which owns id, clock, trace, metrics and the monitor record.
+
+    Their middle is their own (``run``): images through the intake, texts
+    through the segment cache and the text lane, then one matrix product
+    (the ``score`` stage). Each image is a row of the trace; the request is
+    one latency record under its route label (``classify`` / ``rank``).
+    """
+
+    protocol = "native"  # drift attribution counts them with /v1/infer's requests
+
+    @abc.abstractmethod
+    def call_of(self, body: bytes, state: ServerState) -> _Call:
+        """The checked request (counts first, then the model's score); raises ``ApiError`` naming the field."""
+
+    @abc.abstractmethod
+    def pair_matrix(self, score: CalibratedScore, images: list, texts: list) -> np.ndarray:
+        """(N, L) scores of the calibrated kind, on the host (runs in the pool: torch stays off the event loop)."""
+
+    @abc.abstractmethod
+    def score_kind(self, score: CalibratedScore) -> str:
+        """The answer's ``score_kind`` for a calibrated score."""
+
+    @abc.abstractmethod
+    def results(self, call: _Call, matrix: np.ndarray) -> list[dict]:
+        """The answer's ``results``, best first."""
+
+    async def parse(self, request: Request, state: ServerState) -> Parsed[_Call]:
+        call = self.call_of(await request.body(), state)
+        body = call.body
+        return Parsed(tuple(ParsedInput(None, (content,), body.priority, body.timeout_ms, body.truncate,
+                                        body.use_cache) for content in call.images), call)
+
+    async def run(self, parsed: Parsed[_Call], state: ServerState, arrival: Arrival) -> Ran:
+        call, encoder = parsed.context, _encoder(state)
+        options = ZeroShotOptions(request_id=arrival.request_id, priority=Priority(call.body.priority),
+                                  timeout_ms=call.body.timeout_ms, truncate=call.body.truncate,
+                                  use_cache=call.body.use_cache, trace=arrival.trace)
+        images, texts = await _encode(encoder, call, options, arrival.started_ns)
+        (matrix, score_kind), score_ns = await arrival.timed(
+            self._scores(encoder, call, images, texts, options, arrival.started_ns))
+        cache, record = _request_record(call, images, texts, score_ns)
+        outcomes = tuple(RowOutcome(outcome, outcome.result) for outcome in images.outcomes)
+        return Ran(outcomes, _Scored(matrix, score_kind, cache), record)
+
+    async def _scores(self, encoder: ZeroShotEncoder, call: _Call, images: EncodedImages, texts: EncodedTexts,
+                      options: ZeroShotOptions, arrival_ns: int) -> tuple[np.ndarray, str]:
+        """(N, L) scores and their kind: the model's calibrated score, or its trained fusion head's."""
+        score = call.scoring.score
+        if score is None:
+            return await encoder.head_scores(call.images, call.texts, options, arrival_ns), "match_score"
+        matrix = await encoder.off_loop(self.pair_matrix, score, [s.pooled for s in images.segments],
+                                        [s.pooled for s in texts.segments])
+        return matrix, self.score_kind(score)
+
+    def render(self, parsed: Parsed[_Call], answered: Answered, state: ServerState) -> Response:
+        scored: _Scored = answered.value
+        body = {"id": answered.request_id, "model": state.model_description, "score_kind": scored.score_kind,
+                "results": self.results(parsed.context, scored.matrix), "cache": scored.cache,
+                "timings_ms": {stage: round(ns / 1e6, 3) for stage, ns in answered.stage_ns().items()}}
+        return Response(json_body.dumps(body), media_type="application/json")
 
 
 # -- POST /v1/classify ------------------------------------------------------------------------------------
 
 
-async def _classify(context: RequestContext, body: bytes) -> dict:
-    state = context.state
-    request = _validated(ClassifyRequest, body)
-    checked = classify_input(request, state.settings)  # type: ignore[arg-type]
-    scoring = _scoring(state)
-    options = _options(context, request)  # type: ignore[arg-type]
-    context.traced_items = _traced_images(checked.images, None, options)
-    encoder = _encoder(state)
-    image_field = (lambda i: f"images[{i}]") if checked.images_as_list else (lambda i: "image")
-    images, texts = await _encode(encoder, context, options, checked.images, checked.texts, image_field,
-                                  lambda i: f"labels[{i}]")
-    context.traced_items = _traced_images(checked.images, images, options)
-    scored_started_ns = time.perf_counter_ns()
-    if scoring.score is not None:
-        scores = (await encoder.off_loop(
-            _classify_matrix, scoring.score, [s.pooled for s in images.segments],
-            [s.pooled for s in texts.segments]))  # (N, L)
-        score_kind = classify_score_kind(scoring.score.kind).value
-    else:
-        scores = await encoder.head_scores(checked.images, checked.texts, options, context.started_ns)  # (N, L)
-        score_kind = "match_score"
-    cache = _record(context, checked.images, images, texts, request.priority,
-                    time.perf_counter_ns() - scored_started_ns)
-    results = []
-    for row in scores.tolist():
-        order = best_first(row, request.top_k)  # type: ignore[attr-defined]
-        results.append({"labels": [{"label": checked.labels[j], "score": row[j]} for j in order]})
-    return {"id": context.request_id, "model": state.model_description, "score_kind": score_kind,
-            "results": results, "cache": cache}
+class Classify(_ZeroShot):
+    """Every image against every label: the model's zero-shot classification pipeline's scores."""
+
+    http_route, metrics_label = "/v1/classify", "classify"
+
+    def call_of(self, body: bytes, state: ServerState) -> _Call:
+        request = _validated(ClassifyRequest, body)
+        checked = classify_input(request, state.settings)  # type: ignore[arg-type]
+        image_field = (lambda i: f"images[{i}]") if checked.images_as_list else (lambda i: "image")
+        return _Call(request, checked, _scoring(state), checked.images, checked.texts,  # type: ignore[arg-type]
+                     image_field, lambda i: f"labels[{i}]")
+
+    def pair_matrix(self, score: CalibratedScore, images: list, texts: list) -> np.ndarray:
+        return classify_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
+
+    def score_kind(self, score: CalibratedScore) -> str:
+        return classify_score_kind(score.kind).value
+
+    def results(self, call: _Call, matrix: np.ndarray) -> list[dict]:
+        labels = call.checked.labels  # type: ignore[union-attr]
+        top_k = call.body.top_k  # type: ignore[union-attr]
+        results = []
+        for row in matrix.tolist():
+            order = best_first(row, top_k)
+            results.append({"labels": [{"label": labels[j], "score": row[j]} for j in order]})
+        return results
 
 
-def _classify_matrix(score: CalibratedScore, images: list, texts: list) -> np.ndarray:
-    """(N, L) classify scores on the host (runs in the pool: torch stays off the event loop)."""
-    return classify_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
+CLASSIFY = Classify()
 
 
 @router.post(
@@ -299,47 +296,40 @@ def _classify_matrix(score: CalibratedScore, images: list, texts: list) -> np.nd
         "schema": {"$ref": "#/components/schemas/ClassifyRequest"}}}}},
 )
 async def classify(request: Request) -> Response:
-    return await answer_request(request, "/v1/classify", METRICS_ROUTES["/v1/classify"], _classify)
+    return await serve(request, CLASSIFY)
 
 
 # -- POST /v1/rank ----------------------------------------------------------------------------------------
 
 
-def _pair_matrix(score: CalibratedScore, images: list, texts: list) -> np.ndarray:
-    """(N, L) per-pair scores on the host (runs in the pool)."""
-    return pair_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
+class Rank(_ZeroShot):
+    """Candidates of one modality against a query of the other: the family's per-pair score, best first."""
+
+    http_route, metrics_label = "/v1/rank", "rank"
+
+    def call_of(self, body: bytes, state: ServerState) -> _Call:
+        request = _validated(RankRequest, body)
+        checked = rank_input(request, state.settings)  # type: ignore[arg-type]
+        scoring = _scoring(state)
+        if checked.query_text is not None:
+            return _Call(request, checked, scoring, checked.candidate_images,  # type: ignore[arg-type]
+                         (checked.query_text,), lambda i: f"candidates[{i}]", lambda i: "query")
+        return _Call(request, checked, scoring, (checked.query_image,),  # type: ignore[arg-type]
+                     checked.candidate_texts, lambda i: "query", lambda i: f"candidates[{i}]")
+
+    def pair_matrix(self, score: CalibratedScore, images: list, texts: list) -> np.ndarray:
+        return pair_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
+
+    def score_kind(self, score: CalibratedScore) -> str:
+        return score.kind.value
+
+    def results(self, call: _Call, matrix: np.ndarray) -> list[dict]:
+        is_text_query = call.checked.query_text is not None  # type: ignore[union-attr]
+        flat = (matrix[:, 0] if is_text_query else matrix[0, :]).tolist()  # (candidates,)
+        return [{"index": index, "score": flat[index]} for index in best_first(flat, call.body.top_k)]
 
 
-async def _rank(context: RequestContext, body: bytes) -> dict:
-    state = context.state
-    request = _validated(RankRequest, body)
-    checked = rank_input(request, state.settings)  # type: ignore[arg-type]
-    scoring = _scoring(state)
-    options = _options(context, request)  # type: ignore[arg-type]
-    encoder = _encoder(state)
-    if checked.query_text is not None:
-        image_contents, texts = checked.candidate_images, (checked.query_text,)
-        image_field, text_field = (lambda i: f"candidates[{i}]"), (lambda i: "query")
-    else:
-        image_contents, texts = (checked.query_image,), checked.candidate_texts
-        image_field, text_field = (lambda i: "query"), (lambda i: f"candidates[{i}]")
-    context.traced_items = _traced_images(image_contents, None, options)
-    images, encoded_texts = await _encode(encoder, context, options, image_contents, texts, image_field, text_field)
-    context.traced_items = _traced_images(image_contents, images, options)
-    scored_started_ns = time.perf_counter_ns()
-    if scoring.score is not None:
-        scores = (await encoder.off_loop(_pair_matrix, scoring.score, [s.pooled for s in images.segments],
-                                         [s.pooled for s in encoded_texts.segments]))  # (N, L)
-        score_kind = scoring.score.kind.value
-    else:
-        scores = await encoder.head_scores(image_contents, texts, options, context.started_ns)  # (N, L)
-        score_kind = "match_score"
-    cache = _record(context, image_contents, images, encoded_texts, request.priority,
-                    time.perf_counter_ns() - scored_started_ns)
-    flat = (scores[:, 0] if checked.query_text is not None else scores[0, :]).tolist()  # (candidates,)
-    order = best_first(flat, request.top_k)
-    return {"id": context.request_id, "model": state.model_description, "score_kind": score_kind,
-            "results": [{"index": index, "score": flat[index]} for index in order], "cache": cache}
+RANK = Rank()
 
 
 @router.post(
@@ -349,4 +339,8 @@ async def _rank(context: RequestContext, body: bytes) -> dict:
         "schema": {"$ref": "#/components/schemas/RankRequest"}}}}},
 )
 async def rank(request: Request) -> Response:
-    return await answer_request(request, "/v1/rank", METRICS_ROUTES["/v1/rank"], _rank)
+    return await serve(request, RANK)
+
+
+# The route label of each path's requests (also for a body refused before it reaches a route).
+METRICS_ROUTES = {endpoint.http_route: endpoint.metrics_label for endpoint in (CLASSIFY, RANK)}

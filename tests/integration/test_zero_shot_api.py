@@ -367,6 +367,12 @@ def test_classify_is_traced_and_its_latency_monitored_under_its_own_route(model_
     assert 'mmserve_stage_latency_seconds{quantile="0.5",route="classify",stage="total"}' in exported
     assert 'mmserve_stage_latency_seconds{quantile="0.5",route="rank",stage="total"}' in exported
     assert 'mmserve_requests_total{code="200",route="classify"}' in exported
+    # The run's own stages reach the monitor through the request layer, as the answer shows them.
+    timings = answer.json()["timings_ms"]
+    assert {"decode", "text", "score", "total"} <= set(timings) and timings["score"] <= timings["total"]
+    for stage in ("decode", "text", "score"):
+        assert f'mmserve_stage_latency_seconds{{quantile="0.5",route="classify",stage="{stage}"}}' in exported
+    assert answer.headers["X-Request-ID"] == answer.json()["id"]
     spans = [span for span in exporter.get_finished_spans() if span.context.trace_id == trace_id]
     root = next(span for span in spans if span.kind == SpanKind.SERVER)
     assert root.name == "POST /v1/classify" and root.parent.span_id == span_id
