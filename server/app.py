@@ -38,7 +38,7 @@ from router.zero_shot import ZeroShotEncoder
 from server.http.body_limit import BodySizeLimit
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
-from server.ingest.inputs import image_decoder
+from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
 from server.runtime.device_metrics import register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
@@ -155,7 +155,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
                                         initializer=functools.partial(lower_current_thread_priority,
                                                                       settings.image_work_nice))
         intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings), decode_pool,
-                               faults=faults)
+                               faults=faults, device_decoder=device_jpeg_decoder(settings, model))
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,
