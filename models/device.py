@@ -109,7 +109,8 @@ class DeviceWork:
         """
         if not tensors:
             return []
-        flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])  # (sum numel,)
+        # (sum of numel,) float32 on the device
+        flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
         host = flat.cpu().numpy()
         arrays, first = [], 0
         for tensor in tensors:

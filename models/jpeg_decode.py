@@ -16,6 +16,13 @@ the decoders' IDCT rounding and the resampling, which the GPU script bounds
 
 Images carrying an EXIF orientation other than "normal" go to Pillow, which
 applies it (``ImageOps.exif_transpose``) as the CPU path does.
+
+The request intake (``router.intake``, ``--decode-device cuda``) calls
+``decode_to_input``, which stops short of Pillow: it answers None for what it
+does not decode, and the intake's own CPU decoder (the server's, with its
+pixel limit and 4xx errors) takes those. Its result comes back to the host as
+(S, S, 3) uint8 in one copy per batch, so the vision lane gets the same input
+either way and uploads it through the pinned staging slots (``models.device``).
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ decoder. nvJPEG is fast per batch, not per image, so the items of one call
 (a KServe batch, an OpenAI ``input`` list, a request with several images)
 pool their JPEGs here and the batch goes once every item has planned:
 
-    item 0 ── plan ── enter([a, b]) ─┐
-    item 1 ── plan ── enter([])    ──┼── all entered ──> decode_to_input([a, b, c]) in the decode pool
-    item 2 ── plan ── enter([c])   ──┘                    │
-    item 3 ── refused ── leave()                          └──> each item gets its slice back
+    item 0 ── plan ── decode([a, b]) ─┐
+    item 1 ── plan ── decode([])     ─┼─ all in ──> decode_to_input([a, b, c]), decode pool
+    item 2 ── plan ── decode([c])    ─┘               │
+    item 3 ── refused ── leave()                      └──> each item gets its slice back
 
 An item that failed before it got here ``leave``s, so the others never wait
 for it. Each image comes back as the model's (S, S, 3) uint8 input or None

@@ -7,6 +7,8 @@
                    "decode" fault drill -> tokenize -> joint-token budget
                    (router.joint_budget) -> plan the segments against the cache
                    -> decode + resize only the images the plan needs
+                   (--decode-device cuda: its JPEGs wait, then go to the device
+                   with every other item's in one batch; what that leaves, CPU)
       ── every item prepared? ── one refused: none is submitted, all give their claims back
       resolve      await segments other requests compute; one whose owner gave
                    up is looked up again (and its image decoded, if it is now ours)
@@ -289,7 +291,8 @@ class RequestIntake:
             prepared.plan.abandon()
             raise
 
-    async def _prepare_on_host(self, item: IntakeItem, image_encoding: str | None, is_device_decoding: bool) -> _Prepared:
+    async def _prepare_on_host(self, item: IntakeItem, image_encoding: str | None,
+                               is_device_decoding: bool) -> _Prepared:
         if self._is_inline(item):
             return self._prepare_now(item, image_encoding)
         future = self._executor.submit(self._prepare_now, item, image_encoding, is_device_decoding)
