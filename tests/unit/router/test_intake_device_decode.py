@@ -185,3 +185,53 @@ def test_a_bad_jpeg_fails_only_its_item_with_the_cpu_decoders_error(make_router,
     # The good image was not poisoned: alone it is answered, and from the device.
     outcome = asyncio.run(intake.run_one(_item("again", good), time.perf_counter_ns()))
     assert outcome.result.image_embeddings[0].shape == (router.bundle.model.vision.embedding_dim,)
+
+
+def test_an_item_refused_before_decoding_does_not_keep_its_neighbours_waiting(make_router, pool):
+    """A too-long text is refused at tokenizing, before the device round: the round must not wait for it."""
+    router = make_router()
+    intake, device, _ = _intakes(router, pool)
+    too_long = " ".join(["word"] * (4 * router.bundle.tokenizer.max_tokens))
+
+    async def call():
+        return await asyncio.wait_for(
+            intake.run([_item("jpeg", _jpeg(11)), _item("long", text=too_long)], time.perf_counter_ns()), 30)
+
+    with pytest.raises(IntakeItemError) as caught:
+        asyncio.run(call())
+    assert caught.value.item_index == 1
+    assert router.cache.num_in_flight == 0
+
+
+def test_a_caller_cancelled_while_its_device_batch_runs_gives_its_claim_back(make_router, pool):
+    """The client went away while its JPEG was in the device decoder: its claim is abandoned, the batch
+    finishes in the pool, and the next caller computes the image afresh (nothing half-done was published)."""
+    router = make_router()
+    tools = IntakeTools.of(router.bundle, router.budget)
+    entered, release = threading.Event(), threading.Event()
+
+    class HeldDecoder(CountingDeviceDecoder):
+        def decode_to_input(self, images):
+            entered.set()
+            assert release.wait(30), "never released"
+            return super().decode_to_input(images)
+
+    device = HeldDecoder(torch.device("cpu"), tools.preprocess)
+    intake = RequestIntake(router, tools, PillowDecoder(), pool, device_decoder=device)
+    jpeg = _jpeg(21)
+
+    async def scenario():
+        task = asyncio.ensure_future(intake.run_one(_item("gone", jpeg), time.perf_counter_ns()))
+        while not entered.is_set():  # the round's batch is in the pool, held
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+        while router.cache.num_in_flight:  # the claim given back by the cancelled caller
+            await asyncio.sleep(0.01)
+        return await intake.run_one(_item("again", jpeg), time.perf_counter_ns())
+
+    outcome = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert outcome.plan.statuses() == {"image": "miss"}  # nothing was published for the cancelled caller
+    assert len(device.batches) == 2 and router.cache.num_in_flight == 0
