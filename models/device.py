@@ -85,29 +85,38 @@ class DeviceWork:
         self.is_cuda = device.type == "cuda"
         self._staging: PinnedStaging | None = None
 
-    def host_tensor(self, array: np.ndarray) -> torch.Tensor:
-        """``array`` as a tensor the model takes without a stall.
+    def upload(self, array: np.ndarray) -> torch.Tensor:
+        """A uint8 batch as a tensor the model takes without a stall.
 
-        On the CPU the array's own memory (no copy); on CUDA the batch is
-        already on its way to the device through the pinned staging slots
-        (``upload``).
+        On CUDA it goes through the pinned staging slots on the copy stream
+        (``PinnedStaging.upload``); on the CPU it is the array's own memory
+        (no copy).
         """
         if not self.is_cuda:
             return torch.from_numpy(array)
-        return self.upload(array)
-
-    def upload(self, array: np.ndarray) -> torch.Tensor:
-        """A uint8 batch on the device through the staging slots (CUDA only)."""
         if self._staging is None:
             self._staging = PinnedStaging(self.device)
         return self._staging.upload(array)
 
     def to_host(self, tensors: Sequence[torch.Tensor]) -> list[np.ndarray]:
-        """Same-width rows (E,) of a batch as float32 numpy arrays, with one device-to-host copy in all."""
+        """A batch's results (embeddings of any width, scalar scores) as float32 numpy arrays, in one copy.
+
+        Every tensor is flattened and laid end to end on the device, so the
+        whole batch crosses the bus in one device-to-host copy (one wait)
+        instead of one per embedding; each array keeps its tensor's shape:
+
+            [(d_v,), (d_t,), ()] ──cat──> (d_v + d_t + 1,) float32 ──one D2H──> split ──> (d_v,), (d_t,), ()
+        """
         if not tensors:
             return []
-        stacked = torch.stack([t.detach() for t in tensors]).to("cpu", torch.float32)  # (N, E)
-        return list(stacked.numpy())
+        # (sum of numel,) float32 on the device
+        flat = torch.cat([t.detach().reshape(-1).to(self.device, torch.float32) for t in tensors])
+        host = flat.cpu().numpy()
+        arrays, first = [], 0
+        for tensor in tensors:
+            arrays.append(host[first: first + tensor.numel()].reshape(tuple(tensor.shape)))
+            first += tensor.numel()
+        return arrays
 
     def wait(self) -> None:
         """Wait for the work this thread queued on the device (its stream only, not the others')."""

@@ -16,11 +16,19 @@ the decoders' IDCT rounding and the resampling, which the GPU script bounds
 
 Images carrying an EXIF orientation other than "normal" go to Pillow, which
 applies it (``ImageOps.exif_transpose``) as the CPU path does.
+
+The request intake (``router.intake``, ``--decode-device cuda``) calls
+``decode_to_input``, which stops short of Pillow: it answers None for what it
+does not decode, and the intake's own CPU decoder (the server's, with its
+pixel limit and 4xx errors) takes those. Its result comes back to the host as
+(S, S, 3) uint8 in one copy per batch, so the vision lane gets the same input
+either way and uploads it through the pinned staging slots (``models.device``).
 """
 
 from __future__ import annotations
 
 import io
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +41,7 @@ from models.preprocessing import centre_offset, resize_to_model_input, shortest_
 
 JPEG_MAGIC = b"\xff\xd8\xff"
 _EXIF_ORIENTATION_TAG = 0x0112
+_DEVICE_MODES = ("RGB", "L")  # CMYK, YCCK and the rest: Pillow converts them as the CPU path does
 _TORCH_MODES = {"bicubic": "bicubic", "bilinear": "bilinear", "nearest": "nearest"}
 
 
@@ -77,33 +86,93 @@ def resize_on_device(image: torch.Tensor, preprocess: PreprocessConfig) -> torch
 
 
 class DeviceJpegDecoder:
-    """Batches of encoded images -> (B, S, S, 3) uint8 on ``device``: JPEGs by nvJPEG, the rest by Pillow."""
+    """Batches of encoded images -> the model's (S, S, 3) uint8 input, JPEGs decoded on ``device``.
 
-    def __init__(self, device: torch.device, preprocess: PreprocessConfig) -> None:
+    Two ways in: ``decode`` (the benchmark's: every image, Pillow for what
+    nvJPEG does not take, a (B, S, S, 3) tensor on the device) and
+    ``decode_to_input`` (the request intake's: only what this decoder takes,
+    ``None`` for the rest, which the caller's own CPU decoder then decodes
+    with its own checks and errors). An image it takes is a JPEG whose header
+    says RGB or greyscale, no EXIF rotation and at most ``max_pixels`` pixels
+    (a decompression bomb is never handed to nvJPEG).
+
+    Decodes are serialised by a lock: the device has one nvJPEG engine, and
+    a batch is the unit it is fast at.
+    """
+
+    def __init__(self, device: torch.device, preprocess: PreprocessConfig, max_pixels: int | None = None) -> None:
         self.device = device
         self.preprocess = preprocess
+        self.max_pixels = max_pixels
         self.num_device_decoded = 0
         self.num_cpu_decoded = 0
+        self.num_left_to_caller = 0  # decode_to_input: images it did not take or nvJPEG refused
+        self._lock = threading.Lock()
 
-    def decode(self, images: Sequence[bytes]) -> torch.Tensor:
+    @staticmethod
+    def accepts(data: bytes) -> bool:
+        """Worth handing to this decoder (a JPEG by its magic bytes); it may still leave it to the caller."""
+        return is_jpeg(data)
+
+    def _takes(self, data: bytes) -> bool:
+        """A JPEG nvJPEG decodes as the CPU path would, under the pixel limit (header only, no pixel decoded)."""
+        if not is_jpeg(data):
+            return False
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                return (image.mode in _DEVICE_MODES
+                        and image.getexif().get(_EXIF_ORIENTATION_TAG, 1) == 1
+                        and (self.max_pixels is None or image.width * image.height <= self.max_pixels))
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+            return False  # unreadable: the CPU path reports it
+
+    def _decode_jpegs(self, images: Sequence[bytes]) -> list[torch.Tensor | None]:
+        """Each JPEG as (3, H, W) uint8 on the device, in one batch call; None for each nvJPEG refuses."""
         from torchvision.io import ImageReadMode, decode_jpeg
 
+        if not images:
+            return []
+        encoded = [torch.frombuffer(bytearray(data), dtype=torch.uint8) for data in images]
+        try:
+            return list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
+        except RuntimeError:  # one refused image fails the batch call: decode one by one
+            return [self._decode_one(decode_jpeg, data) for data in encoded]
+
+    def decode_to_input(self, images: Sequence[bytes]) -> list[np.ndarray | None]:
+        """Each image it takes as the model's (S, S, 3) uint8 input on the host; None for each left to the caller.
+
+        One nvJPEG batch call, the resize on the device, and one
+        device-to-host copy of the (n, S, S, 3) result: the full-size pixels
+        never leave the device.
+        """
+        taken = [i for i, data in enumerate(images) if self._takes(data)]
+        out: list[np.ndarray | None] = [None] * len(images)
+        with self._lock:
+            decoded = self._decode_jpegs([images[i] for i in taken])
+            kept = [(index, image) for index, image in zip(taken, decoded, strict=True) if image is not None]
+            if kept:
+                batch = torch.stack([resize_on_device(image, self.preprocess) for _, image in kept])  # (n, S, S, 3)
+                host = batch.cpu().numpy()
+                for row, (index, _) in enumerate(kept):
+                    out[index] = host[row]  # (S, S, 3)
+            self.num_device_decoded += len(kept)
+            self.num_left_to_caller += len(images) - len(kept)
+        return out
+
+    def decode(self, images: Sequence[bytes]) -> torch.Tensor:
+        """Every image as (B, S, S, 3) uint8 on the device: JPEGs by nvJPEG, the rest (and its refusals) by Pillow."""
         out = torch.empty((len(images), self.preprocess.input_size, self.preprocess.input_size, 3),
                           dtype=torch.uint8, device=self.device)  # (B, S, S, 3)
         on_device = [i for i, data in enumerate(images) if is_jpeg(data) and not _has_rotation(data)]
-        decoded: list[torch.Tensor | None] = [None] * len(on_device)
-        if on_device:
-            encoded = [torch.frombuffer(bytearray(images[i]), dtype=torch.uint8) for i in on_device]
-            try:
-                decoded = list(decode_jpeg(encoded, mode=ImageReadMode.RGB, device=self.device))
-            except RuntimeError:  # one refused image fails the batch call: decode one by one
-                decoded = [self._decode_one(decode_jpeg, data) for data in encoded]
+        with self._lock:
+            decoded = self._decode_jpegs([images[i] for i in on_device])
         for index, image in zip(on_device, decoded, strict=True):
             if image is not None:
                 out[index] = resize_on_device(image, self.preprocess)
                 self.num_device_decoded += 1
+        done = {index for index, image in zip(on_device, decoded, strict=True) if image is not None}
         for index in range(len(images)):
-            if index in on_device and decoded[on_device.index(index)] is not None:
+            if index in done:
                 continue
             pixels = cpu_decode_to_input(images[index], self.preprocess)
             out[index] = torch.from_numpy(pixels).to(self.device)

@@ -7,6 +7,8 @@
                    "decode" fault drill -> tokenize -> joint-token budget
                    (router.joint_budget) -> plan the segments against the cache
                    -> decode + resize only the images the plan needs
+                   (--decode-device cuda: its JPEGs wait, then go to the device
+                   with every other item's in one batch; what that leaves, CPU)
       ── every item prepared? ── one refused: none is submitted, all give their claims back
       resolve      await segments other requests compute; one whose owner gave
                    up is looked up again (and its image decoded, if it is now ours)
@@ -32,7 +34,12 @@ The server passes in what belongs to it: the image decoder (bytes -> an RGB
 Pillow image or an (H, W, 3) uint8 array; whatever it raises for a bad image
 reaches the caller unchanged) and the thread pool decoding runs in, sized by
 its settings (``router.decode_pool``; whatever ``submit`` raises reaches the
-caller too, e.g. ``DecodeQueueFullError``). Everything else the intake
+caller too, e.g. ``DecodeQueueFullError``). With ``--decode-device cuda`` it
+passes a device JPEG decoder too (``models.jpeg_decode``): then the JPEGs a
+plan needs skip the CPU decoder and go, for all items of the call together,
+to the device in one batch (``router.device_decode_round``); what that
+decoder leaves (other formats, rotated or refused JPEGs) is decoded on the
+CPU as before, per image. Everything else the intake
 raises is typed: a model's ``TextTooLongError``, the router's errors
 (``TooManyImagesError``, ``JointTokensExceededError``), ``ImageItemError``
 naming the bad image of a request that sent a list of images, and
@@ -42,6 +49,7 @@ naming the bad image of a request that sent a list of images, and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
@@ -50,10 +58,12 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from models.jpeg_decode import DeviceJpegDecoder
 from models.loading.config import PreprocessConfig
 from models.loading.repository import ModelBundle
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.tokenizer import TextTokenizer, TokenizedText
+from router.device_decode_round import DeviceDecodeRound
 from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
 from router.item_facts import ItemFacts
@@ -135,6 +145,7 @@ class _Prepared:
     joint: JointTokens
     plan: SegmentPlan
     images: tuple[np.ndarray | None, ...]  # each (S, S, 3) uint8; None where the plan did not need the pixels
+    on_device: tuple[int, ...] = ()  # images the plan needs that wait for the device decoder (still None)
 
 
 class _NeighbourRefusedError(Exception):
@@ -179,13 +190,17 @@ class RequestIntake:
         executor: Where preparing runs (the server's bounded decode pool).
         faults: Fault drills; with one, every item goes through ``executor`` so
             a "decode" drill delays it.
+        device_decoder: With one (``--decode-device cuda``), the JPEGs the
+            plans of one call need are decoded on the device in one batch;
+            what it leaves goes to ``decode_image``.
         inline_text_max_chars: A text-only item this short is prepared on the
             event loop: a pool hop costs more than tokenizing it.
     """
 
     def __init__(self, router: Router, tools: IntakeTools, decode_image: ImageDecoder, executor: Executor, *,
                  faults: FaultInjector | None = None, inline_text_max_chars: int = INLINE_TEXT_MAX_CHARS,
-                 clock_ns: Callable[[], int] = time.perf_counter_ns) -> None:
+                 clock_ns: Callable[[], int] = time.perf_counter_ns,
+                 device_decoder: DeviceJpegDecoder | None = None) -> None:
         self._router = router
         self._tokenizer = tools.tokenizer
         self._budget = tools.budget
@@ -193,12 +208,13 @@ class RequestIntake:
         self._decode_image = decode_image
         self._executor = executor
         self._faults = faults
+        self._device_decoder = device_decoder
         self._inline_text_max_chars = inline_text_max_chars
         self._clock_ns = clock_ns
 
     async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
         """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
-        return await self._run_item(item, arrival_ns, _AllPrepared(1))
+        return await self._run_item(item, arrival_ns, _AllPrepared(1), self._device_round(1))
 
     async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list[IntakeOutcome]:
         """Every item's result, in order; all items share ``arrival_ns`` (and so their deadline).
@@ -209,7 +225,8 @@ class RequestIntake:
         failed item (by index).
         """
         gate = _AllPrepared(len(items))
-        outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate) for item in items),
+        device_round = self._device_round(len(items))
+        outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate, device_round) for item in items),
                                         return_exceptions=True)
         for item_index, outcome in enumerate(outcomes):
             if isinstance(outcome, _NeighbourRefusedError):
@@ -220,11 +237,17 @@ class RequestIntake:
                 raise outcome
         return outcomes  # type: ignore[return-value]  # every one is an IntakeOutcome here
 
-    async def _run_item(self, item: IntakeItem, arrival_ns: int, gate: _AllPrepared) -> IntakeOutcome:
+    def _device_round(self, num_items: int) -> DeviceDecodeRound | None:
+        if self._device_decoder is None:
+            return None
+        return DeviceDecodeRound(num_items, self._device_decoder, self._executor)
+
+    async def _run_item(self, item: IntakeItem, arrival_ns: int, gate: _AllPrepared,
+                        device_round: DeviceDecodeRound | None) -> IntakeOutcome:
         started_ns = self._clock_ns()
         sent = ItemFacts.sent(item)
         try:
-            prepared = await self._prepare(item, sent.image_encoding)
+            prepared = await self._prepare(item, sent.image_encoding, device_round)
         except BaseException:
             gate.refuse()
             raise
@@ -251,10 +274,28 @@ class RequestIntake:
         return (self._faults is None and not item.images and item.text is not None
                 and len(item.text) <= self._inline_text_max_chars)
 
-    async def _prepare(self, item: IntakeItem, image_encoding: str | None) -> _Prepared:
+    async def _prepare(self, item: IntakeItem, image_encoding: str | None,
+                       device_round: DeviceDecodeRound | None) -> _Prepared:
+        """Tokenized, planned and every image the plan needs decoded (on the device too, with a round)."""
+        try:
+            prepared = await self._prepare_on_host(item, image_encoding, device_round is not None)
+        except BaseException:
+            if device_round is not None:
+                device_round.leave()
+            raise
+        if device_round is None:
+            return prepared
+        try:
+            return await self._decode_on_device(item, prepared, device_round)
+        except BaseException:
+            prepared.plan.abandon()
+            raise
+
+    async def _prepare_on_host(self, item: IntakeItem, image_encoding: str | None,
+                               is_device_decoding: bool) -> _Prepared:
         if self._is_inline(item):
             return self._prepare_now(item, image_encoding)
-        future = self._executor.submit(self._prepare_now, item, image_encoding)
+        future = self._executor.submit(self._prepare_now, item, image_encoding, is_device_decoding)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -262,8 +303,21 @@ class RequestIntake:
             future.add_done_callback(_abandon_landed_plan)
             raise
 
-    def _prepare_now(self, item: IntakeItem, image_encoding: str | None) -> _Prepared:
-        """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts)."""
+    async def _decode_on_device(self, item: IntakeItem, prepared: _Prepared,
+                                device_round: DeviceDecodeRound) -> _Prepared:
+        """The images left for the device decoded in the call's batch; those it leaves, on the CPU one by one."""
+        decoded = await device_round.decode([item.images[index].encoded for index in prepared.on_device])
+        images = list(prepared.images)
+        for index, pixels in zip(prepared.on_device, decoded, strict=True):
+            images[index] = pixels if pixels is not None else await self._off_loop(self._model_input, item, index)
+        return dataclasses.replace(prepared, images=tuple(images), on_device=())
+
+    def _prepare_now(self, item: IntakeItem, image_encoding: str | None, is_device_decoding: bool = False) -> _Prepared:
+        """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts).
+
+        ``is_device_decoding``: the JPEGs the plan needs are left undecoded
+        (``on_device``) for the call's device batch.
+        """
         if self._faults is not None:
             self._faults.after_stage("decode", (image_encoding,))
         tokens = None
@@ -274,12 +328,18 @@ class RequestIntake:
                                           item.use_cache)
         try:
             needed = set(plan.image_indices_to_compute)
-            images = tuple(self._model_input(item, index) if index in needed else None
+            on_device = tuple(index for index in sorted(needed) if is_device_decoding
+                              and self._is_for_device(item.images[index]))
+            images = tuple(self._model_input(item, index) if index in needed and index not in on_device else None
                            for index in range(len(item.images)))
         except BaseException:
             plan.abandon()
             raise
-        return _Prepared(tokens, joint, plan, images)
+        return _Prepared(tokens, joint, plan, images, on_device)
+
+    def _is_for_device(self, content: ImageContent) -> bool:
+        return (self._device_decoder is not None and content.encoded is not None
+                and self._device_decoder.accepts(content.encoded))
 
     def _model_input(self, item: IntakeItem, index: int) -> np.ndarray:
         """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here, off the loop.

@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,8 +44,15 @@ def text_length_buckets(max_tokens: int, smallest: int = 8) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-def _to_host(tensor: torch.Tensor) -> np.ndarray:
-    return tensor.detach().to("cpu", torch.float32).numpy()
+@dataclass(frozen=True)
+class _HostResults:
+    """One request's embeddings and scores, back on the host as float32."""
+
+    images: tuple[np.ndarray, ...]  # each (d_v,)
+    text: np.ndarray | None  # (d_t,)
+    fused: np.ndarray | None  # (E_t,)
+    score: np.ndarray | None  # ()
+    match_score: np.ndarray | None  # ()
 
 
 StageHook = Callable[[str, Collection[str | None]], None]
@@ -110,7 +118,7 @@ class BatchRunner:
             self._check_shape(("vision", padded))
             if padded > len(chunk):
                 chunk = np.concatenate([chunk, np.repeat(chunk[-1:], padded - len(chunk), axis=0)])  # (padded, S, S, 3)
-            segments += self.model.encode_images(self.device_work.host_tensor(chunk))[: min(len(chunk), len(pixels) - first)]
+            segments += self.model.encode_images(self.device_work.upload(chunk))[: min(len(chunk), len(pixels) - first)]
         self._stage_done("vision", started, stage_ns, owners)
         self.num_images_encoded += len(pixels)
         return segments
@@ -168,16 +176,18 @@ class BatchRunner:
             outputs = self.model.fuse_multi([images[i] for i in fusion_rows], [texts[i] for i in fusion_rows])
             fused = dict(zip(fusion_rows, outputs))
             self._stage_done("fusion", started, stage_ns, [requests[i] for i in fusion_rows])
+        host = self._results_to_host(images, texts, [fused.get(i) for i in range(len(requests))])
         results = []
         for i, request in enumerate(requests):
             text, fusion = texts[i], fused.get(i)
+            embeddings = host[i]
             results.append(InferenceResult(
                 route=request.route,
-                image_embeddings=tuple(_to_host(image.pooled) for image in images[i]),
-                text_embedding=_to_host(text.pooled) if text is not None else None,
-                fused_embedding=_to_host(fusion.fused) if fusion is not None else None,
-                score=float(fusion.score) if fusion is not None and fusion.score is not None else None,
-                match_score=(float(fusion.match_score) if fusion is not None and self._serves_match_score
+                image_embeddings=embeddings.images,
+                text_embedding=embeddings.text,
+                fused_embedding=embeddings.fused,
+                score=float(embeddings.score) if embeddings.score is not None else None,
+                match_score=(float(embeddings.match_score) if fusion is not None and self._serves_match_score
                              else None),
                 batch_size=len(requests),
                 stage_ns={stage: ns for stage, ns in stage_ns.items()
@@ -187,6 +197,36 @@ class BatchRunner:
                 text_segment=text,
             ))
         return results
+
+    def _results_to_host(self, images: Sequence[Sequence[ImageSegment]], texts: Sequence[TextSegment | None],
+                         fused: Sequence[FusedOutput | None]) -> list[_HostResults]:
+        """Every request's embeddings and scores on the host, with one device-to-host copy for the whole batch.
+
+        One copy per tensor would wait on the device once per embedding; the
+        batch's tensors go together through ``DeviceWork.to_host`` instead and
+        come back in request order.
+        """
+        tensors: list[torch.Tensor] = []
+
+        def slot(tensor: torch.Tensor | None) -> int | None:
+            if tensor is None:
+                return None
+            tensors.append(tensor)
+            return len(tensors) - 1
+
+        slots = [(tuple(slot(image.pooled) for image in images[i]),
+                  slot(texts[i].pooled if texts[i] is not None else None),
+                  slot(fused[i].fused if fused[i] is not None else None),
+                  slot(fused[i].score if fused[i] is not None else None),
+                  slot(fused[i].match_score if fused[i] is not None else None))
+                 for i in range(len(images))]
+        host = self.device_work.to_host(tensors)
+
+        def get(index: int | None) -> np.ndarray | None:
+            return None if index is None else host[index]
+
+        return [_HostResults(tuple(host[j] for j in image_slots), get(text), get(fusion), get(score), get(match))
+                for image_slots, text, fusion, score, match in slots]
 
     def run(self, route: Route, requests: Sequence[InferenceRequest]) -> list[Outcome]:
         """Per-item outcomes; a failing batch is split in halves down to single items."""

@@ -38,9 +38,9 @@ from router.zero_shot import ZeroShotEncoder
 from server.http.body_limit import BodySizeLimit
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
-from server.ingest.inputs import image_decoder
+from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
-from server.runtime.device_metrics import register_device_metrics
+from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
@@ -154,8 +154,10 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,
                                                                       settings.image_work_nice))
+        device_decoder = device_jpeg_decoder(settings, model)
+        register_device_decode_metrics(registry, device_decoder)
         intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings), decode_pool,
-                               faults=faults)
+                               faults=faults, device_decoder=device_decoder)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,

@@ -14,10 +14,15 @@ each section skipped (with a row saying so) once the time budget is short:
   decode     64 JPEGs: nvJPEG batch decode + device resize vs Pillow on 16
              threads; the final embeddings of the two paths, cosine >= 0.9999
   served     ``mmserve serve --model DIR`` at saturation (``benchmarks.gpu.served``:
-             KServe v2 binary uint8 batches, no decode), bf16 captured, bf16
-             eager, fp32 captured, against the raw forward at the same dtype
+             KServe v2 binary uint8 batches, no decode), bf16 captured, fp32
+             captured, bf16 eager, against the raw forward at the same dtype
              and batch; ``mmserve_cold_compiles_total`` must stay 0 and the
-             device series must be on /metrics
+             device series must be on /metrics. The fp32 server runs with
+             ``--decode-device cuda``: before its load, 8 of the decode
+             section's JPEGs go through it in one ``/v1/embeddings`` call
+             (the intake's nvJPEG batch), cosine >= 0.9999 against the
+             in-process fp32 embeddings of their Pillow-decoded pixels, and
+             ``mmserve_device_decode_images_total{outcome="decoded"}`` counts them
 
 Exit status: 0 every check passed, 1 a check failed, 2 no CUDA.
 """
@@ -36,11 +41,22 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.report import EXIT_CHECK_FAILED, EXIT_NO_CUDA, Deadline, Report, Row, bench_ms, per_s, run_section
-from benchmarks.gpu.served import find_wrk, kserve_uint8_body, metric_sum, run_wrk, scrape, start_server
+from benchmarks.gpu.served import (
+    find_wrk, kserve_uint8_body, metric_sum, metric_value, post_image_embeddings, run_wrk, scrape, start_server,
+)
 from benchmarks.gpu.siglip_large import SIGLIP_LARGE_ID, jpeg_bytes, random_images, write_random_siglip
 
 MIN_COSINE_HALF = 0.999
 MIN_COSINE_DECODE = 0.9999
+NUM_SERVED_DECODE_IMAGES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeReference:
+    """JPEGs and the float32 embeddings of their Pillow-decoded pixels: what the served decode check compares with."""
+
+    encoded: list[bytes]
+    embeddings: Any  # (N, E) float32 numpy
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -144,7 +160,7 @@ def _time_texts(model: Any, pad_token_id: int) -> list[tuple[str, float | None, 
     return [("mmserve encode_texts eager", bench_ms(encode), ""), ("mmserve encode_texts graphs", captured, note)]
 
 
-def decode(report: Report, bundle: Any, num_images: int = 64) -> None:
+def decode(report: Report, bundle: Any, num_images: int = 64) -> DecodeReference:
     import numpy as np
     import torch
 
@@ -165,21 +181,35 @@ def decode(report: Report, bundle: Any, num_images: int = 64) -> None:
     ])
     from_device = decoder.decode(encoded)
     from_cpu = torch.from_numpy(np.stack(cpu)).to(bundle.model.device)  # (N, S, S, 3)
-    cosine = _cosine_min(torch.stack([s.pooled for s in bundle.model.encode_images(from_device)]),
-                         torch.stack([s.pooled for s in bundle.model.encode_images(from_cpu)]))
+    from_pillow = torch.stack([s.pooled for s in bundle.model.encode_images(from_cpu)])  # (N, E)
+    cosine = _cosine_min(torch.stack([s.pooled for s in bundle.model.encode_images(from_device)]), from_pillow)
     _check(report, "decode", "nvJPEG vs Pillow embedding cosine", cosine, MIN_COSINE_DECODE)
+    num_served = NUM_SERVED_DECODE_IMAGES
+    return DecodeReference(encoded[:num_served], from_pillow[:num_served].float().cpu().numpy())
+
+
+def served_decode(report: Report, url: str, model_name: str, reference: DecodeReference) -> None:
+    """The server's own ``--decode-device cuda`` path: one OpenAI call of JPEGs, against Pillow-decoded fp32."""
+    import torch
+
+    before = metric_value(scrape(url), 'mmserve_device_decode_images_total{outcome="decoded"}') or 0.0
+    served = post_image_embeddings(url, model_name, reference.encoded)  # (N, E)
+    after = metric_value(scrape(url), 'mmserve_device_decode_images_total{outcome="decoded"}') or 0.0
+    cosine = _cosine_min(torch.from_numpy(served), torch.from_numpy(reference.embeddings))
+    _check(report, "served", "served nvJPEG vs in-process Pillow cosine", cosine, MIN_COSINE_DECODE)
+    _check(report, "served", "images the server decoded on the device", after - before, float(len(reference.encoded)))
 
 
 def served(report: Report, args: argparse.Namespace, model_dir: Path, raw_ms: dict[str, float],
-           deadline: Deadline) -> None:
+           deadline: Deadline, decode_reference: DecodeReference | None) -> None:
     wrk = find_wrk()
     if wrk is None:
         report.add(Row("served", "all", "wrk", None, None, "skipped: no wrk (benchmarks/gpu/prepare_offline.sh)"))
         return
     body = kserve_uint8_body(random_images(args.rows_per_request, 256, seed=9))
-    runs = [("bfloat16", "captured", {}), ("bfloat16", "eager",
-                                           {"MMSERVE_CUDA_GRAPHS": "false", "MMSERVE_TORCHSCRIPT_ENCODERS": "false"}),
-            ("float32", "captured", {})]
+    # fp32 second: it also checks the served on-device decode, which needs fp32 to hold the 0.9999 bound.
+    runs = [("bfloat16", "captured", {}), ("float32", "captured", {"MMSERVE_DECODE_DEVICE": "cuda"}),
+            ("bfloat16", "eager", {"MMSERVE_CUDA_GRAPHS": "false", "MMSERVE_TORCHSCRIPT_ENCODERS": "false"})]
     for dtype, mode, extra in runs:
         if deadline.remaining_s() < args.duration_s + 60:
             report.add(Row("served", f"{dtype} {mode}", "wrk", None, None, "skipped: time budget"))
@@ -190,6 +220,13 @@ def served(report: Report, args: argparse.Namespace, model_dir: Path, raw_ms: di
         server = start_server(model_dir, env, ready_timeout_s=max(30.0, deadline.remaining_s() - args.duration_s))
         start_s = time.monotonic() - started
         try:
+            if extra.get("MMSERVE_DECODE_DEVICE") == "cuda":
+                if decode_reference is None:
+                    report.add(Row("served", "decode", "check", None, None, "skipped: the decode section failed"))
+                else:
+                    run_section(report, "check",
+                                lambda: served_decode(report, server.url, str(model_dir),  # noqa: B023
+                                                      decode_reference))
             run_wrk(wrk, server.url, str(model_dir), body, args.connections, 2)  # warm the connections
             result = run_wrk(wrk, server.url, str(model_dir), body, args.connections, args.duration_s)
             exposition = scrape(server.url)
@@ -209,8 +246,10 @@ def served(report: Report, args: argparse.Namespace, model_dir: Path, raw_ms: di
         _check(report, "served", f"{dtype} {mode} device memory on /metrics", 1.0 if memory else 0.0, 1.0)
 
 
-def _in_process(report: Report, args: argparse.Namespace, model_dir: Path) -> dict[str, float]:
-    """The accuracy, forward and decode sections on models loaded in this process; the raw forward's ms by dtype."""
+def _in_process(report: Report, args: argparse.Namespace,
+                model_dir: Path) -> tuple[dict[str, float], DecodeReference | None]:
+    """The accuracy, forward and decode sections on models loaded in this process; the raw forward's ms by
+    dtype and the decode section's reference for the served decode check (None if it failed)."""
     import torch
 
     from models.families.pretrained import load_pretrained
@@ -226,8 +265,9 @@ def _in_process(report: Report, args: argparse.Namespace, model_dir: Path) -> di
     raw_ms: dict[str, float] = {}
     run_section(report, "check", lambda: accuracy(report, bundles, images[:16]))
     run_section(report, "forward", lambda: raw_ms.update(forward(report, bundles, images, args.batch_size)))
-    run_section(report, "check", lambda: decode(report, float32))
-    return raw_ms
+    references: list[DecodeReference] = []
+    run_section(report, "check", lambda: references.append(decode(report, float32)))
+    return raw_ms, references[0] if references else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -243,9 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir = args.model_dir or write_random_siglip(Path(tempfile.mkdtemp(prefix="siglip-large-")) / "siglip-large")
     report.add(Row("build", SIGLIP_LARGE_ID, "random weights", None, None,
                    f"written in {time.monotonic() - started:.0f}s to {model_dir}"))
-    raw_ms = _in_process(report, args, model_dir)
+    raw_ms, decode_reference = _in_process(report, args, model_dir)
     torch.cuda.empty_cache()  # the in-process models are gone: the server gets the device
-    run_section(report, "served", lambda: served(report, args, model_dir, raw_ms, deadline))
+    run_section(report, "served", lambda: served(report, args, model_dir, raw_ms, deadline, decode_reference))
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, random weights")
     report.print_table()
     if report.num_failed_checks:

@@ -5,8 +5,9 @@
 #   2. the Triton kernels against their torch references, and their timings   (bench_gpu.py, <= 1 min)
 #   3. a random SigLIP at google/siglip-large-patch16-256's shape: bf16/fp16 accuracy, raw forward vs
 #      mmserve eager vs CUDA graphs, nvJPEG vs Pillow decode, and `mmserve serve --model` at saturation
-#      (KServe v2 binary uint8 batches through wrk, no decode)                 (real_model.py, <= 3.75 min)
-# Served runs that would not fit the budget print a "skipped: time budget" row (fp32 served, usually);
+#      (KServe v2 binary uint8 batches through wrk, no decode; the fp32 server also answers a batch of
+#      JPEGs decoded by its own --decode-device cuda intake)                   (real_model.py, <= 3.75 min)
+# Served runs that would not fit the budget print a "skipped: time budget" row (bf16 eager served, usually);
 # `python3 benchmarks/gpu/real_model.py --budget-s 400` alone gives every row.
 #   benchmarks/gpu/run.sh [--kernels-only | --model-only]
 # Exit status: 0 checks passed, 1 a check failed, 2 no CUDA, 124 cut short.

@@ -160,6 +160,31 @@ def scrape(url: str) -> str:
     return httpx.get(f"{url}/metrics", timeout=10).text
 
 
+def post_image_embeddings(url: str, model_name: str, encoded: list[bytes]) -> np.ndarray:
+    """(N, E) float32: one OpenAI ``/v1/embeddings`` call with the images as ``data:`` URIs, one intake call.
+
+    The server decodes them (on the device with ``--decode-device cuda``, as one batch); the embeddings
+    come back in input order.
+    """
+    import base64
+
+    import httpx
+
+    inputs = [f"data:image/jpeg;base64,{base64.b64encode(data).decode()}" for data in encoded]
+    response = httpx.post(f"{url}/v1/embeddings", json={"model": model_name, "input": inputs}, timeout=120)
+    response.raise_for_status()
+    data = sorted(response.json()["data"], key=lambda item: item["index"])
+    return np.asarray([item["embedding"] for item in data], dtype=np.float32)  # (N, E)
+
+
+def metric_value(exposition: str, series: str) -> float | None:
+    """One series' value, named with its labels as the exposition writes them (``name{label="v"}``); None if absent."""
+    for line in exposition.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
 def metric_sum(exposition: str, name: str) -> float | None:
     """The sum of every sample of ``name`` (all label sets); None when the series is absent."""
     values = [float(line.rsplit(" ", 1)[1]) for line in exposition.splitlines()

@@ -6,6 +6,9 @@
     mmserve_device_batch_seconds_total{stage}    device time of finished batches, per stage (CUDA events)
     mmserve_device_batches_total{stage}          batches counted in it: rate(seconds) / rate(batches) is
                                                  the device time per batch
+    mmserve_device_decode_images_total{outcome}  with --decode-device cuda only: JPEGs handed to the device
+                                                 decoder, ``decoded`` there or ``left_to_cpu`` (not a JPEG
+                                                 it takes, or refused by nvJPEG; Pillow decoded it)
 
 On the CPU nothing is registered, so the series are absent rather than zero;
 without nvidia-ml-py (``mmserve[gpu]``) the NVML series are left out.
@@ -21,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from models.device_telemetry import DeviceReading, DeviceTelemetry, StageDeviceTime
+from models.jpeg_decode import DeviceJpegDecoder
 from models.loading.repository import ModelBundle
 
 
@@ -80,3 +84,24 @@ def register_device_metrics(registry: CollectorRegistry, bundle: ModelBundle) ->
     bundle.model.device_clock = telemetry.clock
     registry.register(DeviceMetricsCollector(_TelemetryReadings(telemetry)))
     return telemetry
+
+
+class DeviceDecodeCollector(Collector):
+    """The device JPEG decoder's counts at scrape time: how much of the decoding the GPU actually did."""
+
+    def __init__(self, decoder: DeviceJpegDecoder) -> None:
+        self._decoder = decoder
+
+    def collect(self) -> Iterator[Metric]:
+        images = CounterMetricFamily("mmserve_device_decode_images", "Images handed to the device JPEG decoder "
+                                     "(--decode-device cuda): decoded there, or left to the CPU decoder.",
+                                     labels=["outcome"])
+        images.add_metric(["decoded"], self._decoder.num_device_decoded)
+        images.add_metric(["left_to_cpu"], self._decoder.num_left_to_caller)
+        yield images
+
+
+def register_device_decode_metrics(registry: CollectorRegistry, decoder: DeviceJpegDecoder | None) -> None:
+    """Export the device decoder's counts; without one (``--decode-device cpu``) the series are absent."""
+    if decoder is not None:
+        registry.register(DeviceDecodeCollector(decoder))

@@ -52,10 +52,6 @@ def plan_device(settings: Settings) -> DevicePlan:
         raise DeviceSettingError(
             "--decode-device cuda (MMSERVE_DECODE_DEVICE) decodes JPEGs with nvJPEG on the GPU, but this server "
             f"runs on the CPU ({why}); use --decode-device cpu")
-    if settings.decode_device == "cuda":
-        logger.warning("--decode-device cuda: the request intake still decodes with Pillow on the CPU; the nvJPEG "
-                       "batch decoder (models.jpeg_decode) is measured by benchmarks/gpu/run.sh and not yet called "
-                       "by the intake")
     return DevicePlan(device=device, dtype=dtype, decode_device=settings.decode_device)
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from benchmarks.gpu.served import (
-    WrkResult, find_wrk, kserve_uint8_body, metric_sum, parse_wrk, run_wrk, scrape, start_server,
+    WrkResult, find_wrk, kserve_uint8_body, metric_sum, metric_value, parse_wrk, post_image_embeddings, run_wrk,
+    scrape, start_server,
 )
 from benchmarks.gpu.siglip_large import jpeg_bytes, random_images
 from benchmarks.random_pretrained import write_siglip
@@ -66,3 +67,45 @@ def test_the_served_path_runs_end_to_end_on_a_tiny_model(tmp_path):
     assert result.num_requests > 0 and result.num_non_2xx == 0 and result.num_socket_errors == 0
     assert metric_sum(exposition, "mmserve_cold_compiles_total") in (None, 0.0)
     assert metric_sum(exposition, "mmserve_device_memory_bytes") is None  # the CPU has no device series
+
+
+def test_metric_value_reads_one_labelled_series():
+    exposition = ('mmserve_device_decode_images_total{outcome="decoded"} 8.0\n'
+                  'mmserve_device_decode_images_total{outcome="left_to_cpu"} 1.0\n')
+    assert metric_value(exposition, 'mmserve_device_decode_images_total{outcome="decoded"}') == 8.0
+    assert metric_value(exposition, 'mmserve_device_decode_images_total{outcome="left_to_cpu"}') == 1.0
+    assert metric_value(exposition, 'mmserve_device_decode_images_total{outcome="other"}') is None
+
+
+def test_the_served_decode_check_fails_a_server_that_did_not_decode_on_the_device(tmp_path):
+    """A CPU-decoding tiny SigLIP: the embeddings match the in-process Pillow reference, the device count does not.
+
+    So on the GPU the check passes only when the server's own intake took the
+    nvJPEG path and answered within the bound.
+    """
+    import torch
+
+    from benchmarks.gpu.report import Report
+    from benchmarks.gpu.real_model import MIN_COSINE_DECODE, DecodeReference, served_decode
+    from models.families.pretrained import load_pretrained
+    from models.jpeg_decode import cpu_decode_to_input
+
+    model_dir = write_siglip(tmp_path / "tiny-siglip")
+    bundle = load_pretrained(str(model_dir), device="cpu", dtype="float32")
+    encoded = jpeg_bytes(random_images(3, 48, seed=4))
+    pixels = torch.from_numpy(np.stack([cpu_decode_to_input(data, bundle.config.preprocess) for data in encoded]))
+    with torch.no_grad():
+        reference = torch.stack([s.pooled for s in bundle.model.encode_images(pixels)]).float().numpy()
+    server = start_server(model_dir, {}, ready_timeout_s=120, device="cpu")
+    try:
+        served = post_image_embeddings(server.url, str(model_dir), encoded)
+        report = Report()
+        served_decode(report, server.url, str(model_dir), DecodeReference(encoded, reference))
+    finally:
+        server.stop()
+    assert served.shape == reference.shape
+    cosines = (served * reference).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosines.min() >= MIN_COSINE_DECODE
+    notes = [row.note for row in report.rows]
+    assert notes[0].startswith("PASS") and notes[1].startswith("FAIL 0.000000 >= 3")
+    assert report.num_failed_checks == 1

@@ -62,3 +62,24 @@ def test_device_pixels_are_close_to_pillows_for_both_geometries():
         pillow = cpu_decode_to_input(jpeg, preprocess).astype(np.int16)
         assert np.abs(ours - pillow).mean() < 2.0  # IDCT rounding and resampling, not a different picture
         assert np.abs(ours - pillow).max() <= 24
+
+
+def test_decode_to_input_takes_only_what_decodes_as_the_cpu_path_does():
+    """RGB and grey JPEGs under the pixel limit come back; the rest is None, for the caller's CPU decoder."""
+    decoder = DeviceJpegDecoder(torch.device("cpu"), CLIP_LIKE, max_pixels=100 * 100)
+    rgb = _encoded(_smooth_image(64, 48), "JPEG", quality=95)
+    grey = _encoded(_smooth_image(64, 48).convert("L"), "JPEG", quality=95)
+    cmyk = _encoded(_smooth_image(64, 48).convert("CMYK"), "JPEG", quality=95)
+    too_large = _encoded(_smooth_image(120, 100), "JPEG", quality=95)  # 12,000 pixels > 10,000
+    exif = Image.Exif()
+    exif[0x0112] = 3  # rotate 180 degrees
+    rotated = _encoded(_smooth_image(64, 48), "JPEG", quality=95, exif=exif.tobytes())
+    png = _encoded(_smooth_image(40, 40), "PNG")
+    truncated = rgb[: len(rgb) // 2]
+    out = decoder.decode_to_input([rgb, grey, cmyk, too_large, rotated, png, truncated])
+    assert [a is not None for a in out] == [True, True, False, False, False, False, False]
+    assert (decoder.num_device_decoded, decoder.num_left_to_caller) == (2, 5)
+    for array, data in ((out[0], rgb), (out[1], grey)):
+        assert array.shape == (32, 32, 3) and array.dtype == np.uint8
+        assert np.abs(array.astype(np.int16) - cpu_decode_to_input(data, CLIP_LIKE)).mean() < 2.0
+    assert decoder.decode_to_input([]) == []

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
+
+from models.device import DeviceWork
 
 from router.errors import ItemFailedError
 from router.lanes import LaneSettings
@@ -86,3 +89,44 @@ def test_a_failing_request_with_several_images_fails_alone_and_the_others_keep_t
         np.testing.assert_allclose(outcome.fused_embedding, alone.fused_embedding, atol=1e-5)
         for got, want in zip(outcome.image_embeddings, alone.image_embeddings, strict=True):
             np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+class CountingDeviceWork(DeviceWork):
+    """The real DeviceWork, counting its device-to-host copies."""
+
+    def __init__(self, device) -> None:
+        super().__init__(device)
+        self.num_copies_back = 0
+
+    def to_host(self, tensors):
+        self.num_copies_back += 1
+        return super().to_host(tensors)
+
+
+def test_a_mixed_batch_comes_back_in_one_copy_with_the_models_own_answers(tiny_bundle):
+    """Fusion rows with 1 and 2 images: every embedding and score equals the model's, from one to_host call."""
+    lanes = {route: LaneSettings(max_batch_size=8) for route in Route}
+    runner = BatchRunner(tiny_bundle, lanes)
+    runner.device_work = CountingDeviceWork(tiny_bundle.model.device)
+    size = tiny_bundle.config.preprocess.input_size
+    batch = [InferenceRequest(request_id=f"m{i}", token_ids=_request(i).token_ids, deadline_ns=10**18,
+                              images=tuple(np.full((size, size, 3), 40 * i + k, np.uint8) for k in range(i + 1)))
+             for i in range(2)]
+    results = runner.run_batch(Route.FUSION, batch)
+    assert runner.device_work.num_copies_back == 1
+    model = tiny_bundle.model
+    for request, result in zip(batch, results, strict=True):
+        with torch.no_grad():
+            images = model.encode_images(torch.from_numpy(np.stack(request.images)))
+            text = model.encode_texts([request.token_ids], pad_to=runner.length_bucket(len(request.token_ids)),
+                                      pad_token_id=runner.pad_token_id)
+            fused = model.fuse_multi([images], text)[0]
+        for got, segment in zip(result.image_embeddings, images, strict=True):
+            assert got.dtype == np.float32 and got.shape == tuple(segment.pooled.shape)
+            np.testing.assert_allclose(got, segment.pooled.float().numpy(), atol=1e-5)
+        np.testing.assert_allclose(result.text_embedding, text[0].pooled.float().numpy(), atol=1e-5)
+        np.testing.assert_allclose(result.fused_embedding, fused.fused.float().numpy(), atol=1e-5)
+        if fused.score is None:
+            assert result.score is None
+        else:
+            assert result.score == pytest.approx(float(fused.score), abs=1e-5)
