@@ -154,8 +154,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,
                                                                       settings.image_work_nice))
-        intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings), decode_pool,
-                               faults=faults)
+        intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings, model.config.preprocess),
+                               decode_pool, faults=faults)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,
