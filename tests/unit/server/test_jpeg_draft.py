@@ -94,3 +94,14 @@ def test_draft_side_covers_resize_and_input_sizes():
     squash = PreprocessConfig(input_size=256, resize_size=256, resize_mode="squash")
     # 1024x768 for a 256-pixel squash: 768 // 256 = 3, so 1/2 (512x384), never 1/4 (256x192 < 256)
     assert image_decoder(Settings(jpeg_draft=True), squash)(photo_like(1024, 768)).size == (512, 384)
+
+
+def test_jpeg_draft_comes_from_the_flag_or_the_environment(monkeypatch):
+    from server.cli import build_parser
+    from server.settings import load_settings
+
+    assert build_parser().parse_args(["serve", "--jpeg-draft"]).jpeg_draft is True
+    assert build_parser().parse_args(["serve"]).jpeg_draft is None  # not given: the environment decides
+    assert load_settings(None, jpeg_draft=None).jpeg_draft is False  # off by default: the exact decode
+    monkeypatch.setenv("MMSERVE_JPEG_DRAFT", "true")
+    assert load_settings(None, jpeg_draft=None).jpeg_draft is True
