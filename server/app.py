@@ -156,8 +156,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
                                                                       settings.image_work_nice))
         device_decoder = device_jpeg_decoder(settings, model)
         register_device_decode_metrics(registry, device_decoder)
-        intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings), decode_pool,
-                               faults=faults, device_decoder=device_decoder)
+        intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings, model.config.preprocess),
+                               decode_pool, faults=faults, device_decoder=device_decoder)
         app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,

@@ -2,7 +2,7 @@
 
     mmserve serve [--preset vit-l16|vit-b16|tiny|synthetic | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
                   [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
-                  [--decode-device cpu|cuda] [--served-model-name NAME] [--config FILE]
+                  [--decode-device cpu|cuda] [--jpeg-draft] [--served-model-name NAME] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
                          [--keep-untrained-result]     (exit 3: the head learned nothing)
@@ -60,6 +60,9 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="what the model computes in (default auto: bfloat16 on CUDA, float32 on the CPU)")
     serve.add_argument("--decode-device", choices=("cpu", "cuda"),
                        help="where JPEGs are decoded (default cpu; cuda: nvJPEG, needs a CUDA device)")
+    serve.add_argument("--jpeg-draft", action="store_true", default=None,
+                       help="decode large JPEGs reduced in the DCT, down to the model's input size (faster, pixels "
+                            "within about one level; default off: the exact decode)")
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in answers (default: the Hub id or directory name of --model)")
     serve.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
@@ -186,6 +189,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
         fusion_head=args.fusion_head, seed=args.seed,
         host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
+        jpeg_draft=args.jpeg_draft,
         served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
         allow_open_admin=args.allow_open_admin,
     )

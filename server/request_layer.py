@@ -234,18 +234,34 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await ``work`` unless the client goes away first; then cancel it.
 
     Cancelling the intake cancels its queued items, so a request whose client
-    disconnected never reaches the model.
+    disconnected never reaches the model. ``work`` runs in the request's own
+    task; only the watcher is a task of its own, and a disconnect cancels the
+    request's task, whose ``CancelledError`` becomes ``ClientDisconnectedError``
+    (no second task and no ``asyncio.wait`` per request).
     """
-    work_task = asyncio.ensure_future(work)
+    task = asyncio.current_task()
+    assert task is not None
+    is_disconnected = is_finished = False
+
+    def on_disconnect(watcher: asyncio.Future) -> None:
+        nonlocal is_disconnected
+        if is_finished or watcher.cancelled() or watcher.exception() is not None:
+            return
+        is_disconnected = True
+        task.cancel()
+
     watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    watcher.add_done_callback(on_disconnect)
     try:
-        await asyncio.wait({work_task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not is_disconnected:
+            raise
+        task.uncancel()
+        raise ClientDisconnectedError() from None
     finally:
+        is_finished = True  # a disconnect noticed from here on cancels nothing
         watcher.cancel()
-    if not work_task.done():
-        work_task.cancel()
-        raise ClientDisconnectedError()
-    return work_task.result()
 
 
 async def serve(request: Request, endpoint: Endpoint) -> Response:

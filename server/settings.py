@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     decode_device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where JPEG images are decoded: cuda = nvJPEG through torchvision.io.decode_jpeg "
                            "(other formats and images it refuses still decode on the CPU); needs a CUDA device.")
+    jpeg_draft: bool = Field(
+        False, description="Decode a large JPEG reduced in the DCT (1/2, 1/4 or 1/8 scale), down to the side the "
+                           "model's resize needs: about half the decode CPU of a photo, pixels within about one "
+                           "level; off by default, since the exact decode equals the reference processor.")
     served_model_name: str | None = Field(
         None, description="The model's name in answers, /v1/models and KServe v2; default: the Hub id or the "
                           "directory's name. The string given to --model is accepted as a name too.")

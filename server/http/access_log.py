@@ -10,6 +10,11 @@ personal data) never reach a log. Query strings are left out for the same
 reason. A request made with a configured API key ends with the key's
 non-secret id (``server.http.keys``), never the key. Replaces uvicorn's
 access log in ``mmserve serve``.
+
+Probes (``/health/*``, ``/metrics``) are logged at DEBUG, not INFO: an
+orchestrator asking every second would otherwise fill the log with lines that
+say nothing. A request whose line would not be written (its level is off) is
+passed straight through, with no digest, no counting and no wrapped callables.
 """
 
 from __future__ import annotations
@@ -25,6 +30,13 @@ from server.http.keys import SCOPE_KEY_ID
 logger = logging.getLogger(__name__)
 
 DIGEST_SIZE_BYTES = 16
+PROBE_PATHS = ("/metrics",)
+PROBE_PREFIXES = ("/health/",)
+
+
+def is_probe(path: str) -> bool:
+    """A health probe or a metrics scrape: logged at DEBUG."""
+    return path in PROBE_PATHS or path.startswith(PROBE_PREFIXES)
 
 
 class AccessLog:
@@ -33,6 +45,10 @@ class AccessLog:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        level = logging.DEBUG if is_probe(scope.get("path", "")) else logging.INFO
+        if not logger.isEnabledFor(level):
             await self.app(scope, receive, send)
             return
         started_ns = time.perf_counter_ns()
@@ -66,7 +82,7 @@ class AccessLog:
         finally:
             body = f"{body_size_bytes} B blake2b-128 {digest.hexdigest()}" if body_size_bytes else "empty"
             key_id = (scope.get("state") or {}).get(SCOPE_KEY_ID)  # set by ApiKeyAuth for a configured key
-            logger.info("request %s %s %s -> %s in %.1f ms; body %s; answer %d B%s", request_id,
+            logger.log(level, "request %s %s %s -> %s in %.1f ms; body %s; answer %d B%s", request_id,
                         scope.get("method", "-"), scope.get("path", "-"), status or "none",
                         (time.perf_counter_ns() - started_ns) / 1e6, body, answer_size_bytes,
                         "" if key_id is None else f"; key_id {key_id}")

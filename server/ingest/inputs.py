@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from models.jpeg_decode import DeviceJpegDecoder
+from models.loading.config import PreprocessConfig
 from models.loading.repository import ModelBundle
 from router.intake import IntakeItem
 from router.request import Priority
@@ -201,11 +202,18 @@ def intake_item(parsed: ParsedInput, request_id: str, trace: SpanIds | None = No
                       protocol=protocol)
 
 
-def image_decoder(settings: Settings) -> Callable[[bytes], Image.Image]:
-    """The intake's decoder: bytes -> RGB image under the pixel limit, or an ``ApiError`` (4xx)."""
+def image_decoder(settings: Settings, preprocess: PreprocessConfig) -> Callable[[bytes], Image.Image]:
+    """The intake's decoder: bytes -> RGB image under the pixel limit, or an ``ApiError`` (4xx).
+
+    With ``jpeg_draft`` a JPEG is decoded reduced, down to the side the
+    model's resize needs: ``resize_size`` (shorter side before the crop) and
+    ``input_size``, whichever is larger, on both sides.
+    """
+    max_pixels = settings.max_image_pixels
+    draft_side = max(preprocess.resize_size, preprocess.input_size) if settings.jpeg_draft else None
 
     def decode(data: bytes) -> Image.Image:
-        return decode_image(data, settings.max_image_pixels)
+        return decode_image(data, max_pixels, draft_side=draft_side)
 
     return decode
 

@@ -1,0 +1,215 @@
+"""The request path against the HTTP floor: server CPU per request and saturation throughput, under wrk.
+
+    python -m benchmarks.frontend [--api-workers 1 2] [--seconds 10] [--rounds 2] [--kinds text image fusion]
+
+What it sends, each with one ``wrk`` (C, one thread, 16 connections:
+closed-loop, so the servers run saturated) posting one body
+(``benchmarks/frontend_post.lua``):
+
+    text    POST /v1/embeddings {"input": "<a 40-character text>"}
+    image   POST /v1/embeddings {"input": "data:image/jpeg;base64,<a 224x224 photo-like JPEG, quality 90>"}
+    fusion  POST /v1/infer {"text": ..., "image": {"b64": <the same JPEG>}}
+
+to ``mmserve serve --preset synthetic --api-workers N`` for each N of
+``--api-workers`` (towers that sleep, ``--vision-ms``/``--text-ms`` per
+batch, so they neither compute nor bound throughput; segment cache off; the
+server's default log level, info, unless ``--log-level``), and to the HTTP
+floor (``benchmarks/frontend_floor_app``: bare FastAPI + uvicorn that parses
+the same body and returns mmserve's own answer, byte for byte). Servers run
+one at a time (the others paused with SIGSTOP), in A-B-B-A order rotated
+over the servers (``benchmarks.frontend_measure.run_order``), each warmed up
+once per kind first. The JPEG's base64-decode, decode to RGB and resize to
+the model's input (what an image request must do beyond the floor) is timed
+alone in this process, servers paused.
+
+What it compares: each server's CPU per answered request (CPU of every
+process of the server, from /proc, over wrk's non-error answers) against the
+floor's, and answers/s, with the targets of ``benchmarks.frontend_measure``.
+The JPEG is synthesised (``benchmarks/photo_like``), not a photograph.
+
+``wrk`` is Debian's package: ``apt-get install wrk`` (``.ci/run`` does not
+install it). A server that refuses ``--api-workers`` (a build without API
+processes) is reported as such; ``--api-workers 1`` then runs without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import dataclasses
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from benchmarks.frontend_measure import (
+    FLOOR, RunResult, pool, run_order, table_rows, workers_speedup,
+)
+from benchmarks.frontend_wrk import run_wrk, wrk_path
+from benchmarks.harness import (
+    CpuMeter, ServerCommand, ServerProcess, ServerStartError, log, machine_line, mmserve_command, num_usable_cpus,
+    resumed, start_paused, utc_now,
+)
+from benchmarks.harness.server_process import free_port
+from benchmarks.harness.table_layout import align
+from benchmarks.photo_like import data_uri, photo_like_jpeg
+
+TEXT = "a red bicycle leaning on a sunny wall by the sea"[:40]
+IMAGE_SIDE = 224
+PATHS = {"text": "/v1/embeddings", "image": "/v1/embeddings", "fusion": "/v1/infer"}
+
+
+def request_bodies(jpeg: bytes) -> dict[str, bytes]:
+    """The JSON body of each kind of request."""
+    b64 = base64.b64encode(jpeg).decode("ascii")
+    return {"text": json.dumps({"input": TEXT}).encode(),
+            "image": json.dumps({"input": data_uri(jpeg)}).encode(),
+            "fusion": json.dumps({"text": TEXT, "image": {"b64": b64}}).encode()}
+
+
+def decode_alone_ms(jpeg: bytes, seconds: float) -> float:
+    """CPU ms of the base64-decode, decode to RGB (EXIF-oriented) and resize to the synthetic preset's input."""
+    import io
+
+    from PIL import Image, ImageOps
+
+    from models.families.presets import preset_config
+    from models.preprocessing import resize_to_model_input
+    from models.rgb import to_rgb
+
+    preprocess = preset_config("synthetic").preprocess
+    payload = base64.b64encode(jpeg)
+    num_done, started_s, deadline_s = 0, time.process_time(), time.monotonic() + seconds
+    while time.monotonic() < deadline_s or num_done < 20:
+        image = Image.open(io.BytesIO(base64.b64decode(payload, validate=True)))
+        image.load()
+        resize_to_model_input(to_rgb(ImageOps.exif_transpose(image)), preprocess)
+        num_done += 1
+    return 1000.0 * (time.process_time() - started_s) / num_done
+
+
+def mmserve_with_workers(num_workers: int | None, args: argparse.Namespace) -> ServerCommand:
+    settings = {"CACHE_TEXT_BYTES": "0", "CACHE_IMAGE_BYTES": "0", "LOG_LEVEL": args.log_level,
+                "SYNTHETIC_VISION_MS": str(args.vision_ms), "SYNTHETIC_TEXT_MS": str(args.text_ms)}
+    command = mmserve_command("synthetic", settings)
+    name = "mmserve" if num_workers is None else f"mmserve w{num_workers}"
+    workers = () if num_workers is None else ("--api-workers", str(num_workers))
+    return dataclasses.replace(command, name=name, argv=command.argv + workers)
+
+
+def floor_command(answers_file: Path) -> ServerCommand:
+    port = free_port()
+    argv = (sys.executable, "-m", "benchmarks.frontend_floor_app", "--port", str(port),
+            "--answers", str(answers_file))
+    return ServerCommand(FLOOR, argv, port, "/health")
+
+
+def start_mmserve(num_workers: int, args: argparse.Namespace, stack: ExitStack) -> ServerProcess | None:
+    """A ready, paused mmserve with ``--api-workers N``; ``None`` (said on stdout) if it refuses the flag."""
+    try:
+        server = start_paused(mmserve_with_workers(num_workers, args))
+    except ServerStartError as e:
+        if "--api-workers" not in e.stderr_tail:
+            raise
+        print(f"mmserve refused --api-workers {num_workers}: this build has no API processes", flush=True)
+        if num_workers != 1:
+            return None
+        server = start_paused(mmserve_with_workers(None, args))  # today's single process is --api-workers 1
+        server.command = dataclasses.replace(server.command, name="mmserve w1")
+    stack.callback(server.stop)
+    return server
+
+
+def record_answers(server: ServerProcess, bodies: dict[str, bytes]) -> dict[str, str]:
+    """mmserve's answer to each body (the floor returns them), checked to be 200."""
+    answers = {}
+    with resumed(server), httpx.Client(base_url=server.url, timeout=30.0, trust_env=False) as client:
+        for kind, body in bodies.items():
+            answer = client.post(PATHS[kind], content=body, headers={"content-type": "application/json"})
+            if answer.status_code != 200:
+                raise RuntimeError(f"{server.command.name} answered {kind} with {answer.status_code}: {answer.text}")
+            answers[kind] = answer.text
+    return answers
+
+
+def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files: dict[str, Path],
+            args: argparse.Namespace) -> list[RunResult]:
+    results: list[RunResult] = []
+    names = list(servers)
+    for kind in kinds:
+        for name in names:  # warm-up, not measured
+            with resumed(servers[name]):
+                run_wrk(servers[name].url, body_files[kind], PATHS[kind], args.warmup_s, args.connections)
+        for round_index in range(args.rounds):
+            for name in run_order(names, round_index):
+                server = servers[name]
+                with resumed(server):
+                    meter = CpuMeter(server, list(servers.values()))
+                    report = run_wrk(server.url, body_files[kind], PATHS[kind], args.seconds, args.connections)
+                    spent = meter.stop()
+                results.append(RunResult(name, kind, spent.server_s, spent.wall_s, report.num_ok,
+                                         report.num_non_2xx + report.num_socket_errors))
+                log(f"{kind} {name}: {report.ok_rps:.0f} answered/s, "
+                    f"{1000 * spent.server_s / max(report.num_ok, 1):.3f} CPU ms/req, "
+                    f"other CPUs (wrk included) {spent.other_cpus:.2f}")
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--api-workers", type=int, nargs="+", default=[1, 2], metavar="N",
+                        help="mmserve serve --api-workers N for each N (default 1 2)")
+    parser.add_argument("--kinds", nargs="+", choices=tuple(PATHS), default=list(PATHS))
+    parser.add_argument("--seconds", type=float, default=10.0, help="each measured run (default 10)")
+    parser.add_argument("--warmup-s", type=float, default=3.0, help="each server's warm-up per kind (default 3)")
+    parser.add_argument("--rounds", type=int, default=2, help="A-B-B-A rounds (default 2)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
+    parser.add_argument("--vision-ms", type=float, default=2.0, help="synthetic vision tower sleep per batch")
+    parser.add_argument("--text-ms", type=float, default=1.0, help="synthetic text tower sleep per batch")
+    parser.add_argument("--log-level", default="info", help="mmserve's log level (default info, its default)")
+    args = parser.parse_args(argv)
+    if wrk_path() is None:
+        print("benchmarks/frontend.py needs wrk: apt-get install wrk (Debian's package)", file=sys.stderr)
+        return 2
+    jpeg = photo_like_jpeg(IMAGE_SIDE, IMAGE_SIDE)
+    bodies = request_bodies(jpeg)
+    print(f"request path vs the HTTP floor, {utc_now()}, {machine_line()}", flush=True)
+    print(f"wrk -t1 -c{args.connections}, {args.rounds} A-B-B-A rounds of {args.seconds:g} s; synthetic preset "
+          f"(vision {args.vision_ms:g} ms, text {args.text_ms:g} ms slept per batch), segment cache off, "
+          f"log level {args.log_level}; a {IMAGE_SIDE}x{IMAGE_SIDE} photo-like JPEG of {len(jpeg)} B "
+          "(synthesised, not a photograph)", flush=True)
+    with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
+        body_files = {}
+        for kind, body in bodies.items():
+            body_files[kind] = Path(scratch) / f"{kind}.json"
+            body_files[kind].write_bytes(body)
+        servers: dict[str, ServerProcess] = {}
+        for num_workers in args.api_workers:
+            server = start_mmserve(num_workers, args, stack)
+            if server is not None:
+                servers[server.command.name] = server
+        answers_file = Path(scratch) / "answers.json"
+        answers_file.write_text(json.dumps(record_answers(next(iter(servers.values())), bodies)))
+        floor = start_paused(floor_command(answers_file))
+        stack.callback(floor.stop)
+        servers = {FLOOR: floor, **servers}
+        decode_ms = decode_alone_ms(jpeg, min(args.seconds, 5.0)) if "image" in args.kinds else None
+        results = measure(servers, args.kinds, body_files, args)
+    pooled = [pool([r for r in results if r.server == name and r.kind == kind])
+              for kind in args.kinds for name in servers]
+    if decode_ms is not None:
+        print(f"the JPEG's base64-decode + decode + resize alone: {decode_ms:.3f} CPU ms")
+    print("\n".join(align(table_rows(pooled, decode_ms))))
+    speedup = workers_speedup(pooled, "mmserve w1", "mmserve w2")
+    if speedup is not None:
+        print(f"text answers/s, --api-workers 2 over 1: {speedup:.2f} (target >= 1.4) on {num_usable_cpus()} CPUs")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
