@@ -39,7 +39,7 @@ from server.state import ServerState
 from server.workers.engine_client import EngineClient, EngineRouter
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, RUN_DIRECTORY_VARIABLE, settings_from_environment
 from server.workers.pixel_slots import PixelSlots
-from server.workers.restarts import register_restart_count
+from server.workers.metrics_view import keep_snapshot_fresh, merged_registry
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> 
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
     monitor = build_monitor(settings, registry)
-    register_restart_count(registry, run_directory)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -64,16 +63,19 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> 
         description, fingerprint, preprocess_id = await client.describe()
         client.use_keys_of(SegmentCatalog(None, fingerprint, preprocess_id))  # type: ignore[arg-type]
         router = EngineRouter(client, socket_path)
-        state = ServerState(settings, bundle, router, registry, metrics, decode_pool,  # type: ignore[arg-type]
+        view = merged_registry(registry, monitor, run_directory, socket_path)  # /metrics: every process's
+        state = ServerState(settings, bundle, router, view, metrics, decode_pool,  # type: ignore[arg-type]
                             monitor=monitor, intake=client)  # type: ignore[arg-type]
         state.__dict__["model_description"] = description  # the engine's, not this CPU copy's
         app.state.mmserve = state
         monitor.start()
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
+        snapshots = asyncio.create_task(keep_snapshot_fresh(run_directory, registry, monitor))
         try:
             yield
         finally:
             baseline_start.cancel()
+            snapshots.cancel()
             await client.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             slots.close()

@@ -9,6 +9,7 @@ socket (``server.workers.frames``):
     ("cancel", id)                         the client went away: the call's task is cancelled (-> "cancelled")
     ("status", id)                         -> ("ok", id, (ready, alive, draining))
     ("clear_cache", id)                    -> ("ok", id, segments dropped)
+    ("metrics", id)                        -> ("ok", id, the engine registry's exposition text)
     ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
 
 A ``run`` goes through the same ``RequestIntake`` as in one process (tokenize,
@@ -32,6 +33,7 @@ import signal
 import sys
 
 import numpy as np
+from prometheus_client import generate_latest
 
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeOutcome, IntakeTools, RequestIntake
@@ -110,6 +112,8 @@ class Engine:
                     bundle = self._state.bundle
                     reply("ok", call_id, (self._state.model_description, bundle.fingerprint,
                                           bundle.config.preprocess.identity()))
+                elif kind == "metrics":
+                    reply("ok", call_id, generate_latest(self._state.registry).decode())
                 elif kind == "clear_cache":
                     reply("ok", call_id, self._state.router.cache.clear())
         finally:

@@ -90,7 +90,7 @@ class Supervisor:
                 if engine.poll() is not None:
                     logger.critical("the engine process exited with status %d: stopping the server", engine.returncode)
                     self._stop(api_processes, signal.SIGKILL)
-                    return engine.returncode or EXIT_ENGINE_DIED
+                    return engine.returncode if engine.returncode > 0 else EXIT_ENGINE_DIED  # a signal: < 0
                 for index, process in enumerate(api_processes):
                     if process.poll() is not None and not self._stopping:
                         self.num_restarts += 1

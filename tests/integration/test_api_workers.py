@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -163,3 +164,51 @@ def test_a_cache_hit_decodes_nothing_in_any_process(workers, decode_log):
         again = httpx.post(f"{workers.url}/v1/infer", json=body, headers={"Connection": "close"}, timeout=60)
         assert again.json()["cache"]["image"] == "hit"
     assert len(decode_log.read_text().split()) == 1, "a hit must skip decoding in every process"
+
+
+def series(text: str) -> set[tuple[str, tuple[str, ...]]]:
+    """(sample name, label names) of every sample line of an exposition."""
+    found = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, rest = line.partition("{")
+            labels = tuple(sorted(part.split("=")[0] for part in rest.split("}")[0].split(",") if "=" in part))
+            found.add((name.split(" ")[0], labels))
+    return found
+
+
+def sample(text: str, line_start: str) -> float:
+    return float(next(line for line in text.splitlines() if line.startswith(line_start)).rsplit(" ", 1)[1])
+
+
+def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, single, decode_log):
+    scrape = httpx.get(f"{workers.url}/metrics").text
+    before = sample(scrape, 'mmserve_requests_total{code="200",route="vision"}') if 'route="vision"' in scrape else 0.0
+    count_before = (sample(scrape, 'mmserve_stage_latency_seconds_count{route="vision",stage="total"}')
+                    if 'mmserve_stage_latency_seconds_count{route="vision"' in scrape else 0.0)
+    decode_log.write_text("")
+    num_requests = 24
+    for seed in range(100, 100 + num_requests):  # a new image each: each is decoded where it was answered
+        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(seed, (64, 48)))}},
+                            headers={"Connection": "close"}, timeout=60)
+        assert answer.status_code == 200
+    answering = decode_log.read_text().split()
+    assert len(answering) == num_requests
+    assert len(set(answering)) == 2, "both API processes answered some requests"
+    time.sleep(1.5)  # every process has written its snapshot since
+    for _ in range(4):  # whichever process answers the scrape, the sums are the whole server's
+        text = httpx.get(f"{workers.url}/metrics", headers={"Connection": "close"}).text
+        assert sample(text, 'mmserve_requests_total{code="200",route="vision"}') - before == num_requests
+        assert (sample(text, 'mmserve_stage_latency_seconds_count{route="vision",stage="total"}') - count_before
+                == num_requests)
+        p50 = sample(text, 'mmserve_stage_latency_seconds{quantile="0.5",route="vision",stage="total"}')
+        p9999 = sample(text, 'mmserve_stage_latency_seconds{quantile="0.9999",route="vision",stage="total"}')
+        assert 0 < p50 <= p9999
+        assert sample(text, "mmserve_api_worker_restarts_total") == 0
+    # Same series and labels as one process (after the same kinds of requests), plus the restart count.
+    httpx.post(f"{single.url}/v1/infer", json={"image": {"b64": b64(jpeg(100, (64, 48)))}}, timeout=60)
+    for body in ({"text": "a red bicycle"}, {"image": {"b64": b64(jpeg(1))}, "text": "a photo"}):
+        httpx.post(f"{single.url}/v1/infer", json=body, timeout=60)
+    ours = {entry for entry in series(text) if entry[0] != "mmserve_api_worker_restarts_total"}
+    theirs = series(httpx.get(f"{single.url}/metrics").text)
+    assert {name for name, _ in ours} == {name for name, _ in theirs}
