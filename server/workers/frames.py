@@ -1,10 +1,14 @@
 """Control messages between API processes and the engine: length-prefixed frames over a Unix socket.
 
 Why this transport: one stream connection per API process, driven by both
-sides' asyncio loops, needs nothing beyond the standard library, and a
-round trip of a small control message costs tens of microseconds here
-(``tests/unit/server/workers/test_frames.py`` measures the framing) against
-the milliseconds a request spends being parsed and computed. The frames
+sides' asyncio loops, needs nothing beyond the standard library, and is
+cheap enough: measured on the 2-core development machine (busy), a text
+item's call and a 32-float answer make a round trip in about 66 us, 8 us of
+it pickling the call, against the 1.7 ms of CPU a text request costs one
+process end to end. ZMQ + msgspec (vLLM's choice) would save part of those
+tens of microseconds at the price of two dependencies and typed message
+schemas for every item and outcome; worth it once the per-request path is
+near the HTTP floor, not before. The frames
 hold only control data (items' texts and encoded image bytes, outcomes'
 embeddings, error fields): decoded pixels never travel in them, they cross
 through shared memory (``server.workers.pixel_slots``). Both ends are
