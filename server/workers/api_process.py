@@ -39,6 +39,7 @@ from server.state import ServerState
 from server.workers.engine_client import EngineClient, EngineRouter
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, RUN_DIRECTORY_VARIABLE, settings_from_environment
 from server.workers.pixel_slots import PixelSlots
+from server.workers.readiness import ReadyMarks
 from server.workers.metrics_view import keep_snapshot_fresh, merged_registry
 
 logger = logging.getLogger(__name__)
@@ -62,7 +63,9 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> 
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         description, fingerprint, preprocess_id = await client.describe()
         client.use_keys_of(SegmentCatalog(None, fingerprint, preprocess_id))  # type: ignore[arg-type]
-        router = EngineRouter(client, socket_path)
+        marks = ReadyMarks(run_directory, settings.api_workers)
+        router = EngineRouter(client, socket_path, marks)
+        client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
         view = merged_registry(registry, monitor, run_directory, socket_path)  # /metrics: every process's
         state = ServerState(settings, bundle, router, view, metrics, decode_pool,  # type: ignore[arg-type]
                             monitor=monitor, intake=client)  # type: ignore[arg-type]
@@ -76,6 +79,7 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> 
         finally:
             baseline_start.cancel()
             snapshots.cancel()
+            marks.mark(False)
             await client.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             slots.close()

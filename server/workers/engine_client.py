@@ -24,7 +24,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 
 import numpy as np
@@ -37,6 +37,7 @@ from router.segments import ImageContent, SegmentCatalog
 from server.errors import ApiError
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 from server.workers.pixel_slots import PixelSlots
+from server.workers.readiness import ReadyMarks
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class EngineClient:
         self.fault: EngineGone | None = None
         self.is_draining = False
         self.num_in_flight = 0
+        self.on_status: Callable[[], None] | None = None  # after each poll (the ready mark follows it)
 
     async def connect(self, timeout_s: float) -> None:
         """Connect (the engine may still be loading its model: retry until ``timeout_s``)."""
@@ -129,6 +131,8 @@ class EngineClient:
                 self.engine_status = await self._call("status")  # type: ignore[assignment]
             except ApiError:
                 return
+            if self.on_status is not None:
+                self.on_status()
             await asyncio.sleep(STATUS_PERIOD_S)
 
     async def describe(self) -> tuple[dict, str, str]:
@@ -211,16 +215,27 @@ class EngineClient:
 
 
 class EngineRouter:
-    """What ``state.router`` answers in an API process: the engine's state as last polled, and this process's."""
+    """What ``state.router`` answers in an API process: the engine's state as last polled, and this process's.
 
-    def __init__(self, client: EngineClient, socket_path: str) -> None:
+    Ready: this process serves (the engine ready, its connection up, not
+    draining) and so does every other API process (``server.workers.readiness``).
+    """
+
+    def __init__(self, client: EngineClient, socket_path: str, marks: ReadyMarks) -> None:
         self._client = client
+        self._marks = marks
         self.cache = EngineCache(socket_path)
 
     @property
-    def is_ready(self) -> bool:
+    def is_serving(self) -> bool:
         ready, alive, draining = self._client.engine_status
         return ready and alive and not draining and self.fault is None and not self._client.is_draining
+
+    @property
+    def is_ready(self) -> bool:
+        is_serving = self.is_serving
+        self._marks.mark(is_serving)
+        return is_serving and self._marks.all_ready()
 
     @property
     def is_alive(self) -> bool:
@@ -240,6 +255,7 @@ class EngineRouter:
 
     def begin_drain(self) -> None:
         self._client.is_draining = True
+        self._marks.mark(False)
 
 
 class EngineCache:
