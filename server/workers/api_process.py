@@ -36,6 +36,7 @@ from server.runtime.model_loading import load_model
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.settings import Settings
 from server.state import ServerState
+from server.workers.engine_routes import ForwardToEngine
 from server.workers.engine_client import EngineClient, EngineRouter
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, RUN_DIRECTORY_VARIABLE, settings_from_environment
 from server.workers.pixel_slots import PixelSlots
@@ -88,6 +89,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> 
     app = FastAPI(title="mmserve", version="0.1.0",
                   description="Online multimodal (image + text) inference server.", lifespan=lifespan)
     wire_routes(app, settings, metrics, registry)
+    app.add_middleware(ForwardToEngine, forward=lambda *request: app.state.mmserve.intake.answer_in_engine(*request),
+                       max_body_bytes=settings.max_body_bytes)
     return app
 
 

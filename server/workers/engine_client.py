@@ -135,6 +135,15 @@ class EngineClient:
                 self.on_status()
             await asyncio.sleep(STATUS_PERIOD_S)
 
+    async def answer_in_engine(self, method: str, path: str, headers: list, body: bytes,
+                               client: tuple) -> tuple[int, list, bytes]:
+        """A whole HTTP request answered by the engine's app (``server.workers.engine_routes``)."""
+        kind, fields = await self._send("http", method, path, headers, body, client)[1]
+        if kind == "ok":
+            return fields[0]
+        _, (status, code, message, field, retry_after_s) = fields
+        raise ApiError(status, code, message, field, retry_after_s)
+
     async def describe(self) -> tuple[dict, str, str]:
         """The engine's model as answers describe it, its fingerprint and its preprocessing id (for cache keys)."""
         return await self._call("describe")  # type: ignore[return-value]

@@ -9,7 +9,9 @@ socket (``server.workers.frames``):
     ("cancel", id)                         the client went away: the call's task is cancelled (-> "cancelled")
     ("status", id)                         -> ("ok", id, (ready, alive, draining))
     ("clear_cache", id)                    -> ("ok", id, segments dropped)
-    ("metrics", id)                        -> ("ok", id, the engine registry's exposition text)
+    ("metrics", id)                        -> ("ok", id, (the engine registry's exposition, its digests))
+    ("http", id, method, path, headers, body, client) -> ("ok", id, (status, headers, body))
+                                           a zero-shot route, answered by the app (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
 
 A ``run`` goes through the same ``RequestIntake`` as in one process (tokenize,
@@ -33,6 +35,7 @@ import signal
 import sys
 
 import numpy as np
+from fastapi import FastAPI
 from prometheus_client import generate_latest
 
 from router.errors import IntakeItemError
@@ -45,6 +48,7 @@ from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
 from server.settings import Settings
 from server.state import ServerState
+from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import encode_frame, read_frame
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment
 from server.workers.pixel_slots import AttachedSlots
@@ -70,8 +74,9 @@ def portable(outcome: IntakeOutcome) -> IntakeOutcome:
 class Engine:
     """Answers one API process connection's calls with the engine's router and intake."""
 
-    def __init__(self, state: ServerState, settings: Settings) -> None:
+    def __init__(self, state: ServerState, settings: Settings, app: FastAPI) -> None:
         self._state = state
+        self._app = app
         self._input_shape = (state.bundle.config.preprocess.input_size,) * 2 + (3,)
         self._prepared: dict[int, np.ndarray] = {}  # id(ImageContent) -> pixels an API process decoded
         self._intake = RequestIntake(state.router, IntakeTools.of(state.bundle, joint_token_budget(settings, state.bundle)),
@@ -100,6 +105,10 @@ class Engine:
                     task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, attached[block], slots, reply))
                     calls[call_id] = task
                     task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                elif kind == "http":
+                    task = asyncio.ensure_future(self._http(call_id, message[2:], reply))
+                    calls[call_id] = task
+                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
                 elif kind == "cancel":
                     if (task := calls.get(call_id)) is not None:
                         task.cancel()
@@ -113,7 +122,8 @@ class Engine:
                     reply("ok", call_id, (self._state.model_description, bundle.fingerprint,
                                           bundle.config.preprocess.identity()))
                 elif kind == "metrics":
-                    reply("ok", call_id, generate_latest(self._state.registry).decode())
+                    reply("ok", call_id, (generate_latest(self._state.registry).decode(),
+                                          self._state.monitor.digests_view()))
                 elif kind == "clear_cache":
                     reply("ok", call_id, self._state.router.cache.clear())
         finally:
@@ -122,6 +132,14 @@ class Engine:
             for block in attached.values():
                 block.close()
             writer.close()
+
+    async def _http(self, call_id: int, request: tuple, reply) -> None:  # noqa: ANN001
+        try:
+            reply("ok", call_id, await answer_in_engine(self._app, *request))
+        except asyncio.CancelledError:
+            reply("cancelled", call_id)
+        except Exception as e:  # noqa: BLE001
+            reply("error", call_id, None, error_fields(e, call_id))
 
     def _peek(self, keys: list[SegmentKey | None]) -> list[bool]:
         """Whether each image segment is cached now (no claim taken: the run plans for real)."""
@@ -173,7 +191,7 @@ async def serve_engine(settings: Settings, socket_path: str) -> int:
     exit_code = 0
     async with app.router.lifespan_context(app):
         state: ServerState = app.state.mmserve
-        engine = Engine(state, settings)
+        engine = Engine(state, settings, app)
         server = await asyncio.start_unix_server(engine.handle_connection, path=socket_path)
         while not stop.is_set():
             try:

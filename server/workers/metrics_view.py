@@ -7,12 +7,13 @@ batches, queues and the cache. The answering API process merges:
     its own registry            now
     the other API processes'    their snapshots (exposition text + digests document), each written
                                 every SNAPSHOT_PERIOD_S to the run directory by the process itself
-    the engine's registry       now, over a short connection (``("metrics", id)``)
+    the engine's registry       now, over a short connection (``("metrics", id)``), with its digests
+                                (the zero-shot routes run and record there: ``server.workers.engine_routes``)
 
 into the same families, series and labels as one process exports:
 
     counters, histograms, summary _count/_sum   summed over the processes
-    stage quantiles (the summary's quantiles)   from the T-Digests of every API process merged
+    stage quantiles (the summary's quantiles)   from the T-Digests of every process merged
                                                 (``monitoring.fleet``, as ``mmserve quantiles`` merges a fleet)
     gauges                                       the largest (a queue depth or cache size is set by one
                                                 process; a drift flag is up if any process raised it)
@@ -72,7 +73,8 @@ async def keep_snapshot_fresh(run_directory: str, registry: CollectorRegistry, m
         snapshot_path(run_directory, os.getpid()).unlink(missing_ok=True)
 
 
-def engine_metrics_text(socket_path: str) -> str:
+def engine_metrics(socket_path: str) -> tuple[str, dict]:
+    """The engine registry's exposition and its monitor's digests (zero-shot routes record there)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(10.0)
         connection.connect(socket_path)
@@ -136,22 +138,23 @@ class MergedMetrics:
     """The collector of the answering API process's ``/metrics`` registry."""
 
     def __init__(self, own: CollectorRegistry, monitor: Monitor, run_directory: str,
-                 engine_text: Callable[[], str]) -> None:
+                 engine: Callable[[], tuple[str, dict]]) -> None:
         self._own = own
         self._monitor = monitor
         self._run_directory = run_directory
-        self._engine_text = engine_text
+        self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
         others = _other_snapshots(self._run_directory)
-        texts = [generate_latest(self._own).decode(), self._engine_text(), *(other["text"] for other in others)]
-        documents = [self._monitor.digests_view(), *(other["digests"] for other in others)]
+        engine_text, engine_digests = self._engine()
+        texts = [generate_latest(self._own).decode(), engine_text, *(other["text"] for other in others)]
+        documents = [self._monitor.digests_view(), engine_digests, *(other["digests"] for other in others)]
         yield from merge_expositions(texts, documents)
 
 
 def merged_registry(own: CollectorRegistry, monitor: Monitor, run_directory: str, engine_socket: str) -> CollectorRegistry:
     """What the API process's ``/metrics`` encodes: the merged view and the restart count."""
     view = CollectorRegistry(auto_describe=False)
-    view.register(MergedMetrics(own, monitor, run_directory, lambda: engine_metrics_text(engine_socket)))
+    view.register(MergedMetrics(own, monitor, run_directory, lambda: engine_metrics(engine_socket)))
     register_restart_count(view, run_directory)
     return view

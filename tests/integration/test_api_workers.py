@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import io
 import os
+import re
 import time
 from pathlib import Path
 
@@ -212,3 +213,41 @@ def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, singl
     ours = {entry for entry in series(text) if entry[0] != "mmserve_api_worker_restarts_total"}
     theirs = series(httpx.get(f"{single.url}/metrics").text)
     assert {name for name, _ in ours} == {name for name, _ in theirs}
+
+
+def test_classify_and_rank_answer_as_the_single_process(workers, single):
+    """The engine answers them whole; the tiny model has no image-text score, so these are its refusals."""
+    images = [{"b64": b64(jpeg(seed, (48, 40)))} for seed in (31, 32)]
+    for path, body in (("/v1/classify", {"images": images, "labels": ["a cat", "a dog"]}),
+                       ("/v1/rank", {"query": "a cat", "candidates": images}),
+                       ("/v1/rank", {"query": images[0], "candidates": ["a cat", "a dog", "a car"]}),
+                       ("/v1/rank", {"query": "a cat"})):
+        ours = httpx.post(f"{workers.url}{path}", json=body, timeout=60)
+        theirs = httpx.post(f"{single.url}{path}", json=body, timeout=60)
+        assert ours.status_code == theirs.status_code, (path, ours.text, theirs.text)
+        ours_json, theirs_json = ours.json(), theirs.json()
+        ours_json.pop("id", None), theirs_json.pop("id", None)
+        assert_same(ours_json, theirs_json)
+    assert zero_shot_requests_counted(workers) == 4  # answered by the engine, counted in the one /metrics
+
+
+def zero_shot_requests_counted(served) -> float:
+    text = httpx.get(f"{served.url}/metrics").text
+    return sum(float(value) for value in re.findall(
+        r'^mmserve_requests_total\{code="\d+",route="(?:classify|rank)"\} (\S+)$', text, re.M))
+
+
+def assert_same(ours: object, theirs: object) -> None:
+    """Equal answers: the same structure, numbers equal to float32 rounding."""
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            assert_same(ours[key], theirs[key])
+    elif isinstance(ours, list):
+        assert len(ours) == len(theirs)
+        for mine, reference in zip(ours, theirs):
+            assert_same(mine, reference)
+    elif isinstance(ours, float):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)
+    else:
+        assert ours == theirs
