@@ -96,7 +96,7 @@ def test_the_server_exits_non_zero_when_the_engine_dies(serve_process):
 
 
 def test_sigterm_drains_every_process_and_loses_no_accepted_request():
-    env = {"MMSERVE_MAX_BATCH_SIZE": "2", "MMSERVE_DRAIN_TIMEOUT_S": "30", "MMSERVE_SYNTHETIC_TEXT_MS": "150",
+    env = {"MMSERVE_MAX_BATCH_SIZE": "2", "MMSERVE_DRAIN_TIMEOUT_S": "30", "MMSERVE_SYNTHETIC_TEXT_MS": "300",
            "MMSERVE_SYNTHETIC_DISTRIBUTION": "constant", "MMSERVE_CACHE_TEXT_BYTES": "0"}
     with run_serve_process(["--preset", "synthetic", "--device", "cpu", "--api-workers", "2"], env) as served:
         url, process = served.url, served.process
@@ -106,7 +106,9 @@ def test_sigterm_drains_every_process_and_loses_no_accepted_request():
                                          limits=httpx.Limits(max_connections=32)) as client:
                 accepted = [asyncio.create_task(client.post("/v1/infer", json={"text": f"accepted {i}"}))
                             for i in range(12)]
-                await asyncio.sleep(0.3)  # all twelve are queued or running now, spread over both processes
+                # Six batches of 300 ms: after 1 s all twelve have reached the engine (queued or running),
+                # even on a busy machine, and the last ones still wait.
+                await asyncio.sleep(1.0)
                 process.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.1)
                 try:
