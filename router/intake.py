@@ -195,12 +195,15 @@ class RequestIntake:
             what it leaves goes to ``decode_image``.
         inline_text_max_chars: A text-only item this short is prepared on the
             event loop: a pool hop costs more than tokenizing it.
+        prepared_pixels: An image's (S, S, 3) model input when another process
+            already decoded it (``server.workers``: an API process), else ``None``.
     """
 
     def __init__(self, router: Router, tools: IntakeTools, decode_image: ImageDecoder, executor: Executor, *,
                  faults: FaultInjector | None = None, inline_text_max_chars: int = INLINE_TEXT_MAX_CHARS,
                  clock_ns: Callable[[], int] = time.perf_counter_ns,
-                 device_decoder: DeviceJpegDecoder | None = None) -> None:
+                 device_decoder: DeviceJpegDecoder | None = None,
+                 prepared_pixels: Callable[[ImageContent], np.ndarray | None] | None = None) -> None:
         self._router = router
         self._tokenizer = tools.tokenizer
         self._budget = tools.budget
@@ -211,6 +214,7 @@ class RequestIntake:
         self._device_decoder = device_decoder
         self._inline_text_max_chars = inline_text_max_chars
         self._clock_ns = clock_ns
+        self._prepared_pixels = prepared_pixels
 
     async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
         """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
@@ -355,6 +359,8 @@ class RequestIntake:
             raise
 
     def _pixels(self, content: ImageContent) -> np.ndarray:
+        if self._prepared_pixels is not None and (prepared := self._prepared_pixels(content)) is not None:
+            return prepared
         preprocess = self._preprocess
         if content.pixels is not None:
             pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)  # (H, W, 3)

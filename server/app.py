@@ -189,6 +189,12 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         description="Online multimodal (image + text) inference server.",
         lifespan=lifespan,
     )
+    wire_routes(app, settings, metrics, registry)
+    return app
+
+
+def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, registry: CollectorRegistry) -> None:
+    """Every route, guard and limit of the HTTP side (the single process's, and each API process's)."""
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
     app.add_exception_handler(ApiError, lambda request, error: error.response())
 
@@ -216,4 +222,3 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     app.include_router(zero_shot.router)
     app.include_router(monitoring.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    return app

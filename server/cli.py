@@ -1,7 +1,7 @@
 """The ``mmserve`` command line.
 
     mmserve serve [--preset vit-l16|vit-b16|tiny|synthetic | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
-                  [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
+                  [--api-workers N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
                   [--decode-device cpu|cuda] [--jpeg-draft] [--served-model-name NAME] [--config FILE]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
@@ -55,6 +55,8 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--seed", type=int, help="seed of a preset's random weights (default 0)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
+    serve.add_argument("--api-workers", type=_positive_int, metavar="N",
+                       help="API processes sharing the port in front of one engine process (default 1: one process)")
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto")
     serve.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
                        help="what the model computes in (default auto: bfloat16 on CUDA, float32 on the CPU)")
@@ -191,10 +193,14 @@ def _serve(args: argparse.Namespace) -> int:
         host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
         jpeg_draft=args.jpeg_draft,
         served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
-        allow_open_admin=args.allow_open_admin,
+        allow_open_admin=args.allow_open_admin, api_workers=args.api_workers,
     )
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.api_workers > 1:
+        from server.workers.supervisor import run_supervised
+
+        return run_supervised(settings, settings.api_workers)
     app = create_app(settings)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()

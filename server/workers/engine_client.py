@@ -1,0 +1,287 @@
+"""The API process's way to the engine: the intake's ``run`` and the router's state, over one connection.
+
+``EngineClient.run(items, arrival_ns)`` stands where the single-process
+server calls ``RequestIntake.run``, and answers the same way (outcomes in
+order, or the error the intake would raise), so the request layer and every
+protocol above it are unchanged:
+
+    peek        ask the engine which images' segments it holds (no claim)
+    decode      only the others, in this process's decode pool, to the model's
+                (S, S, 3) uint8 input, written into shared-memory slots
+    run         the items (texts, encoded bytes for the cache keys, slot numbers) -> the engine's intake
+    settle      the slots are free again when the engine answers; a cancelled
+                call (the client went away) is cancelled in the engine too
+
+``EngineRouter`` is what the routes and the drain read from ``state.router``:
+ready, alive, draining, in flight, a fault (the engine is gone: the API
+process exits, and the supervisor with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+
+import numpy as np
+
+from models.loading.config import PreprocessConfig
+from models.preprocessing import pixels_to_model_input, resize_to_model_input
+from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
+from router.intake import ImageDecoder, IntakeItem
+from router.segments import ImageContent, SegmentCatalog
+from server.errors import ApiError
+from server.workers.frames import encode_frame, read_frame, read_frame_blocking
+from server.workers.pixel_slots import PixelSlots
+from server.workers.readiness import ReadyMarks
+
+logger = logging.getLogger(__name__)
+
+STATUS_PERIOD_S = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineGone:
+    """``router.fault``'s shape (``server.runtime.lifecycle`` reads ``message``)."""
+
+    message: str
+
+
+class EngineClient:
+    """One connection to the engine, shared by every request of this API process."""
+
+    def __init__(self, socket_path: str, catalog: SegmentCatalog, preprocess: PreprocessConfig,
+                 decode_image: ImageDecoder, executor: Executor, slots: PixelSlots) -> None:
+        self._socket_path = socket_path
+        self._catalog = catalog  # keys only: the cache is the engine's
+        self._preprocess = preprocess
+        self._decode_image = decode_image
+        self._executor = executor
+        self._slots = slots
+        self._ids = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._status_task: asyncio.Task | None = None
+        self.engine_status = (False, True, False)  # ready, alive, draining
+        self.fault: EngineGone | None = None
+        self.is_draining = False
+        self.num_in_flight = 0
+        self.on_status: Callable[[], None] | None = None  # after each poll (the ready mark follows it)
+
+    async def connect(self, timeout_s: float) -> None:
+        """Connect (the engine may still be loading its model: retry until ``timeout_s``)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                reader, self._writer = await asyncio.open_unix_connection(self._socket_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+        self._reader_task = asyncio.create_task(self._read_answers(reader))
+        self._status_task = asyncio.create_task(self._poll_status())
+
+    async def close(self) -> None:
+        for task in (self._status_task, self._reader_task):
+            if task is not None:
+                task.cancel()
+        if self._writer is not None:
+            self._writer.close()
+
+    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                kind, call_id, *fields = await read_frame(reader)
+                future = self._waiting.pop(call_id, None)
+                if future is not None and not future.done():
+                    future.set_result((kind, fields))
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            self.fault = EngineGone(f"the engine closed its connection ({type(e).__name__})")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a broken stream is the engine gone
+            self.fault = EngineGone(f"the engine's connection broke: {e}")
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(ApiError(503, "engine_unavailable", "the engine process is gone"))
+
+    def _send(self, *message: object) -> tuple[int, asyncio.Future]:
+        if self.fault is not None or self._writer is None:
+            raise ApiError(503, "engine_unavailable", "the engine process is gone", retry_after_s=1.0)
+        call_id = next(self._ids)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[call_id] = future
+        self._writer.write(encode_frame((message[0], call_id, *message[1:])))
+        return call_id, future
+
+    async def _call(self, *message: object) -> object:
+        _, future = self._send(*message)
+        kind, fields = await future
+        return fields[0]
+
+    async def _poll_status(self) -> None:
+        while self.fault is None:
+            try:
+                self.engine_status = await self._call("status")  # type: ignore[assignment]
+            except ApiError:
+                return
+            if self.on_status is not None:
+                self.on_status()
+            await asyncio.sleep(STATUS_PERIOD_S)
+
+    async def answer_in_engine(self, method: str, path: str, headers: list, body: bytes,
+                               client: tuple) -> tuple[int, list, bytes]:
+        """A whole HTTP request answered by the engine's app (``server.workers.engine_routes``)."""
+        kind, fields = await self._send("http", method, path, headers, body, client)[1]
+        if kind == "ok":
+            return fields[0]
+        _, (status, code, message, field, retry_after_s) = fields
+        raise ApiError(status, code, message, field, retry_after_s)
+
+    async def describe(self) -> tuple[dict, str, str]:
+        """The engine's model as answers describe it, its fingerprint and its preprocessing id (for cache keys)."""
+        return await self._call("describe")  # type: ignore[return-value]
+
+    def use_keys_of(self, catalog: SegmentCatalog) -> None:
+        self._catalog = catalog
+
+    # -- the intake's run --------------------------------------------------------
+
+    async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list:
+        """What ``RequestIntake.run`` answers, computed by the engine; raises what it would raise."""
+        if self.is_draining:
+            raise ShuttingDownError()
+        self.num_in_flight += 1
+        taken: list[int] = []
+        try:
+            slots = await self._decode_missing(items, taken)
+            call_id, future = self._send("run", list(items), arrival_ns, self._slots.name, slots)
+            try:
+                kind, fields = await asyncio.shield(future)
+            except asyncio.CancelledError:
+                self._send("cancel", call_id)  # the answer ("cancelled") frees the slots
+                future.add_done_callback(lambda _: self._slots.give_back(taken))
+                taken = []
+                raise
+        finally:
+            self._slots.give_back(taken)
+            self.num_in_flight -= 1
+        if kind == "ok":
+            return fields[0]
+        if kind == "error":
+            row, (status, code, message, field, retry_after_s) = fields
+            error = ApiError(status, code, message, field, retry_after_s)
+            raise IntakeItemError(row, error) if row is not None else error
+        raise asyncio.CancelledError()
+
+    async def _decode_missing(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
+        """Decode every image the engine does not hold into a slot; the slot numbers per item and image."""
+        keys = [self._catalog.image_key(content) if content.encoded is not None and item.use_cache else None
+                for item in items for content in item.images]
+        cached = iter(await self._call("peek", keys) if any(key is not None for key in keys) else [False] * len(keys))
+        work = []
+        slots: list[list[int | None]] = []
+        for item_index, item in enumerate(items):
+            item_slots: list[int | None] = []
+            for image_index, content in enumerate(item.images):
+                if next(cached):
+                    item_slots.append(None)
+                    continue
+                slot = self._slots.take(1)[0]
+                taken.append(slot)
+                item_slots.append(slot)
+                work.append((item_index, item, image_index, content, slot))
+            slots.append(item_slots)
+        if work:
+            futures = [asyncio.wrap_future(self._executor.submit(self._decode_into, *job)) for job in work]
+            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+        return slots
+
+    def _decode_into(self, item_index: int, item: IntakeItem, image_index: int, content: ImageContent,
+                     slot: int) -> None:
+        """One image -> the model's input in ``slot`` (a decode-pool thread); errors as the intake names them."""
+        try:
+            if content.pixels is not None:
+                pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)
+                model_input = pixels_to_model_input(pixels, self._preprocess)
+            else:
+                decoded = self._decode_image(content.encoded)
+                model_input = (pixels_to_model_input(decoded, self._preprocess) if isinstance(decoded, np.ndarray)
+                               else resize_to_model_input(decoded, self._preprocess))
+            self._slots.write(slot, model_input)
+        except Exception as e:
+            error: Exception = ImageItemError(image_index, e) if item.images_as_list else e
+            raise IntakeItemError(item_index, error) from e
+
+
+class EngineRouter:
+    """What ``state.router`` answers in an API process: the engine's state as last polled, and this process's.
+
+    Ready: this process serves (the engine ready, its connection up, not
+    draining) and so does every other API process (``server.workers.readiness``).
+    """
+
+    def __init__(self, client: EngineClient, socket_path: str, marks: ReadyMarks) -> None:
+        self._client = client
+        self._marks = marks
+        self.cache = EngineCache(socket_path)
+
+    @property
+    def is_serving(self) -> bool:
+        ready, alive, draining = self._client.engine_status
+        return ready and alive and not draining and self.fault is None and not self._client.is_draining
+
+    @property
+    def is_ready(self) -> bool:
+        is_serving = self.is_serving
+        self._marks.mark(is_serving)
+        return is_serving and self._marks.all_ready()
+
+    @property
+    def is_alive(self) -> bool:
+        return self._client.engine_status[1] and self.fault is None
+
+    @property
+    def is_draining(self) -> bool:
+        return self._client.is_draining
+
+    @property
+    def fault(self) -> EngineGone | None:
+        return self._client.fault
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._client.num_in_flight
+
+    def begin_drain(self) -> None:
+        self._client.is_draining = True
+        self._marks.mark(False)
+
+
+class EngineCache:
+    """``state.router.cache`` in an API process: ``clear()`` empties the engine's cache (``DELETE /v1/cache``).
+
+    A blocking round trip on its own short connection: an operator's call,
+    rare, and well under a millisecond, so the admin route stays as it is.
+    """
+
+    def __init__(self, socket_path: str) -> None:
+        self._socket_path = socket_path
+
+    def clear(self) -> int:
+        import socket
+
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(10.0)
+            connection.connect(self._socket_path)
+            connection.sendall(encode_frame(("clear_cache", 0)))
+            return read_frame_blocking(connection)[2]

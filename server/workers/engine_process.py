@@ -1,0 +1,220 @@
+"""The engine process: the model, lanes, batcher, segment cache, kernels and drift monitoring, behind a socket.
+
+It builds exactly what a single ``mmserve serve`` process builds (``create_app``'s
+start-up, without HTTP) and answers the API processes' calls over a Unix
+socket (``server.workers.frames``):
+
+    ("peek", id, keys)                     -> ("ok", id, [is the segment cached?])   before an API process decodes
+    ("run", id, items, arrival_ns, block, slots) -> ("ok", id, outcomes) | ("error", id, row, error fields)
+    ("cancel", id)                         the client went away: the call's task is cancelled (-> "cancelled")
+    ("status", id)                         -> ("ok", id, (ready, alive, draining))
+    ("clear_cache", id)                    -> ("ok", id, segments dropped)
+    ("metrics", id)                        -> ("ok", id, (the engine registry's exposition, its digests))
+    ("http", id, method, path, headers, body, client) -> ("ok", id, (status, headers, body))
+                                           a zero-shot route, answered by the app (server.workers.engine_routes)
+    ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
+
+A ``run`` goes through the same ``RequestIntake`` as in one process (tokenize,
+budget, plan, submit, settle), with the pixels the API process decoded taken
+from its shared-memory slots; an image it did not decode (the peek said cached,
+and the entry left the cache since) is decoded here. Deadlines count from
+``arrival_ns``, the API process's ``perf_counter_ns`` at arrival: on Linux that
+clock is CLOCK_MONOTONIC, one clock for every process of the machine.
+
+When an API process's connection drops (it died), its calls are cancelled.
+The engine exits non-zero when a compute thread dies or hangs
+(``EXIT_COMPUTE_FAULT``), and drains its router on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+
+import numpy as np
+from fastapi import FastAPI
+from prometheus_client import generate_latest
+
+from router.errors import IntakeItemError
+from router.intake import IntakeItem, IntakeOutcome, IntakeTools, RequestIntake
+from router.segments import ImageContent, SegmentKey
+from server.app import create_app, joint_token_budget
+from server.errors import ApiError
+from server.http.error_mapping import api_error_from
+from server.ingest.inputs import device_jpeg_decoder, image_decoder
+from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
+from server.settings import Settings
+from server.state import ServerState
+from server.workers.engine_routes import answer_in_engine
+from server.workers.frames import encode_frame, read_frame
+from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment
+from server.workers.pixel_slots import AttachedSlots
+
+logger = logging.getLogger(__name__)
+
+
+def error_fields(error: Exception, call_id: int) -> tuple:
+    """An error as plain fields (``ApiError`` does not survive pickling: a dataclass exception)."""
+    api_error = api_error_from(error)
+    if api_error is None:
+        logger.error("unexpected error in engine call %d", call_id, exc_info=error)
+        api_error = ApiError(500, "internal_error", "internal error in the engine")
+    return api_error.status, api_error.code, api_error.message, api_error.field, api_error.retry_after_s
+
+
+def portable(outcome: IntakeOutcome) -> IntakeOutcome:
+    """An outcome without what only the engine can hold: the plan (cache claims), segments, the batch span."""
+    result = dataclasses.replace(outcome.result, image_segments=(), text_segment=None, batch_trace=None)
+    return dataclasses.replace(outcome, result=result, plan=None)  # type: ignore[arg-type]
+
+
+class Engine:
+    """Answers one API process connection's calls with the engine's router and intake."""
+
+    def __init__(self, state: ServerState, settings: Settings, app: FastAPI) -> None:
+        self._state = state
+        self._app = app
+        self._input_shape = (state.bundle.config.preprocess.input_size,) * 2 + (3,)
+        self._prepared: dict[int, np.ndarray] = {}  # id(ImageContent) -> pixels an API process decoded
+        self._intake = RequestIntake(state.router, IntakeTools.of(state.bundle, joint_token_budget(settings, state.bundle)),
+                                     image_decoder(settings, state.bundle.config.preprocess), state.decode_pool,
+                                     faults=state.faults, device_decoder=device_jpeg_decoder(settings, state.bundle),
+                                     prepared_pixels=lambda content: self._prepared.get(id(content)))
+
+    async def handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        attached: dict[str, AttachedSlots] = {}
+        calls: dict[int, asyncio.Task] = {}
+
+        def reply(*message: object) -> None:
+            if not writer.is_closing():
+                writer.write(encode_frame(message))
+
+        try:
+            while True:
+                try:
+                    message = await read_frame(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                kind, call_id = message[0], message[1]
+                if kind == "run":
+                    items, arrival_ns, block, slots = message[2:]
+                    if block not in attached:
+                        attached[block] = AttachedSlots(block, self._input_shape)
+                    task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, attached[block], slots, reply))
+                    calls[call_id] = task
+                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                elif kind == "http":
+                    task = asyncio.ensure_future(self._http(call_id, message[2:], reply))
+                    calls[call_id] = task
+                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                elif kind == "cancel":
+                    if (task := calls.get(call_id)) is not None:
+                        task.cancel()
+                elif kind == "peek":
+                    reply("ok", call_id, self._peek(message[2]))
+                elif kind == "status":
+                    router = self._state.router
+                    reply("ok", call_id, (router.is_ready, router.is_alive, router.is_draining))
+                elif kind == "describe":
+                    bundle = self._state.bundle
+                    reply("ok", call_id, (self._state.model_description, bundle.fingerprint,
+                                          bundle.config.preprocess.identity()))
+                elif kind == "metrics":
+                    reply("ok", call_id, (generate_latest(self._state.registry).decode(),
+                                          self._state.monitor.digests_view()))
+                elif kind == "clear_cache":
+                    reply("ok", call_id, self._state.router.cache.clear())
+        finally:
+            for task in list(calls.values()):
+                task.cancel()  # the API process is gone: nobody reads these answers
+            for block in attached.values():
+                block.close()
+            writer.close()
+
+    async def _http(self, call_id: int, request: tuple, reply) -> None:  # noqa: ANN001
+        try:
+            reply("ok", call_id, await answer_in_engine(self._app, *request))
+        except asyncio.CancelledError:
+            reply("cancelled", call_id)
+        except Exception as e:  # noqa: BLE001
+            reply("error", call_id, None, error_fields(e, call_id))
+
+    def _peek(self, keys: list[SegmentKey | None]) -> list[bool]:
+        """Whether each image segment is cached now (no claim taken: the run plans for real)."""
+        store = self._state.router.cache.store
+        return [key is not None and store.get(key) is not None for key in keys]
+
+    async def _run(self, call_id: int, items: list[IntakeItem], arrival_ns: int, block: AttachedSlots,
+                   slots: list[list[int | None]], reply) -> None:  # noqa: ANN001
+        items, prepared_ids = self._with_pixels(items, block, slots)
+        try:
+            outcomes = await self._intake.run(items, arrival_ns)
+            reply("ok", call_id, [portable(outcome) for outcome in outcomes])
+        except asyncio.CancelledError:
+            reply("cancelled", call_id)
+        except IntakeItemError as e:
+            reply("error", call_id, e.item_index, error_fields(e.error, call_id))
+        except Exception as e:  # noqa: BLE001 - every failure goes back as an answer
+            reply("error", call_id, None, error_fields(e, call_id))
+        finally:
+            for content_id in prepared_ids:
+                self._prepared.pop(content_id, None)
+
+    def _with_pixels(self, items: list[IntakeItem], block: AttachedSlots,
+                     slots: list[list[int | None]]) -> tuple[list[IntakeItem], list[int]]:
+        """The items with their slots' pixels copied out (the slots are free once this call answers)."""
+        prepared_ids: list[int] = []
+        with_pixels = []
+        for item, item_slots in zip(items, slots):
+            images = []
+            for content, slot in zip(item.images, item_slots):
+                if slot is not None:
+                    pixels = block.copy_out(slot)
+                    if content.encoded is None:  # raw pixels, sent as their model input
+                        content = ImageContent(pixels=pixels.tobytes(), shape=pixels.shape)
+                    self._prepared[id(content)] = pixels
+                    prepared_ids.append(id(content))
+                images.append(content)
+            with_pixels.append(dataclasses.replace(item, images=tuple(images)))
+        return with_pixels, prepared_ids
+
+
+async def serve_engine(settings: Settings, socket_path: str) -> int:
+    """Start the engine, answer calls until SIGTERM (then drain) or a compute fault (then exit non-zero)."""
+    app = create_app(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    exit_code = 0
+    async with app.router.lifespan_context(app):
+        state: ServerState = app.state.mmserve
+        engine = Engine(state, settings, app)
+        server = await asyncio.start_unix_server(engine.handle_connection, path=socket_path)
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(stop.wait(), 0.1)
+            except asyncio.TimeoutError:
+                pass
+            if state.router.check_compute() is not None:
+                logger.critical("engine exiting with status %d: %s", EXIT_COMPUTE_FAULT, state.router.fault.message)
+                exit_code = EXIT_COMPUTE_FAULT
+                break
+        server.close()
+    return exit_code
+
+
+def main() -> int:
+    import os
+
+    settings = settings_from_environment()
+    logging.basicConfig(level=settings.log_level.upper(),
+                        format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    return asyncio.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

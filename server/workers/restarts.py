@@ -1,0 +1,46 @@
+"""``mmserve_api_worker_restarts_total``: the supervisor counts, every API process exports.
+
+The supervisor writes the count to a file in the server's run directory
+(written whole, then renamed into place); each API process reads it when
+``/metrics`` is collected, so the series is the same whichever process
+answers, and 0 from the start.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily
+
+COUNT_FILE = "api_worker_restarts"
+
+
+def write_restart_count(run_directory: str, count: int) -> None:
+    path = Path(run_directory) / COUNT_FILE
+    staging = path.with_suffix(".writing")
+    staging.write_text(str(count))
+    os.replace(staging, path)
+
+
+def read_restart_count(run_directory: str) -> int:
+    try:
+        return int((Path(run_directory) / COUNT_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+class _RestartCount:
+    def __init__(self, run_directory: str) -> None:
+        self._run_directory = run_directory
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily("mmserve_api_worker_restarts",
+                                  "API processes the supervisor started again after they died.",
+                                  value=read_restart_count(self._run_directory))
+
+
+def register_restart_count(registry: CollectorRegistry, run_directory: str) -> None:
+    registry.register(_RestartCount(run_directory))

@@ -1,0 +1,253 @@
+"""``mmserve serve --api-workers 2`` as its own process tree: answers, errors and the cache as one process.
+
+Each case runs against a server with two API processes and one engine, and
+compares with a single-process server of the same model where the answer is
+a number (embeddings must be equal: the pixels crossed through shared memory).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import tritonclient.http as triton_http
+from PIL import Image
+
+from encoded_images import b64, encoded_image
+from tests.conftest import run_serve_process
+
+TINY = ["--preset", "tiny", "--device", "cpu"]
+HOOKS = str(Path(__file__).parent / "api_workers_hooks")
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+@pytest.fixture(scope="module")
+def decode_log(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("decodes") / "decodes.log"
+
+
+@pytest.fixture(scope="module")
+def workers(decode_log):
+    env = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]),
+           "MMSERVE_TEST_DECODE_LOG": str(decode_log)}
+    with run_serve_process([*TINY, "--api-workers", "2"], env) as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def single():
+    with run_serve_process(TINY) as served:
+        yield served
+
+
+def jpeg(seed: int, size=(320, 240)) -> bytes:
+    return encoded_image(seed, size, "JPEG")
+
+
+def infer(url: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{url}/v1/infer", json=body, timeout=60)
+
+
+def test_two_api_processes_and_an_engine_run_under_the_supervisor(workers):
+    children = children_of(workers.process.pid)
+    assert len(children) == 3  # the engine and two API processes
+    answering = set()
+    for _ in range(40):  # keep-alive off: each request a new connection, accepted by either process
+        answering.add(httpx.get(f"{workers.url}/health/ready", headers={"Connection": "close"}).status_code)
+    assert answering == {200}
+
+
+def test_native_json_answers_equal_the_single_process(workers, single):
+    for body in ({"text": "a red bicycle"}, {"image": {"b64": b64(jpeg(1))}},
+                 {"image": {"b64": b64(jpeg(2))}, "text": "a photo", "use_cache": False},
+                 {"images": [{"b64": b64(jpeg(3))}, {"b64": b64(jpeg(4))}], "text": "two"}):
+        ours, theirs = infer(workers.url, body), infer(single.url, body)
+        assert ours.status_code == theirs.status_code == 200, ours.text
+        ours_json, theirs_json = ours.json(), theirs.json()
+        assert ours_json["route"] == theirs_json["route"]
+        assert ours_json["model"] == theirs_json["model"]
+        for name in ("image_embedding", "image_embeddings", "text_embedding", "fused_embedding"):
+            assert (name in ours_json) == (name in theirs_json)
+            if name in ours_json:
+                np.testing.assert_allclose(ours_json[name], theirs_json[name], rtol=1e-5, atol=1e-6)
+        assert ours.headers["x-request-id"] == ours_json["id"]
+
+
+def test_raw_uint8_pixels_answer_as_the_single_process(workers, single):
+    pixels = np.random.default_rng(5).integers(0, 256, (40, 60, 3), dtype=np.uint8)
+    body = {"image": {"uint8": {"shape": [40, 60, 3], "b64": base64.b64encode(pixels.tobytes()).decode()}}}
+    ours, theirs = infer(workers.url, body), infer(single.url, body)
+    assert ours.status_code == theirs.status_code == 200, ours.text
+    np.testing.assert_allclose(ours.json()["image_embedding"], theirs.json()["image_embedding"], rtol=1e-5, atol=1e-6)
+
+
+def test_multipart_upload(workers, single):
+    files = {"image": ("cat.jpg", jpeg(6), "image/jpeg")}
+    ours = httpx.post(f"{workers.url}/v1/infer", files=files, data={"text": "a cat"}, timeout=60)
+    theirs = httpx.post(f"{single.url}/v1/infer", files=files, data={"text": "a cat"}, timeout=60)
+    assert ours.status_code == theirs.status_code == 200, ours.text
+    np.testing.assert_allclose(ours.json()["fused_embedding"], theirs.json()["fused_embedding"], rtol=1e-5, atol=1e-6)
+
+
+def test_openai_embeddings_through_the_openai_client(workers, single):
+    inputs = ["a red bicycle", "data:image/jpeg;base64," + b64(jpeg(7))]
+    answers = []
+    for served in (workers, single):
+        with openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", max_retries=0) as client:
+            answers.append(client.embeddings.create(model="tiny", input=inputs))
+    ours, theirs = answers
+    assert [item.index for item in ours.data] == [0, 1]
+    for mine, reference in zip(ours.data, theirs.data):
+        np.testing.assert_allclose(mine.embedding, reference.embedding, rtol=1e-5, atol=1e-6)
+    with openai.OpenAI(base_url=f"{workers.url}/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model="tiny", input=["fine", "data:image/png;base64,not base64!"])
+    assert refused.value.status_code == 400
+
+
+def test_kserve_v2_through_tritonclient(workers, single):
+    outputs = []
+    for served in (workers, single):
+        client = triton_http.InferenceServerClient(served.url.removeprefix("http://"))
+        assert client.is_server_ready() and client.is_model_ready("tiny")
+        tensor = triton_http.InferInput("text", [2], "BYTES")
+        tensor.set_data_from_numpy(np.array([b"a red bicycle", b"a blue car"], dtype=object), binary_data=True)
+        result = client.infer("tiny", [tensor])
+        outputs.append(result.as_numpy("text_embedding"))
+        client.close()
+    assert outputs[0].shape[0] == 2
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("body", [
+    {"image": {"b64": b64(b"not an image at all")}},
+    {"image": {"b64": "%%%"}},
+    {"text": "x" * 100_001},
+    {"images": [{"b64": b64(encoded_image(9, (32, 32), "PNG"))}] * 5},
+    {"images": [{"b64": b64(encoded_image(9, (32, 32), "PNG"))}, {"b64": b64(b"broken")}]},
+    {},
+])
+def test_bad_input_gets_the_single_process_error(workers, single, body):
+    ours, theirs = infer(workers.url, body), infer(single.url, body)
+    assert ours.status_code == theirs.status_code
+    assert 400 <= ours.status_code < 500
+    assert ours.json() == theirs.json()
+
+
+def test_a_body_over_the_limit_is_refused_the_same(workers, single):
+    body = b"{" + b" " * (16 * 1024 * 1024 + 10) + b"}"
+    answers = [httpx.post(f"{served.url}/v1/infer", content=body, headers={"content-type": "application/json"},
+                          timeout=60) for served in (workers, single)]
+    assert answers[0].status_code == answers[1].status_code == 413
+    assert answers[0].json() == answers[1].json()
+
+
+def test_a_cache_hit_decodes_nothing_in_any_process(workers, decode_log):
+    body = {"image": {"b64": b64(jpeg(11))}, "text": "cached twice"}
+    decode_log.write_text("")
+    first = infer(workers.url, body)
+    assert first.json()["cache"]["image"] == "miss"
+    assert len(decode_log.read_text().split()) == 1
+    api_processes = set(children_of(workers.process.pid))
+    assert set(map(int, decode_log.read_text().split())) <= api_processes
+    for _ in range(6):  # new connections: both API processes answer some of them
+        again = httpx.post(f"{workers.url}/v1/infer", json=body, headers={"Connection": "close"}, timeout=60)
+        assert again.json()["cache"]["image"] == "hit"
+    assert len(decode_log.read_text().split()) == 1, "a hit must skip decoding in every process"
+
+
+def series(text: str) -> set[tuple[str, tuple[str, ...]]]:
+    """(sample name, label names) of every sample line of an exposition."""
+    found = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, rest = line.partition("{")
+            labels = tuple(sorted(part.split("=")[0] for part in rest.split("}")[0].split(",") if "=" in part))
+            found.add((name.split(" ")[0], labels))
+    return found
+
+
+def sample(text: str, line_start: str) -> float:
+    return float(next(line for line in text.splitlines() if line.startswith(line_start)).rsplit(" ", 1)[1])
+
+
+def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, single, decode_log):
+    scrape = httpx.get(f"{workers.url}/metrics").text
+    before = sample(scrape, 'mmserve_requests_total{code="200",route="vision"}') if 'route="vision"' in scrape else 0.0
+    count_before = (sample(scrape, 'mmserve_stage_latency_seconds_count{route="vision",stage="total"}')
+                    if 'mmserve_stage_latency_seconds_count{route="vision"' in scrape else 0.0)
+    decode_log.write_text("")
+    num_requests = 24
+    for seed in range(100, 100 + num_requests):  # a new image each: each is decoded where it was answered
+        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(seed, (64, 48)))}},
+                            headers={"Connection": "close"}, timeout=60)
+        assert answer.status_code == 200
+    answering = decode_log.read_text().split()
+    assert len(answering) == num_requests
+    assert len(set(answering)) == 2, "both API processes answered some requests"
+    time.sleep(1.5)  # every process has written its snapshot since
+    for _ in range(4):  # whichever process answers the scrape, the sums are the whole server's
+        text = httpx.get(f"{workers.url}/metrics", headers={"Connection": "close"}).text
+        assert sample(text, 'mmserve_requests_total{code="200",route="vision"}') - before == num_requests
+        assert (sample(text, 'mmserve_stage_latency_seconds_count{route="vision",stage="total"}') - count_before
+                == num_requests)
+        p50 = sample(text, 'mmserve_stage_latency_seconds{quantile="0.5",route="vision",stage="total"}')
+        p9999 = sample(text, 'mmserve_stage_latency_seconds{quantile="0.9999",route="vision",stage="total"}')
+        assert 0 < p50 <= p9999
+        assert sample(text, "mmserve_api_worker_restarts_total") == 0
+    # Same series and labels as one process (after the same kinds of requests), plus the restart count.
+    httpx.post(f"{single.url}/v1/infer", json={"image": {"b64": b64(jpeg(100, (64, 48)))}}, timeout=60)
+    for body in ({"text": "a red bicycle"}, {"image": {"b64": b64(jpeg(1))}, "text": "a photo"}):
+        httpx.post(f"{single.url}/v1/infer", json=body, timeout=60)
+    ours = {entry for entry in series(text) if entry[0] != "mmserve_api_worker_restarts_total"}
+    theirs = series(httpx.get(f"{single.url}/metrics").text)
+    assert {name for name, _ in ours} == {name for name, _ in theirs}
+
+
+def test_classify_and_rank_answer_as_the_single_process(workers, single):
+    """The engine answers them whole; the tiny model has no image-text score, so these are its refusals."""
+    images = [{"b64": b64(jpeg(seed, (48, 40)))} for seed in (31, 32)]
+    for path, body in (("/v1/classify", {"images": images, "labels": ["a cat", "a dog"]}),
+                       ("/v1/rank", {"query": "a cat", "candidates": images}),
+                       ("/v1/rank", {"query": images[0], "candidates": ["a cat", "a dog", "a car"]}),
+                       ("/v1/rank", {"query": "a cat"})):
+        ours = httpx.post(f"{workers.url}{path}", json=body, timeout=60)
+        theirs = httpx.post(f"{single.url}{path}", json=body, timeout=60)
+        assert ours.status_code == theirs.status_code, (path, ours.text, theirs.text)
+        ours_json, theirs_json = ours.json(), theirs.json()
+        ours_json.pop("id", None), theirs_json.pop("id", None)
+        assert_same(ours_json, theirs_json)
+    assert zero_shot_requests_counted(workers) == 4  # answered by the engine, counted in the one /metrics
+
+
+def zero_shot_requests_counted(served) -> float:
+    text = httpx.get(f"{served.url}/metrics").text
+    return sum(float(value) for value in re.findall(
+        r'^mmserve_requests_total\{code="\d+",route="(?:classify|rank)"\} (\S+)$', text, re.M))
+
+
+def assert_same(ours: object, theirs: object) -> None:
+    """Equal answers: the same structure, numbers equal to float32 rounding."""
+    if isinstance(ours, dict):
+        assert ours.keys() == theirs.keys()
+        for key in ours:
+            assert_same(ours[key], theirs[key])
+    elif isinstance(ours, list):
+        assert len(ours) == len(theirs)
+        for mine, reference in zip(ours, theirs):
+            assert_same(mine, reference)
+    elif isinstance(ours, float):
+        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)
+    else:
+        assert ours == theirs

@@ -1,0 +1,96 @@
+"""The API-process parts that need no server: frames, pixel slots, the merged /metrics, settings hand-off."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from multiprocessing import resource_tracker
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from pydantic import SecretStr
+
+from monitoring import Monitor
+from router.intake import IntakeItem
+from router.segments import ImageContent
+from server.errors import ApiError
+from server.settings import Settings
+from server.workers import handoff
+from server.workers.frames import encode_frame, read_frame, read_frame_blocking
+from server.workers.metrics_view import merge_expositions
+from server.workers.pixel_slots import AttachedSlots, PixelSlots
+
+
+def test_a_frame_carries_an_item_both_ways():
+    item = IntakeItem("id-1", text="a red bicycle", images=(ImageContent(encoded=b"\xff\xd8jpeg"),))
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(encode_frame(("run", 7, [item], 123)))
+        assert read_frame_blocking(right) == ("run", 7, [item], 123)
+
+        async def read_async() -> tuple:
+            reader = asyncio.StreamReader()
+            reader.feed_data(encode_frame(("ok", 8, [1.5])))
+            reader.feed_eof()
+            return await read_frame(reader)
+
+        assert asyncio.run(read_async()) == ("ok", 8, [1.5])
+
+
+def test_pixel_slots_cross_to_an_attached_block_and_run_out_with_503():
+    slots = PixelSlots((4, 4, 3), num_slots=2)
+    try:
+        first, second = slots.take(2)
+        pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+        slots.write(second, pixels)
+        attached = AttachedSlots(slots.name, (4, 4, 3))
+        np.testing.assert_array_equal(attached.copy_out(second), pixels)
+        attached.close()
+        # The engine is another process; here attaching unregistered the owner's block from this
+        # process's resource tracker, so register it again for the owner's unlink.
+        resource_tracker.register(slots._memory._name, "shared_memory")
+        with pytest.raises(ApiError) as full:
+            slots.take(1)
+        assert (full.value.status, full.value.code, full.value.retry_after_s) == (503, "overloaded", 1.0)
+        with pytest.raises(ValueError, match="slot holds"):
+            slots.write(first, np.zeros((5, 4, 3), np.uint8))
+        slots.give_back([first])
+        assert slots.take(1) == [first]
+    finally:
+        slots.close()
+
+
+def _exposition(requests: int, depth: float, latencies_s: list[float]) -> tuple[str, dict]:
+    registry = CollectorRegistry()
+    Counter("mmserve_requests_total", "r", ["route", "code"], registry=registry).labels("text", "200").inc(requests)
+    Gauge("mmserve_queue_depth", "d", ["lane"], registry=registry).labels("text").set(depth)
+    monitor = Monitor()
+    monitor.register(registry)
+    for latency_s in latencies_s:
+        monitor.record("text", {"total": int(latency_s * 1e9)})
+    monitor.tick()
+    return generate_latest(registry).decode(), monitor.digests_view()
+
+
+def test_merged_metrics_sum_counters_keep_the_largest_gauge_and_merge_digests():
+    text_a, digests_a = _exposition(3, 0, [0.001] * 300)
+    text_b, digests_b = _exposition(5, 7, [0.100] * 100)
+    families = {family.name: family for family in merge_expositions([text_a, text_b], [digests_a, digests_b])}
+    value = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+             for family in families.values() for sample in family.samples}
+    assert value[("mmserve_requests_total", (("code", "200"), ("route", "text")))] == 8
+    assert value[("mmserve_queue_depth", (("lane", "text"),))] == 7
+    stage = (("route", "text"), ("stage", "total"))
+    assert value[("mmserve_stage_latency_seconds_count", stage)] == 400
+    # 300 fast and 100 slow samples: the merged median is fast, the merged P99 slow (neither process's alone).
+    assert value[("mmserve_stage_latency_seconds", (("quantile", "0.5"), *stage))] == pytest.approx(0.001, rel=0.05)
+    assert value[("mmserve_stage_latency_seconds", (("quantile", "0.99"), *stage))] == pytest.approx(0.1, rel=0.05)
+
+
+def test_settings_travel_to_the_children_whole_secrets_included(monkeypatch):
+    settings = Settings(preset="tiny", api_workers=2, api_keys=SecretStr("k1,k2"), max_batch_size=3)
+    monkeypatch.setenv(handoff.SETTINGS_VARIABLE, handoff.settings_json(settings))
+    received = handoff.settings_from_environment()
+    assert received == settings
+    assert received.api_keys.get_secret_value() == "k1,k2"
