@@ -42,6 +42,7 @@ from server.workers.handoff import ENGINE_SOCKET_VARIABLE, RUN_DIRECTORY_VARIABL
 from server.workers.pixel_slots import PixelSlots
 from server.workers.readiness import ReadyMarks
 from server.workers.metrics_view import keep_snapshot_fresh, merged_registry
+from server.workers.orphan_guard import exit_when_orphaned
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +100,7 @@ def main() -> int:
     settings = settings_from_environment()
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
+    exit_when_orphaned()
     listening = socket.socket(fileno=int(sys.argv[1]))
     app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE])
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)

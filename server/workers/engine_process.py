@@ -45,6 +45,7 @@ from server.app import create_app, joint_token_budget
 from server.errors import ApiError
 from server.http.error_mapping import api_error_from
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
+from server.workers.orphan_guard import exit_when_orphaned
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
 from server.settings import Settings
 from server.state import ServerState
@@ -213,6 +214,7 @@ def main() -> int:
     settings = settings_from_environment()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    exit_when_orphaned()
     return asyncio.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
 
 

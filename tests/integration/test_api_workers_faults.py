@@ -95,6 +95,27 @@ def test_the_server_exits_non_zero_when_the_engine_dies(serve_process):
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
+def is_gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_the_children_exit_when_the_supervisor_is_killed(serve_process):
+    """A supervisor killed with SIGKILL runs no clean-up: the engine and API processes must notice alone."""
+    with serve_process(TINY) as served:
+        supervisor = served.process
+        children = children_of(supervisor.pid)
+        assert len(children) == 3  # the engine and two API processes
+        os.kill(supervisor.pid, signal.SIGKILL)
+        supervisor.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not all(is_gone(pid) for pid in children):
+            time.sleep(0.2)
+        left = [pid for pid in children if not is_gone(pid)]
+        for pid in left:  # leave no process behind even when the assertion fails
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"still running after their supervisor was killed: {left}"
+
+
 def test_sigterm_drains_every_process_and_loses_no_accepted_request():
     env = {"MMSERVE_MAX_BATCH_SIZE": "2", "MMSERVE_DRAIN_TIMEOUT_S": "30", "MMSERVE_SYNTHETIC_TEXT_MS": "300",
            "MMSERVE_SYNTHETIC_DISTRIBUTION": "constant", "MMSERVE_CACHE_TEXT_BYTES": "0"}
