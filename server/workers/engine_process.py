@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 
 
 def error_fields(error: Exception, call_id: int) -> tuple:
-    """An error as plain fields (``ApiError`` does not survive pickling: a dataclass exception)."""
+    """An error as plain fields (frames carry no exceptions: ``server.workers.frame_codec``)."""
     api_error = api_error_from(error)
     if api_error is None:
         logger.error("unexpected error in engine call %d", call_id, exc_info=error)
