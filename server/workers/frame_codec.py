@@ -9,6 +9,7 @@ each an msgpack ExtType:
     ENUM        one of ``MESSAGE_ENUMS``, by name, with its value
     NDARRAY     a numeric numpy array: dtype, shape, raw bytes (decoded without a copy, read-only)
     NUMPY_SCALAR  a numeric numpy scalar (np.float32 ...): dtype, raw bytes
+    BIG_INT     an int beyond 64 bits (a W3C trace id has 128), as signed big-endian bytes
 
 Decoding builds only what ``REGISTRY`` names: a class name read from the wire
 is looked up there, never imported, so a frame can make nothing but these
@@ -40,7 +41,7 @@ from router.request import InferenceResult, Priority, Route
 from router.segments import ImageContent
 from router.tracing import SpanIds
 
-TUPLE, DATACLASS, ENUM, NDARRAY, NUMPY_SCALAR = 1, 2, 3, 4, 5
+TUPLE, DATACLASS, ENUM, NDARRAY, NUMPY_SCALAR, BIG_INT = 1, 2, 3, 4, 5, 6
 NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: raw bytes say all of them
 
 MESSAGE_DATACLASSES: tuple[type, ...] = (
@@ -82,6 +83,8 @@ def _to_extension(value: object) -> msgpack.ExtType:
     cls = type(value)
     if cls is tuple:
         return msgpack.ExtType(TUPLE, encode(list(value)))  # type: ignore[arg-type]
+    if cls is int:  # msgpack packs the others itself
+        return msgpack.ExtType(BIG_INT, value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True))
     if isinstance(value, np.ndarray):
         return msgpack.ExtType(NDARRAY, _array_bytes(value))
     if isinstance(value, np.generic):
@@ -105,6 +108,8 @@ def _array_bytes(array: np.ndarray) -> bytes:
 def _from_extension(code: int, data: bytes) -> object:
     if code == TUPLE:
         return tuple(decode(data))
+    if code == BIG_INT:
+        return int.from_bytes(data, "big", signed=True)
     if code in (NDARRAY, NUMPY_SCALAR):
         array = _array_from(data)
         return array if code == NDARRAY else array[()]

@@ -1,0 +1,196 @@
+"""The control frames' codec: every message the engine and API processes exchange round-trips, nothing else does."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import pickle
+import socket
+
+import msgpack
+import numpy as np
+import pytest
+import torch
+
+from cache.keys import Modality, SegmentKey, encoded_image_key
+from models.tokenizer import TokenizedText
+from router.intake import IntakeItem, IntakeOutcome
+from router.item_facts import ItemFacts
+from router.joint_budget import JointTokens
+from router.request import InferenceResult, Priority, Route
+from router.segments import ImageContent
+from router.tracing import SpanIds
+from server.workers import frame_codec
+from server.workers.frame_codec import DATACLASS, ENUM, NDARRAY, FrameDecodeError, decode, encode
+from server.workers.frames import encode_frame, read_frame, read_frame_blocking
+
+
+def _items() -> list[IntakeItem]:
+    return [
+        IntakeItem("r-1", text="a red bicycle", priority=Priority.HIGH, timeout_ms=250, truncate=True,
+                   trace=SpanIds(2**127 + 5, 2**63 + 7), protocol="openai"),
+        IntakeItem("r-2", images=(ImageContent(encoded=b"\xff\xd8\xff\xe0jpeg"),
+                                  ImageContent(pixels=bytes(range(12)), shape=(2, 2, 3))),
+                   priority=Priority.LOW, use_cache=False, images_as_list=True),
+    ]
+
+
+def _outcomes() -> list[IntakeOutcome]:
+    text_facts = ItemFacts("native", "normal", num_text_tokens=5, is_text_truncated=False, num_joint_tokens=5)
+    image_facts = ItemFacts("kserve_v2", "low", image_encodings=("jpeg", "raw"), image_pixels=(640 * 480, None),
+                            image_bytes=(1234, 12), raw_shapes=((2, 2, 3),), num_images=2, image_encoding="mixed",
+                            largest_image_pixels=640 * 480, num_joint_tokens=392)
+    text = IntakeOutcome(
+        InferenceResult(Route.TEXT, text_embedding=np.linspace(-1, 1, 32, dtype=np.float32), score=np.float32(0.25),
+                        batch_size=3, stage_ns={"text": 120_000, "queue": 5_000}),
+        TokenizedText((49406, 320, 736, 11652, 49407), False, 5), plan=None,  # type: ignore[arg-type]
+        decode_ns=40_000, joint=JointTokens(0, 196, 5, 512), decode_started_ns=10**15, facts=text_facts,
+        cache={"text": "miss"})
+    images = IntakeOutcome(
+        InferenceResult(Route.VISION, image_embeddings=(np.ones(16, np.float32), np.zeros(16, np.float32)),
+                        fused_embedding=np.arange(8, dtype=np.float64), match_score=0.5),
+        None, plan=None, decode_ns=2_000_000, facts=image_facts,  # type: ignore[arg-type]
+        cache={"images": ["hit", "bypass"]})
+    return [text, images]
+
+
+def _same(left: object, right: object) -> bool:
+    """Equal, arrays compared by dtype, shape and values (dataclass ``==`` cannot compare arrays)."""
+    if isinstance(left, np.ndarray):
+        return (isinstance(right, np.ndarray) and left.dtype == right.dtype and left.shape == right.shape
+                and np.array_equal(left, right))
+    if isinstance(left, np.generic):
+        return type(left) is type(right) and left == right
+    if dataclasses.is_dataclass(left):
+        return type(left) is type(right) and all(
+            _same(getattr(left, f.name), getattr(right, f.name)) for f in dataclasses.fields(left))
+    if isinstance(left, (list, tuple)):
+        return type(left) is type(right) and len(left) == len(right) and all(map(_same, left, right))
+    if isinstance(left, dict):
+        return type(right) is dict and left.keys() == right.keys() and all(_same(left[k], right[k]) for k in left)
+    return type(left) is type(right) and left == right
+
+
+KEY = encoded_image_key("fingerprint", "size=224", b"\xff\xd8jpeg")
+ERROR = (422, "text_too_long", "text has 80 tokens; the limit is 77", "text", None)
+
+MESSAGES = {
+    # API process -> engine
+    "peek": ("peek", 1, [KEY, None, SegmentKey(Modality.TEXT, b"\x01" * 32)]),
+    "run": ("run", 2, _items(), 1_234_567_890_123, "psm_mmserve_1", [[], [3, None]]),
+    "cancel": ("cancel", 2),
+    "status": ("status", 3),
+    "clear_cache": ("clear_cache", 0),
+    "metrics": ("metrics", 0),
+    "describe": ("describe", 4),
+    "http": ("http", 5, "POST", "/v1/classify?top_k=2", [("content-type", "application/json"), ("x-api-key", "k")],
+             b'{"labels": ["a cat"]}', ("127.0.0.1", 51234)),
+    # engine -> API process
+    "ok_peek": ("ok", 1, [True, False, False]),
+    "ok_run": ("ok", 2, _outcomes()),
+    "error_row": ("error", 2, 1, ERROR),
+    "error_call": ("error", 2, None, (503, "shutting_down", "the server is draining", None, 1.0)),
+    "cancelled": ("cancelled", 2),
+    "ok_status": ("ok", 3, (True, True, False)),
+    "ok_clear_cache": ("ok", 0, 17),
+    "ok_metrics": ("ok", 0, ("# HELP mmserve_requests_total ...\nmmserve_requests_total 3.0\n",
+                             {"window_s": 60.0, "series": [{"route": "text", "stage": "total",
+                                                            "window": {"count": 2, "centroids": [[1.5, 1.0]]}}]})),
+    "ok_http": ("ok", 5, (200, [("content-type", "application/json"), ("x-request-id", "abc")], b'{"top": []}')),
+    "ok_describe": ("ok", 4, ({"name": "tiny", "fingerprint": "ab12", "embed_dim": 32, "normalize": True,
+                               "mean": (0.5, 0.5, 0.5), "score": None}, "ab12", "size=224;resize=256")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MESSAGES))
+def test_every_message_kind_round_trips_with_its_types(kind):
+    message = MESSAGES[kind]
+    decoded = decode(encode(message))
+    assert _same(message, decoded), (message, decoded)
+
+
+def test_a_frame_round_trips_through_a_socket_and_an_asyncio_stream():
+    message = MESSAGES["ok_run"]
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(encode_frame(message))
+        assert _same(message, read_frame_blocking(right))
+
+    async def read_async() -> tuple:
+        reader = asyncio.StreamReader()
+        reader.feed_data(encode_frame(MESSAGES["run"]) + encode_frame(MESSAGES["cancel"]))
+        reader.feed_eof()
+        return await read_frame(reader), await read_frame(reader)
+
+    run, cancel = asyncio.run(read_async())
+    assert _same(MESSAGES["run"], run) and cancel == ("cancel", 2)
+
+
+def test_types_survive_exactly():
+    item, = decode(encode([_items()[0]]))
+    assert type(item.priority) is Priority and item.priority is Priority.HIGH  # not the plain string "high"
+    outcome = decode(encode(_outcomes()[0]))
+    assert type(outcome.result.route) is Route
+    assert outcome.joint.total == 5  # computed again by the receiver (not an init field)
+    assert type(outcome.result.score) is np.float32
+    assert decode(encode([2**127 + 5, -(2**100), 2**64 - 1, -(2**63)])) == [2**127 + 5, -(2**100), 2**64 - 1, -(2**63)]
+    assert isinstance(decode(encode((1, 2))), tuple) and isinstance(decode(encode([1, 2])), list)
+    embedding = outcome.result.text_embedding
+    assert embedding.dtype == np.float32 and not embedding.flags.writeable  # a view of the frame's bytes
+
+
+def test_a_non_contiguous_array_arrives_with_its_values():
+    array = np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2]
+    assert np.array_equal(decode(encode(array)), array)
+
+
+class _Unregistered:
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class _UnregisteredDataclass:
+    value: int
+
+
+@pytest.mark.parametrize("value", [
+    _Unregistered(), _UnregisteredDataclass(1), {1, 2}, ValueError("no"), torch.zeros(3),
+    np.array(["text"], dtype=object), np.zeros(2, dtype=[("a", "i4")]), frozenset({1}),
+])
+def test_an_unregistered_type_refuses_to_encode(value):
+    with pytest.raises(TypeError):
+        encode(("ok", 1, value))
+
+
+def test_an_unknown_extension_or_type_name_refuses_to_decode():
+    with pytest.raises(FrameDecodeError, match="unknown extension type 42"):
+        decode(msgpack.packb(msgpack.ExtType(42, b"")))
+    for code, name in ((DATACLASS, "os.system"), (ENUM, "subprocess.Popen"), (DATACLASS, "builtins.eval")):
+        payload = msgpack.packb(msgpack.ExtType(code, msgpack.packb([name, {}])))
+        with pytest.raises(FrameDecodeError, match="unknown type"):
+            decode(payload)
+    header = msgpack.packb(["|O", [1]])
+    object_array = msgpack.packb(msgpack.ExtType(NDARRAY, frame_codec._HEADER_LENGTH.pack(len(header)) + header
+                                                 + bytes(8)))
+    with pytest.raises(FrameDecodeError, match="dtype object"):
+        decode(object_array)
+    with pytest.raises(FrameDecodeError):
+        decode(pickle.dumps(("ok", 1, [1.5])))  # the old payload is not a frame
+
+
+def test_a_dataclass_with_other_fields_than_the_receivers_fails_loudly():
+    name = "router.tracing.SpanIds"
+    with pytest.raises(FrameDecodeError, match="fields"):
+        decode(msgpack.packb(msgpack.ExtType(DATACLASS, msgpack.packb([name, {"trace_id": 1, "span_id": 2,
+                                                                                  "parent_id": 3}]))))
+    with pytest.raises(FrameDecodeError, match="fields"):
+        decode(msgpack.packb(msgpack.ExtType(DATACLASS, msgpack.packb([name, {"trace_id": 1}]))))
+    with pytest.raises(FrameDecodeError, match="is not a dataclass"):  # an enum's name in a dataclass's tag
+        decode(msgpack.packb(msgpack.ExtType(DATACLASS, msgpack.packb(["router.request.Priority", {}]))))
+
+
+def test_an_array_whose_bytes_do_not_match_its_shape_is_refused():
+    data = frame_codec._array_bytes(np.zeros(4, np.float32))
+    assert decode(msgpack.packb(msgpack.ExtType(NDARRAY, data))).shape == (4,)
+    with pytest.raises(FrameDecodeError, match="with 12 bytes"):
+        decode(msgpack.packb(msgpack.ExtType(NDARRAY, data[:-4])))
