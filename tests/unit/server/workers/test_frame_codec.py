@@ -21,7 +21,7 @@ from router.request import InferenceResult, Priority, Route
 from router.segments import ImageContent
 from router.tracing import SpanIds
 from server.workers import frame_codec
-from server.workers.frame_codec import DATACLASS, ENUM, NDARRAY, FrameDecodeError, decode, encode
+from server.workers.frame_codec import DATACLASS, ENUM, NDARRAY, TUPLE, FrameDecodeError, decode, encode
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 
 
@@ -162,31 +162,41 @@ def test_an_unregistered_type_refuses_to_encode(value):
         encode(("ok", 1, value))
 
 
+def _tagged(code: int, name: str, content: object) -> bytes:
+    return msgpack.packb([msgpack.ExtType(code, name.encode()), content])
+
+
 def test_an_unknown_extension_or_type_name_refuses_to_decode():
     with pytest.raises(FrameDecodeError, match="unknown extension type 42"):
         decode(msgpack.packb(msgpack.ExtType(42, b"")))
     for code, name in ((DATACLASS, "os.system"), (ENUM, "subprocess.Popen"), (DATACLASS, "builtins.eval")):
-        payload = msgpack.packb(msgpack.ExtType(code, msgpack.packb([name, {}])))
         with pytest.raises(FrameDecodeError, match="unknown type"):
-            decode(payload)
-    header = msgpack.packb(["|O", [1]])
-    object_array = msgpack.packb(msgpack.ExtType(NDARRAY, frame_codec._HEADER_LENGTH.pack(len(header)) + header
-                                                 + bytes(8)))
+            decode(_tagged(code, name, {}))
+    object_array = msgpack.packb(msgpack.ExtType(NDARRAY, b"\x02|O\x01" + (1).to_bytes(8, "big") + bytes(8)))
     with pytest.raises(FrameDecodeError, match="dtype object"):
         decode(object_array)
     with pytest.raises(FrameDecodeError):
         decode(pickle.dumps(("ok", 1, [1.5])))  # the old payload is not a frame
 
 
+def test_a_tag_anywhere_but_at_the_head_of_an_array_is_refused():
+    tag = msgpack.ExtType(TUPLE, b"")
+    for payload in ([1, tag], {"a": tag}, tag, [1, [msgpack.ExtType(DATACLASS, b"router.tracing.SpanIds")]]):
+        with pytest.raises(FrameDecodeError, match="tag|parts"):
+            decode(msgpack.packb(payload))
+
+
 def test_a_dataclass_with_other_fields_than_the_receivers_fails_loudly():
     name = "router.tracing.SpanIds"
+    assert decode(_tagged(DATACLASS, name, {"trace_id": 1, "span_id": 2})) == SpanIds(1, 2)
     with pytest.raises(FrameDecodeError, match="fields"):
-        decode(msgpack.packb(msgpack.ExtType(DATACLASS, msgpack.packb([name, {"trace_id": 1, "span_id": 2,
-                                                                                  "parent_id": 3}]))))
+        decode(_tagged(DATACLASS, name, {"trace_id": 1, "span_id": 2, "parent_id": 3}))  # a field added there
     with pytest.raises(FrameDecodeError, match="fields"):
-        decode(msgpack.packb(msgpack.ExtType(DATACLASS, msgpack.packb([name, {"trace_id": 1}]))))
+        decode(_tagged(DATACLASS, name, {"trace_id": 1}))  # a field added here: no silent default
     with pytest.raises(FrameDecodeError, match="is not a dataclass"):  # an enum's name in a dataclass's tag
-        decode(msgpack.packb(msgpack.ExtType(DATACLASS, msgpack.packb(["router.request.Priority", {}]))))
+        decode(_tagged(DATACLASS, "router.request.Priority", {}))
+    with pytest.raises(FrameDecodeError, match="not a valid Priority|malformed"):
+        decode(_tagged(ENUM, "router.request.Priority", "urgent"))
 
 
 def test_an_array_whose_bytes_do_not_match_its_shape_is_refused():
