@@ -13,7 +13,7 @@ each tagged with an msgpack ExtType:
 
 A container is an array led by its tag, so one packer and one unpacker do the
 whole message in one pass (``list_hook`` builds each container from its
-array; nested packers cost 5x more); a tag anywhere but at the head of an
+array), with no packer per container; a tag anywhere but at the head of an
 array is refused.
 
 Decoding builds only what ``REGISTRY`` names: a class name read from the wire
