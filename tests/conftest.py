@@ -172,6 +172,25 @@ def find_prometheus_binary(name: str) -> str:
     pytest.skip(message)
 
 
+WRK_INSTALL_HINT = "apt-get update && apt-get install -y wrk"
+REQUIRE_WRK_ENV = "MMSERVE_REQUIRE_WRK"
+
+
+def find_wrk_binary() -> str:
+    """The path of ``wrk`` (the C load generator the benchmarks drive), or skip with the install hint.
+
+    As with Prometheus: ``.ci/run`` installs it and sets ``MMSERVE_REQUIRE_WRK=1``,
+    so in CI a missing ``wrk`` fails the test instead of skipping it.
+    """
+    path = shutil.which("wrk")
+    if path is not None:
+        return path
+    message = f"wrk is not on PATH; install it with `{WRK_INSTALL_HINT}`"
+    if os.environ.get(REQUIRE_WRK_ENV) == "1":
+        pytest.fail(f"{message} ({REQUIRE_WRK_ENV}=1 requires it)")
+    pytest.skip(message)
+
+
 @pytest.fixture
 def prometheus_binary() -> Callable[[str], str]:
     """``prometheus_binary("promtool")``: the binary's path, or skip (fail in CI) when it is missing."""

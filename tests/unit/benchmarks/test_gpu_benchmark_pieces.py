@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from benchmarks.gpu.served import (
-    WrkResult, find_wrk, kserve_uint8_body, metric_sum, metric_value, parse_wrk, post_image_embeddings, run_wrk,
+    WrkResult, kserve_uint8_body, metric_sum, metric_value, parse_wrk, post_image_embeddings, run_wrk,
     scrape, start_server,
 )
 from benchmarks.gpu.siglip_large import jpeg_bytes, random_images
 from benchmarks.random_pretrained import write_siglip
 from server.protocols.kserve_v2_codec import decode_infer_request
+from tests.conftest import find_wrk_binary
 
 
 def test_the_uint8_body_is_a_request_the_server_decodes_to_the_same_pixels():
@@ -54,13 +55,13 @@ def test_images_are_distinct_and_jpegs_decode():
     assert all(data[:3] == b"\xff\xd8\xff" for data in jpeg_bytes(images))
 
 
-@pytest.mark.skipif(find_wrk() is None, reason="wrk is not installed")
 def test_the_served_path_runs_end_to_end_on_a_tiny_model(tmp_path):
+    wrk = find_wrk_binary()
     model_dir = write_siglip(tmp_path / "tiny-siglip")
     server = start_server(model_dir, {"MMSERVE_VISION_MAX_BATCH_SIZE": "4"}, ready_timeout_s=120, device="cpu")
     try:
         body = kserve_uint8_body(random_images(2, 32, seed=3))
-        result = run_wrk(find_wrk(), server.url, str(model_dir), body, connections=2, duration_s=2, threads=1)
+        result = run_wrk(wrk, server.url, str(model_dir), body, connections=2, duration_s=2, threads=1)
         exposition = scrape(server.url)
     finally:
         server.stop()
