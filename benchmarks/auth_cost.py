@@ -2,7 +2,8 @@
 
     python benchmarks/auth_cost.py [--seconds 10] [--rounds 4] [--connections 16]
 
-Two ``mmserve serve`` processes on loopback, both the synthetic preset with
+Two ``mmserve serve`` processes on loopback, started and paused by ``benchmarks.harness``,
+both the synthetic preset with
 zero stage times (so the request path, not a model, takes the CPU):
 
     A  no keys, no rate limit
@@ -13,7 +14,7 @@ zero stage times (so the request path, not a model, takes the CPU):
 wrk (a C load generator; a Lua script posts the JSON bodies and, for B, the
 bearer key) drives one server at a time while the other is paused (SIGSTOP),
 in A-B-B-A order so drift of the machine's speed falls on both alike. Each
-run's CPU is the server process's utime + stime from /proc over the run,
+run's CPU is the server's process group's utime + stime from /proc over the run,
 divided by the requests wrk completed. The cost is the mean over rounds of
 B's CPU per request minus A's; the target is at most 30 us.
 """
@@ -26,18 +27,17 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.harness.server_commands import mmserve_command
+from benchmarks.harness.server_process import paused_servers, resumed
 
 TARGET_US = 30.0
 KEY = "auth-cost-inference-key-7f3e"
@@ -97,51 +97,6 @@ def cost_us(runs: Sequence[Run]) -> tuple[float, float]:
     return statistics.fmean(differences), spread
 
 
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a process and its threads, from /proc/PID/stat."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@contextmanager
-def _server(env: dict[str, str], ready_timeout_s: float = 300.0) -> Iterator[tuple[subprocess.Popen, str]]:
-    port = _free_port()
-    process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--preset", "synthetic",
-                                "--device", "cpu", "--port", str(port)],
-                               env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", "MMSERVE_SYNTHETIC_TEXT_MS": "0",
-                                    "MMSERVE_SYNTHETIC_VISION_MS": "0", **env},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the server exited with {process.returncode} during start-up")
-            try:
-                with urllib.request.urlopen(f"{url}/health/ready", timeout=2) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("the server did not become ready")
-            time.sleep(0.2)
-        yield process, url
-    finally:
-        process.send_signal(signal.SIGCONT)
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
 def _wrk(url: str, script: Path, key: str, seconds: float, connections: int) -> tuple[int, int]:
     done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script), url],
                           capture_output=True, text=True, env={**os.environ, "AUTH_COST_KEY": key},
@@ -160,26 +115,23 @@ def measure(seconds: float, num_rounds: int, connections: int) -> list[Run]:
         script.write_text(_LUA)
         key_file = Path(tmp) / "keys"
         key_file.write_text(f"sha256:{hashlib.sha256(KEY.encode()).hexdigest()}\n")
-        servers = {
-            "A": stack.enter_context(_server({})),
-            "B": stack.enter_context(_server({"MMSERVE_API_KEY_FILE": str(key_file),
-                                              "MMSERVE_ADMIN_API_KEYS": ADMIN_KEY,
-                                              "MMSERVE_RATE_LIMIT": "1000000/s"})),
+        zero_stage_times = {"SYNTHETIC_TEXT_MS": "0", "SYNTHETIC_VISION_MS": "0"}
+        commands = {
+            "A": mmserve_command("synthetic", zero_stage_times),
+            "B": mmserve_command("synthetic", {**zero_stage_times, "API_KEY_FILE": str(key_file),
+                                               "ADMIN_API_KEYS": ADMIN_KEY, "RATE_LIMIT": "1000000/s"}),
         }
+        servers = stack.enter_context(paused_servers(commands))
         keys = {"A": "", "B": KEY}
-        for name in servers:  # warm both up once, unmeasured
-            _wrk(servers[name][1], script, keys[name], 1, connections)
+        for name, server in servers.items():  # warm both up once, unmeasured
+            with resumed(server):
+                _wrk(server.url, script, keys[name], 1, connections)
         for order in alternated_order(num_rounds):
             for name in order:
-                process, url = servers[name]
-                other = servers["B" if name == "A" else "A"][0]
-                other.send_signal(signal.SIGSTOP)
-                try:
-                    cpu_before = process_cpu_s(process.pid)
-                    num_requests, num_failed = _wrk(url, script, keys[name], seconds, connections)
-                    runs.append(Run(name, num_requests, num_failed, process_cpu_s(process.pid) - cpu_before))
-                finally:
-                    other.send_signal(signal.SIGCONT)
+                with resumed(servers[name]) as server:  # the other stays paused (SIGSTOP)
+                    cpu_before = server.cpu_s()
+                    num_requests, num_failed = _wrk(server.url, script, keys[name], seconds, connections)
+                    runs.append(Run(name, num_requests, num_failed, server.cpu_s() - cpu_before))
     return runs
 
 
