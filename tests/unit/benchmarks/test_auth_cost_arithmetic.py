@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from benchmarks.auth_cost import Run, alternated_order, cost_us, parse_wrk
