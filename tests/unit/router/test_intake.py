@@ -12,18 +12,16 @@ import asyncio
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor
 
 import numpy as np
 import pytest
 
-from cache import SegmentCache
 from models.errors import TextTooLongError
 from router.errors import DeadlineExceededError, IntakeItemError, ItemFailedError, ShuttingDownError
 from router.faults import FaultInjector
 from router.intake import INLINE_TEXT_MAX_CHARS, IntakeItem, IntakeTools, RequestIntake
-from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from router.segments import ImageContent, SlotStatus
@@ -63,31 +61,6 @@ class NoPool(Executor):
 
     def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - Executor's signature
         raise AssertionError("a short text went to the pool")
-
-
-@pytest.fixture
-def make_router(tiny_bundle) -> Iterator[Callable[[], Router]]:
-    routers: list[Router] = []
-
-    def make() -> Router:
-        lanes = {route: LaneSettings(max_batch_size=2, max_queue_delay_ns=1_000_000, preferred_batch_sizes=(1, 2))
-                 for route in Route}
-        router = Router(tiny_bundle, lanes, cache=SegmentCache(1 << 24, 1 << 24))
-        router.start()
-        for executor in router.executors:
-            assert executor.worker.ready.wait(120), "the router did not warm up"
-        routers.append(router)
-        return router
-
-    yield make
-    for router in routers:
-        asyncio.run(router.drain(5.0))
-
-
-@pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(4) as executor:
-        yield executor
 
 
 def _item(name: str, *, text: str | None = None, image: bytes | None = None, **options: object) -> IntakeItem:

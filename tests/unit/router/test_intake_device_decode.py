@@ -13,7 +13,7 @@ import asyncio
 import io
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -21,12 +21,9 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from cache import SegmentCache
 from models.jpeg_decode import DeviceJpegDecoder
 from router.errors import ImageItemError, IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
-from router.lanes import LaneSettings
-from router.request import Route
 from router.router import Router
 from router.segments import ImageContent
 
@@ -86,31 +83,6 @@ def _item(name: str, *images: bytes, text: str | None = None, as_list: bool = Fa
                       images_as_list=as_list)
 
 
-@pytest.fixture
-def make_router(tiny_bundle) -> Iterator[Callable[[], Router]]:
-    routers: list[Router] = []
-
-    def make() -> Router:
-        lanes = {route: LaneSettings(max_batch_size=4, max_queue_delay_ns=1_000_000, preferred_batch_sizes=(1, 2, 4))
-                 for route in Route}
-        router = Router(tiny_bundle, lanes, cache=SegmentCache(1 << 24, 1 << 24))
-        router.start()
-        for executor in router.executors:
-            assert executor.worker.ready.wait(120), "the router did not warm up"
-        routers.append(router)
-        return router
-
-    yield make
-    for router in routers:
-        asyncio.run(router.drain(5.0))
-
-
-@pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
-    with ThreadPoolExecutor(4) as executor:
-        yield executor
-
-
 def _intakes(router: Router, pool: ThreadPoolExecutor) -> tuple[RequestIntake, CountingDeviceDecoder, PillowDecoder]:
     tools = IntakeTools.of(router.bundle, router.budget)
     device = CountingDeviceDecoder(torch.device("cpu"), tools.preprocess, max_pixels=1 << 20)
@@ -120,6 +92,12 @@ def _intakes(router: Router, pool: ThreadPoolExecutor) -> tuple[RequestIntake, C
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture
+def intake_max_batch_size() -> int:
+    """Batches of four, so a call's JPEGs can share one vision batch."""
+    return 4
 
 
 def test_one_call_sends_its_jpegs_to_the_device_in_one_batch_and_the_rest_to_the_cpu(make_router, pool):
