@@ -38,22 +38,15 @@ collection run elsewhere for objects tracing made, or GIL hand-offs.
 from __future__ import annotations
 
 import argparse
-import collections
 import dataclasses
 import platform
-import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 
-from benchmarks.loadgen.config import RunMode
 from benchmarks.harness import run_report, utc_now
+from benchmarks.harness.sampled_stacks import Frame, Share, record_stacks, share_of
+from benchmarks.loadgen.config import RunMode
 from benchmarks.tracing_setup import PLANS, PresetPlan, bench_config, otlp_sink, start_server
 from models.loading.repository import build_preset
 
@@ -61,68 +54,19 @@ CONFIGS = ("off", "0%", "1%", "100%")
 TRACING_FILES = ("server/http/tracing.py", "server/http/traced_answer.py", "server/http/tail_sampling.py",
                  "server/http/trace_attributes.py", "router/tracing.py")
 TRACING_FUNCTIONS = (("router/worker.py", "_with_batch_trace"),)
-_FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*?)(?::\d+)?\)$")
-_CHECKOUT = Path(__file__).resolve().parents[1].as_posix() + "/"
 _LOAD_LEAD_S = 1.0  # the closed loop runs this long before sampling starts, and after it ends
 
 
-@dataclass(frozen=True)
-class Frame:
-    function: str
-    file: str
-
-    @property
-    def is_tracing(self) -> bool:
-        path = self.file.replace("\\", "/")
-        return ("opentelemetry/" in path or path.endswith(TRACING_FILES)
-                or any(path.endswith(file) and self.function == function for file, function in TRACING_FUNCTIONS))
-
-    def __str__(self) -> str:
-        """The function and its file, relative to the checkout or to site-packages."""
-        path = self.file.replace("\\", "/").split("site-packages/", 1)[-1]
-        return f"{self.function} ({path.removeprefix(_CHECKOUT)})"
-
-
-def parse_raw(lines: Iterable[str]) -> list[tuple[tuple[Frame, ...], int]]:
-    """py-spy's ``--format raw`` (collapsed stacks): ``frame;frame;... count``, root first."""
-    stacks = []
-    for line in lines:
-        line = line.rstrip("\n")
-        if not line:
-            continue
-        stack, _, count = line.rpartition(" ")
-        frames = []
-        for text in stack.split(";"):
-            match = _FRAME.match(text)
-            frames.append(Frame(match["function"], match["file"]) if match else Frame(text, ""))
-        stacks.append((tuple(frames), int(count)))
-    return stacks
-
-
-@dataclass(frozen=True)
-class Share:
-    """How many samples were taken, how many were tracing's, and which tracing frames held them."""
-
-    num_samples: int
-    num_tracing: int
-    top_frames: tuple[tuple[str, int], ...]  # the outermost tracing frame of each tracing sample, most first
-
-    @property
-    def fraction(self) -> float:
-        return self.num_tracing / self.num_samples if self.num_samples else float("nan")
+def is_tracing(frame: Frame) -> bool:
+    """mmserve's tracing modules, the batch record step, or any OpenTelemetry frame."""
+    path = frame.path
+    return ("opentelemetry/" in path or path.endswith(TRACING_FILES)
+            or any(path.endswith(file) and frame.function == function for file, function in TRACING_FUNCTIONS))
 
 
 def tracing_share(stacks: Sequence[tuple[tuple[Frame, ...], int]], num_top: int = 4) -> Share:
     """A sample is tracing's if any frame is; it is filed under its outermost tracing frame."""
-    num_samples = num_tracing = 0
-    by_frame: collections.Counter[str] = collections.Counter()
-    for frames, count in stacks:
-        num_samples += count
-        outermost = next((frame for frame in frames if frame.is_tracing), None)
-        if outermost is not None:
-            num_tracing += count
-            by_frame[str(outermost)] += count
-    return Share(num_samples, num_tracing, tuple(by_frame.most_common(num_top)))
+    return share_of(stacks, is_tracing, num_top)
 
 
 def profile_once(config: str, plan: PresetPlan, image_px: int, sink_url: str, seconds: float, rate_hz: int,
@@ -136,28 +80,11 @@ def profile_once(config: str, plan: PresetPlan, image_px: int, sink_url: str, se
         load = threading.Thread(target=lambda: run_report(load_config), daemon=True)
         load.start()
         time.sleep(_LOAD_LEAD_S)
-        with tempfile.NamedTemporaryFile("r", suffix=".txt") as raw:
-            sampled = subprocess.run(
-                [py_spy(), "record", "--pid", str(server.pid), "--rate", str(rate_hz), "--duration",
-                 str(int(seconds)), "--format", "raw", "--full-filenames", "--nonblocking", "--output", raw.name,
-                 *(["--gil"] if is_gil_only else [])],
-                capture_output=True, text=True)
-            if sampled.returncode != 0:
-                raise RuntimeError(f"py-spy failed ({sampled.returncode}); it needs ptrace rights over the "
-                                   f"server (root, or kernel.yama.ptrace_scope=0):\n{sampled.stderr[-2000:]}")
-            stacks = parse_raw(raw)
+        stacks = record_stacks(server.pid, seconds, rate_hz, is_gil_only)
         load.join()
         return tracing_share(stacks)
     finally:
         server.stop()
-
-
-def py_spy() -> str:
-    """py-spy on PATH, or beside this interpreter (a venv's bin that is not on PATH)."""
-    found = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
-    if found is None:
-        raise SystemExit("py-spy is not installed: pip install 'mmserve[bench]'")
-    return found
 
 
 def main() -> None:
@@ -181,7 +108,7 @@ def main() -> None:
             for config in args.configs:
                 share = profile_once(config, plan, image_px, sink_url, args.seconds, args.rate, args.gil)
                 frames = ", ".join(f"{frame} {count / share.num_samples:.1%}" for frame, count in share.top_frames)
-                print(f"{name:>10} {config:>8} {share.num_samples:>9} {share.num_tracing:>9} {share.fraction:>8.2%}  "
+                print(f"{name:>10} {config:>8} {share.num_samples:>9} {share.num_matching:>9} {share.fraction:>8.2%}  "
                       f"{frames or '-'}", flush=True)
 
 

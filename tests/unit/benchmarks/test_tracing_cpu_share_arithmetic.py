@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import benchmarks
-from benchmarks.tracing_cpu_share import parse_raw, tracing_share
+from benchmarks.harness.sampled_stacks import parse_raw
+from benchmarks.tracing_cpu_share import is_tracing, tracing_share
 
 CHECKOUT = Path(benchmarks.__file__).resolve().parents[1].as_posix()
 
@@ -27,7 +28,7 @@ def test_a_sample_is_tracings_if_any_frame_is_and_is_filed_under_the_outermost()
         "infer (/src/mmserve/server/routes/infer.py:170);dumps (/src/mmserve/server/http/json_body.py:12) 9\n",
     ]
     share = tracing_share(parse_raw(line.replace("/src/mmserve", CHECKOUT) for line in raw))
-    assert (share.num_samples, share.num_tracing) == (100, 11)
+    assert (share.num_samples, share.num_matching) == (100, 11)
     assert share.fraction == pytest.approx(0.11)
     assert dict(share.top_frames) == {
         "answer_traced (server/http/traced_answer.py)": 6,
@@ -38,4 +39,4 @@ def test_a_sample_is_tracings_if_any_frame_is_and_is_filed_under_the_outermost()
 
 def test_a_frame_without_a_file_is_kept_and_is_not_tracings():
     [(frames, count)] = parse_raw(["<native> 4"])
-    assert count == 4 and not frames[0].is_tracing
+    assert count == 4 and not is_tracing(frames[0])
