@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.harness.server_commands import mmserve_command
+from benchmarks.harness.server_process import ServerCommand
 from benchmarks.harness.server_process import paused_servers, resumed
 
 TARGET_US = 30.0
@@ -97,7 +98,7 @@ def cost_us(runs: Sequence[Run]) -> tuple[float, float]:
     return statistics.fmean(differences), spread
 
 
-def _wrk(url: str, script: Path, key: str, seconds: float, connections: int) -> tuple[int, int]:
+def run_wrk(url: str, script: Path, key: str, seconds: float, connections: int) -> tuple[int, int]:
     done = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script), url],
                           capture_output=True, text=True, env={**os.environ, "AUTH_COST_KEY": key},
                           timeout=seconds + 60)
@@ -106,31 +107,43 @@ def _wrk(url: str, script: Path, key: str, seconds: float, connections: int) -> 
     return parse_wrk(done.stdout)
 
 
-def measure(seconds: float, num_rounds: int, connections: int) -> list[Run]:
+KEYS = {"A": "", "B": KEY}  # the bearer key each server's requests carry
+
+
+def server_commands(directory: Path) -> dict[str, ServerCommand]:
+    """A (no keys, no limit) and B (keys from a ``sha256:`` file, a limit that never refuses); files in ``directory``."""
+    key_file = directory / "keys"
+    key_file.write_text(f"sha256:{hashlib.sha256(KEY.encode()).hexdigest()}\n")
+    zero_stage_times = {"SYNTHETIC_TEXT_MS": "0", "SYNTHETIC_VISION_MS": "0"}
+    return {
+        "A": mmserve_command("synthetic", zero_stage_times),
+        "B": mmserve_command("synthetic", {**zero_stage_times, "API_KEY_FILE": str(key_file),
+                                           "ADMIN_API_KEYS": ADMIN_KEY, "RATE_LIMIT": "1000000/s"}),
+    }
+
+
+def wrk_script(directory: Path) -> Path:
+    """The Lua script that posts the bodies (and B's bearer key, from ``AUTH_COST_KEY``)."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (apt-get install wrk)")
+    script = directory / "post.lua"
+    script.write_text(_LUA)
+    return script
+
+
+def measure(seconds: float, num_rounds: int, connections: int) -> list[Run]:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
-        script = Path(tmp) / "post.lua"
-        script.write_text(_LUA)
-        key_file = Path(tmp) / "keys"
-        key_file.write_text(f"sha256:{hashlib.sha256(KEY.encode()).hexdigest()}\n")
-        zero_stage_times = {"SYNTHETIC_TEXT_MS": "0", "SYNTHETIC_VISION_MS": "0"}
-        commands = {
-            "A": mmserve_command("synthetic", zero_stage_times),
-            "B": mmserve_command("synthetic", {**zero_stage_times, "API_KEY_FILE": str(key_file),
-                                               "ADMIN_API_KEYS": ADMIN_KEY, "RATE_LIMIT": "1000000/s"}),
-        }
-        servers = stack.enter_context(paused_servers(commands))
-        keys = {"A": "", "B": KEY}
+        script = wrk_script(Path(tmp))
+        servers = stack.enter_context(paused_servers(server_commands(Path(tmp))))
         for name, server in servers.items():  # warm both up once, unmeasured
             with resumed(server):
-                _wrk(server.url, script, keys[name], 1, connections)
+                run_wrk(server.url, script, KEYS[name], 1, connections)
         for order in alternated_order(num_rounds):
             for name in order:
                 with resumed(servers[name]) as server:  # the other stays paused (SIGSTOP)
                     cpu_before = server.cpu_s()
-                    num_requests, num_failed = _wrk(server.url, script, keys[name], seconds, connections)
+                    num_requests, num_failed = run_wrk(server.url, script, KEYS[name], seconds, connections)
                     runs.append(Run(name, num_requests, num_failed, server.cpu_s() - cpu_before))
     return runs
 
