@@ -1,6 +1,7 @@
 """Soak: minutes of steady mixed load; does the server leak memory or file descriptors?
 
     python benchmarks/soak.py [--minutes 10] [--rate 0 (= half of the measured capacity)] [--preset tiny]
+                              [--api-workers 1]
 
 Starts ``mmserve serve`` in its own process, measures its capacity with a short
 closed-loop run, then offers an open-loop Poisson load of text, image and fused
@@ -10,7 +11,10 @@ requests (images repeat, so the segment cache fills, evicts and is read) for
 The table gives each resource's first, last, min and max sample and the
 least-squares slope per minute over the run after the first minute (warm-up:
 caches and allocator arenas filling). A leak shows as a slope that does not
-vanish as the run gets longer.
+vanish as the run gets longer. With ``--api-workers N`` the server is a tree of
+processes (supervisor, engine, N API processes) and the table has one row per
+process and resource, each process's own series: a process started again
+during the run would be a row of its own.
 
 The server process, the /proc readings and the load come from
 ``benchmarks.harness``. Linux only (/proc).
@@ -25,35 +29,46 @@ from collections import Counter
 from benchmarks.harness import (
     capacity_rps, latency_ms, mixed_load_config, mmserve_command, ruled, run_samples, running,
 )
-from benchmarks.harness.process_resources import ResourceSampler, slope_per_minute
+from benchmarks.harness.process_resources import ProcessSeries, ProcessTreeSampler, slope_per_minute
 
 SAMPLE_INTERVAL_S = 5.0
 WARM_UP_S = 60.0
 MIX = "text:0.4,vision:0.3,fusion:0.3"
 
 
-def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cache_on: bool = True) -> str:
-    cache_bytes = (8 * 1024**2, 2 * 1024**2) if is_cache_on else (0, 0)
-    settings = {"CACHE_IMAGE_BYTES": str(cache_bytes[0]), "CACHE_TEXT_BYTES": str(cache_bytes[1])}
-    with running(mmserve_command(preset, settings)) as server:
-        rate = rate_rps if rate_rps > 0 else 0.5 * capacity_rps(server.url, mix=MIX)
-        with ResourceSampler(server.pid, interval_s) as sampler:
-            samples = run_samples(mixed_load_config(server.url, mix=MIX, duration_s=minutes * 60, rate_rps=rate,
-                                                    seed=2))
-    steady = [i for i, t in enumerate(sampler.times_s) if t >= min(WARM_UP_S, minutes * 60 / 2)]
-    times = [sampler.times_s[i] for i in steady]
-    rows = [("resource", "first", "last", "min", "max", "slope/min (after warm-up)")]
-    for name, values, scale, unit in (("rss", sampler.rss_bytes, 1024**2, "MiB"), ("open fds", sampler.num_fds, 1, "")):
+def resource_rows(series: ProcessSeries, warm_up_s: float) -> list[tuple[str, ...]]:
+    """RSS and open-fd rows of one process: first, last, min, max and the slope after ``warm_up_s``."""
+    steady = [i for i, t in enumerate(series.times_s) if t >= warm_up_s]
+    times = [series.times_s[i] for i in steady]
+    rows = []
+    for name, values, scale, unit in (("rss", series.rss_bytes, 1024**2, "MiB"), ("open fds", series.num_fds, 1, "")):
         scaled = [value / scale for value in values]
         slope = slope_per_minute(times, [scaled[i] for i in steady])
-        rows.append((name, f"{scaled[0]:.1f}{unit}", f"{scaled[-1]:.1f}{unit}", f"{min(scaled):.1f}{unit}",
-                     f"{max(scaled):.1f}{unit}", f"{slope:+.3f}{unit}"))
+        rows.append((f"{series.label} {series.pid} {name}", f"{scaled[0]:.1f}{unit}", f"{scaled[-1]:.1f}{unit}",
+                     f"{min(scaled):.1f}{unit}", f"{max(scaled):.1f}{unit}", f"{slope:+.3f}{unit}"))
+    return rows
+
+
+def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cache_on: bool = True,
+         num_api_workers: int = 1) -> str:
+    cache_bytes = (8 * 1024**2, 2 * 1024**2) if is_cache_on else (0, 0)
+    settings = {"CACHE_IMAGE_BYTES": str(cache_bytes[0]), "CACHE_TEXT_BYTES": str(cache_bytes[1]),
+                "API_WORKERS": str(num_api_workers)}
+    with running(mmserve_command(preset, settings)) as server:
+        rate = rate_rps if rate_rps > 0 else 0.5 * capacity_rps(server.url, mix=MIX)
+        with ProcessTreeSampler(server.pid, interval_s) as sampler:
+            samples = run_samples(mixed_load_config(server.url, mix=MIX, duration_s=minutes * 60, rate_rps=rate,
+                                                    seed=2))
+    warm_up_s = min(WARM_UP_S, minutes * 60 / 2)
+    rows = [("process, resource", "first", "last", "min", "max", "slope/min (after warm-up)")]
+    for series in sampler.series.values():
+        rows.extend(resource_rows(series, warm_up_s))
     statuses = Counter(sample.outcome for sample in samples)
-    summary = (f"soak: preset {preset}, {minutes:g} min, cache {'8 + 2 MiB' if is_cache_on else 'off'}, "
-               f"open loop {rate:.1f} req/s ({MIX}); "
+    summary = (f"soak: preset {preset}, --api-workers {num_api_workers}, {minutes:g} min, "
+               f"cache {'8 + 2 MiB' if is_cache_on else 'off'}, open loop {rate:.1f} req/s ({MIX}); "
                f"{len(samples)} requests: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}; "
                f"latency p50 {latency_ms(samples, 50):.1f} ms, p99 {latency_ms(samples, 99):.1f} ms; "
-               f"{len(sampler.times_s)} samples every {interval_s:g} s")
+               f"{len(sampler.series)} processes read every {interval_s:g} s")
     return summary + "\n" + ruled(rows)
 
 
@@ -65,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval-s", type=float, default=SAMPLE_INTERVAL_S)
     parser.add_argument("--cache-off", action="store_true",
                         help="turn the segment cache off, to tell a leak from caches filling")
+    parser.add_argument("--api-workers", type=int, default=1, help="mmserve serve --api-workers N (default 1)")
     args = parser.parse_args(argv)
-    print(soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off))
+    print(soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off,
+               num_api_workers=args.api_workers))
     return 0
 
 

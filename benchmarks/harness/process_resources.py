@@ -4,7 +4,10 @@
 ``/proc/<pid>/status``) and the open file descriptors (``/proc/<pid>/fd``)
 every few seconds on a thread of its own; ``slope_per_minute`` is the
 least-squares trend of such a series. A leak shows as a slope that does not
-vanish as a run gets longer. Linux only.
+vanish as a run gets longer. A server of several processes (``--api-workers N``:
+a supervisor, an engine, API processes) is read process by process
+(``ProcessTreeSampler``): a leak in one API process must not hide in a sum,
+and a process started again mid-run is a series of its own. Linux only.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,6 +49,65 @@ class ResourceSampler(PeriodicThread):
         self.times_s.append(time.monotonic() - self._started_s)
         self.rss_bytes.append(rss_bytes(self.pid))
         self.num_fds.append(num_open_fds(self.pid))
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (from ``/proc/<pid>/task/*/children``)."""
+    children: list[int] = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as listed:
+                children.extend(int(child) for child in listed.read().split())
+    except FileNotFoundError:
+        pass
+    return children
+
+
+def process_label(pid: int) -> str:
+    """What the process runs, from its command line: its ``-m`` module's last part, else the program's name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            argv = [part.decode(errors="replace") for part in cmdline.read().split(b"\0") if part]
+    except FileNotFoundError:
+        return "gone"
+    if "-m" in argv[:-1]:
+        return argv[argv.index("-m") + 1].rsplit(".", 1)[-1]
+    return os.path.basename(argv[1] if len(argv) > 1 and argv[0].endswith(("python", "python3")) else argv[0])
+
+
+@dataclass
+class ProcessSeries:
+    """One process's readings: when (seconds from the sampler's start), RSS and open fds."""
+
+    pid: int
+    label: str
+    times_s: list[float] = field(default_factory=list)
+    rss_bytes: list[int] = field(default_factory=list)
+    num_fds: list[int] = field(default_factory=list)
+
+
+class ProcessTreeSampler(PeriodicThread):
+    """Reads RSS and open fds of ``pid`` and each of its children, one series per process, every ``interval_s``."""
+
+    def __init__(self, pid: int, interval_s: float) -> None:
+        super().__init__(interval_s, "process-tree-sampler", is_ticking_at_start=True)
+        self.pid = pid
+        self.series: dict[int, ProcessSeries] = {}
+        self._started_s = time.monotonic()
+
+    def tick(self) -> None:
+        now_s = time.monotonic() - self._started_s
+        for pid in (self.pid, *child_pids(self.pid)):
+            try:
+                rss, fds = rss_bytes(pid), num_open_fds(pid)
+            except (FileNotFoundError, ProcessLookupError, RuntimeError):
+                continue  # exited between the listing and the reading
+            if pid not in self.series:
+                self.series[pid] = ProcessSeries(pid, process_label(pid))
+            readings = self.series[pid]
+            readings.times_s.append(now_s)
+            readings.rss_bytes.append(rss)
+            readings.num_fds.append(fds)
 
 
 def slope_per_minute(times_s: Sequence[float], values: Sequence[float]) -> float:
