@@ -3,7 +3,9 @@
 The supervisor writes the count to a file in the server's run directory
 (written whole, then renamed into place); each API process reads it when
 ``/metrics`` is collected, so the series is the same whichever process
-answers, and 0 from the start.
+answers, and 0 from the start. A single-process server (``--api-workers 1``)
+exports it too, at 0: a dashboard or alert on the series reads the same
+whatever N a deployment runs.
 """
 
 from __future__ import annotations
@@ -33,14 +35,19 @@ def read_restart_count(run_directory: str) -> int:
 
 
 class _RestartCount:
-    def __init__(self, run_directory: str) -> None:
+    def __init__(self, run_directory: str | None) -> None:
         self._run_directory = run_directory
 
     def collect(self) -> Iterator[CounterMetricFamily]:
+        count = read_restart_count(self._run_directory) if self._run_directory is not None else 0
         yield CounterMetricFamily("mmserve_api_worker_restarts",
-                                  "API processes the supervisor started again after they died.",
-                                  value=read_restart_count(self._run_directory))
+                                  "API processes the supervisor started again after they died.", value=count)
 
 
 def register_restart_count(registry: CollectorRegistry, run_directory: str) -> None:
     registry.register(_RestartCount(run_directory))
+
+
+def register_single_process_restarts(registry: CollectorRegistry) -> None:
+    """The series at 0 for a server that is one process (no API process to start again)."""
+    registry.register(_RestartCount(None))
