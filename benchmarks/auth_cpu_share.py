@@ -10,15 +10,20 @@ the question within one process at one time instead, as
 (A: no keys, no limit; B: inference + admin keys from a ``sha256:`` file and
 a rate limit that never refuses), saturated by wrk in turn (A-B, B-A, ...,
 the other paused), while ``py-spy`` samples the server's Python threads.
-A sample is the access layer's when a frame on its stack is in
+A sample is the access layer's when the innermost frame on its stack that
+is not the standard library's is in
 
     server/http/keys.py, access_policy.py, rate_limit.py, audit.py, auth.py
 
+(with the library calls those frames make, hashing and comparing a key among
+them; the key check and the rate limiter are ASGI middlewares, whose
+``__call__`` is on the stack of everything they await, which is not theirs:
+``benchmarks.harness.sampled_stacks.share_held``)
 and that code's CPU per request is its share of the samples times the
 server's CPU per answered request over the same wrk run (``/proc``), so the
 machine's speed at that moment scales both alike. A's row is what the layer
-costs when nothing is configured (its middlewares are not installed, so it
-should be near 0); the cost is B's minus A's, against the 30 us target.
+costs when nothing is configured (the key check's middleware stays
+installed and passes each request through); the cost is B's minus A's, against the 30 us target.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 
 from benchmarks.auth_cost import KEYS, TARGET_US, alternated_order, run_wrk, server_commands, wrk_script
 from benchmarks.harness import machine_line, utc_now
-from benchmarks.harness.sampled_stacks import Frame, Share, record_stacks, share_of
+from benchmarks.harness.sampled_stacks import Frame, Share, record_stacks, share_held
 from benchmarks.harness.server_process import paused_servers, resumed
 from benchmarks.harness.table_layout import align
 
@@ -83,7 +88,7 @@ def sample_once(server, name: str, script: Path, seconds: float, connections: in
     stacks = record_stacks(server.pid, seconds, rate_hz)
     load.join()
     num_requests, num_failed = done["wrk"]
-    return SampledRun(name, num_requests, num_failed, server.cpu_s() - cpu_before, share_of(stacks, is_access_layer))
+    return SampledRun(name, num_requests, num_failed, server.cpu_s() - cpu_before, share_held(stacks, is_access_layer))
 
 
 def main(argv: list[str] | None = None) -> int:

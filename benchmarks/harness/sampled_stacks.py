@@ -8,8 +8,17 @@ server); ``share_of`` counts the samples any of whose frames a predicate
 picks, filed under the outermost such frame:
 
     stacks = record_stacks(server.pid, seconds=10, rate_hz=250)
-    share = share_of(stacks, lambda frame: frame.path.endswith("server/http/auth.py"))
+    share = share_of(stacks, lambda frame: frame.path.endswith("router/tracing.py"))
     share.fraction, share.top_frames
+
+That suits code that is called (a span recorder); code that *wraps* the
+request (an ASGI middleware awaits the rest of the app inside its
+``__call__``) is on the stack of nearly every sample, so ``share_held``
+counts a sample for the code only when the innermost frame on its stack
+that is not the standard library's (this checkout's or an installed
+package's) is the code's: what it runs itself and the standard-library
+calls it makes (hashing, comparing), not the app it awaits (the framework's
+routing and the routes under it).
 
 Without ``is_gil_only`` every Python thread that is not idle is sampled, so
 a share times the server's CPU per request (``cpu_accounting``) is that
@@ -92,6 +101,26 @@ def share_of(stacks: Sequence[tuple[tuple[Frame, ...], int]], is_counted: Callab
         if outermost is not None:
             num_matching += count
             by_frame[str(outermost)] += count
+    return Share(num_samples, num_matching, tuple(by_frame.most_common(num_top)))
+
+
+def innermost_app_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The frame nearest the leaf whose file is this checkout's or an installed package's (not the stdlib's)."""
+    return next((frame for frame in reversed(frames)
+                 if frame.path.startswith(_CHECKOUT) or "site-packages/" in frame.path), None)
+
+
+def share_held(stacks: Sequence[tuple[tuple[Frame, ...], int]], is_counted: Callable[[Frame], bool],
+               num_top: int = 4) -> Share:
+    """A sample counts if the innermost frame that is not the standard library's does; filed under it."""
+    num_samples = num_matching = 0
+    by_frame: collections.Counter[str] = collections.Counter()
+    for frames, count in stacks:
+        num_samples += count
+        own = innermost_app_frame(frames)
+        if own is not None and is_counted(own):
+            num_matching += count
+            by_frame[str(own)] += count
     return Share(num_samples, num_matching, tuple(by_frame.most_common(num_top)))
 
 
