@@ -25,6 +25,10 @@ alone in this process, servers paused.
 What it compares: each server's CPU per answered request (CPU of every
 process of the server, from /proc, over wrk's non-error answers) against the
 floor's, and answers/s, with the targets of ``benchmarks.frontend_measure``.
+For a server of several processes (``--api-workers`` > 1) a second table
+splits its CPU per request by process (supervisor, engine, API processes):
+how much of a request the one engine process does, which bounds the API
+processes one engine can feed.
 The JPEG is synthesised (``benchmarks/photo_like``), not a photograph.
 
 ``wrk`` is Debian's package: ``apt-get install wrk`` (``.ci/run`` does not
@@ -48,13 +52,14 @@ from pathlib import Path
 import httpx
 
 from benchmarks.frontend_measure import (
-    FLOOR, RunResult, pool, run_order, table_rows, workers_speedup,
+    FLOOR, RunResult, pool, process_split_rows, run_order, table_rows, workers_speedup,
 )
 from benchmarks.frontend_wrk import run_wrk, wrk_path
 from benchmarks.harness import (
     CpuMeter, ServerCommand, ServerProcess, ServerStartError, log, machine_line, mmserve_command, num_usable_cpus,
     resumed, start_paused, utc_now,
 )
+from benchmarks.harness.cpu_accounting import cpu_by_process_kind
 from benchmarks.harness.server_process import free_port
 from benchmarks.harness.table_layout import align
 from benchmarks.photo_like import data_uri, photo_like_jpeg
@@ -149,11 +154,14 @@ def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files:
             for name in run_order(names, round_index):
                 server = servers[name]
                 with resumed(server):
+                    split_before = cpu_by_process_kind(server.pid)
                     meter = CpuMeter(server, list(servers.values()))
                     report = run_wrk(server.url, body_files[kind], PATHS[kind], args.seconds, args.connections)
                     spent = meter.stop()
+                    split = cpu_by_process_kind(server.pid)
+                by_process = tuple((process, cpu_s - split_before.get(process, 0.0)) for process, cpu_s in split.items())
                 results.append(RunResult(name, kind, spent.server_s, spent.wall_s, report.num_ok,
-                                         report.num_non_2xx + report.num_socket_errors))
+                                         report.num_non_2xx + report.num_socket_errors, by_process))
                 log(f"{kind} {name}: {report.ok_rps:.0f} answered/s, "
                     f"{1000 * spent.server_s / max(report.num_ok, 1):.3f} CPU ms/req, "
                     f"other CPUs (wrk included) {spent.other_cpus:.2f}")
@@ -205,6 +213,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if decode_ms is not None:
         print(f"the JPEG's base64-decode + decode + resize alone: {decode_ms:.3f} CPU ms")
     print("\n".join(align(table_rows(pooled, decode_ms))))
+    split_rows = process_split_rows(results)
+    if len(split_rows) > 1:
+        print("where the CPU of a server of several processes goes (CPU ms per answered request, cores used):")
+        print("\n".join(align(split_rows)))
     speedup = workers_speedup(pooled, "mmserve w1", "mmserve w2")
     if speedup is not None:
         print(f"text answers/s, --api-workers 2 over 1: {speedup:.2f} (target >= 1.4) on {num_usable_cpus()} CPUs")

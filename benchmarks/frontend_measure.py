@@ -32,10 +32,28 @@ class RunResult:
     wall_s: float
     num_ok: int
     num_failed: int  # non-2xx answers and socket errors
+    cpu_s_by_process: tuple[tuple[str, float], ...] = ()  # (what the process runs, CPU seconds) over the run
 
     @property
     def ok_rps(self) -> float:
         return self.num_ok / self.wall_s if self.wall_s > 0 else 0.0
+
+
+def process_split_rows(runs: Sequence[RunResult]) -> list[list[str]]:
+    """CPU ms per answered request by kind of process, pooled per server and request kind (servers of several)."""
+    rows = [["kind", "server", "process", "CPU ms/req", "cores"]]
+    for server, kind in dict.fromkeys((run.server, run.kind) for run in runs if len(run.cpu_s_by_process) > 1):
+        ours = [run for run in runs if (run.server, run.kind) == (server, kind)]
+        num_ok = max(sum(run.num_ok for run in ours), 1)
+        wall_s = sum(run.wall_s for run in ours)
+        by_process: dict[str, float] = {}
+        for run in ours:
+            for process, cpu_s in run.cpu_s_by_process:
+                by_process[process] = by_process.get(process, 0.0) + cpu_s
+        for process, cpu_s in by_process.items():
+            rows.append([kind, server, process, f"{1000.0 * cpu_s / num_ok:.3f}",
+                         f"{cpu_s / wall_s if wall_s > 0 else 0.0:.2f}"])
+    return rows
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,32 @@ def group_cpu_s(group_id: int) -> float:
     return total_ticks / clock_ticks_per_s
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_process_kind(root_pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``root_pid`` and each child, summed by what they run (``process_label``).
+
+    A server of several processes (``--api-workers N``: ``mmserve``, the
+    supervisor; ``engine_process``; ``api_process`` x N) shows where its
+    CPU goes; two readings' difference is a run's.
+    """
+    from benchmarks.harness.process_resources import child_pids, process_label
+
+    by_kind: dict[str, float] = {}
+    for pid in (root_pid, *child_pids(root_pid)):
+        label = process_label(pid)
+        by_kind[label] = by_kind.get(label, 0.0) + process_cpu_s(pid)
+    return by_kind
+
+
 def machine_busy_s() -> float:
     """CPU seconds the whole machine has been busy (steal included: CPU another guest took)."""
     with open("/proc/stat", encoding="ascii") as stat:

@@ -110,3 +110,17 @@ def test_jpeg_draft_arithmetic():
     assert cosine(np.array([1.0, 0.0]), np.array([0.0, 3.0])) == pytest.approx(0.0)
     result = SizeResult((1024, 768), 2, 4.0, 2.0, 5.0, 3.0, 0.9995, 0.5)
     assert result.saved_fraction == pytest.approx(0.4)
+
+
+def test_a_server_of_several_processes_gets_its_cpu_split_by_process_pooled_over_runs():
+    from benchmarks.frontend_measure import process_split_rows
+
+    split = (("mmserve", 0.1), ("engine_process", 2.0), ("api_process", 6.0))
+    runs = [RunResult("mmserve w2", "text", 8.1, 10.0, 4000, 0, split),
+            RunResult("mmserve w2", "text", 8.1, 10.0, 6000, 0, split),
+            RunResult("mmserve w1", "text", 9.0, 10.0, 8000, 0, (("mmserve", 9.0),))]  # one process: no split
+    rows = process_split_rows(runs)
+    assert rows[0] == ["kind", "server", "process", "CPU ms/req", "cores"]
+    assert rows[1:] == [["text", "mmserve w2", "mmserve", "0.020", "0.01"],
+                        ["text", "mmserve w2", "engine_process", "0.400", "0.20"],
+                        ["text", "mmserve w2", "api_process", "1.200", "0.60"]]
