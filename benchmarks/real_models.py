@@ -203,7 +203,8 @@ def _timing(family: Family, servers: dict[str, ServerProcess], dialects: dict[st
             return run.config(mix=lane.mix, text_length=TEXT_CHARS, timeout_s=REQUEST_TIMEOUT_S,
                               embeddings=dialects[run.name])
 
-        saturate = wrk_saturation(wrk_bodies_for(inputs, lane, dialects, scratch), REQUEST_TIMEOUT_S)
+        saturate = wrk_saturation(wrk_bodies_for(inputs, lane, dialects, scratch), REQUEST_TIMEOUT_S,
+                                  is_batching_shown=True)
         label = f"{family.value} {lane.name}"
         if INFINITY in servers:
             runs = run_alternated(servers, INFINITY, MMSERVE, plan, config_for, label, saturate)
@@ -254,6 +255,11 @@ def _print_timing(family: Family, timed: list[tuple[Lane, dict[str, ServerRuns]]
         targets = lane_targets(lane, family.value, setup.previous)
         print(format_comparison(title, runs, INFINITY, MMSERVE, setup.plan, targets, num_usable_cpus(), "mm/inf",
                                 WRK_GENERATOR), flush=True)
+        if targets.cpu_basis:
+            source = ("none was given: pass --previous-figures FILE, saved by an earlier run's --save-figures"
+                      if targets.max_cpu_ratio is None else "from --previous-figures")
+            print(f"(server CPU target: mmserve's CPU per answer over Infinity's no higher than the "
+                  f"{targets.cpu_basis}'s ratio; {source})", flush=True)
         result.verdict_lines.append(_verdict_line(family, lane, targets, runs))
         result.figures[lane.name] = lane_figures(runs, INFINITY, MMSERVE)
 
@@ -280,7 +286,7 @@ def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceI
             if peer_failure is not None:
                 result.rows.append(AgreementRow(family.value, INFINITY, failure=peer_failure))
             if setup is not None and (peer is not None or setup.is_alone_timed):
-                timed = _timing(family, servers, dialects, setup.plan, setup.inputs, root / family.value / "wrk")
+                timed = _timing(family, servers, dialects, setup.plan, setup.inputs, root / f"{family.value}-wrk")
                 _print_timing(family, timed, setup, result)
         finally:
             if peer is not None:

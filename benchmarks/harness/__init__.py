@@ -48,6 +48,17 @@ A new comparison with a peer is a short file::
         print(format_comparison("tiny, text only", runs, "litserve", "mmserve", PLAN, Targets(1.0, 0.7),
                                 num_usable_cpus(), "mm/lit"))
 
+To saturate with ``wrk`` instead of the Python generator (the fixed-rate runs
+stay on the Python generator), write each server's bodies once and pass
+``saturate``; the table then also holds each server's CPU per answered request::
+
+    bodies = {name: write_bodies(scratch / name, "text", "/v1/embeddings", [b'{"input": ["a cat"]}'])
+              for name in commands}
+    runs = compare(commands, "litserve", "mmserve", PLAN, config_for, "text",
+                   saturate=wrk_saturation(bodies.__getitem__))
+    print(format_comparison("tiny, text only", runs, "litserve", "mmserve", PLAN, Targets(1.0, 0.7, 0.8),
+                            num_usable_cpus(), "mm/lit", generator="wrk -t1"))
+
 A benchmark of one server uses ``running``, ``load_runs`` and ``sample_stats``::
 
     with running(mmserve_command("tiny", {"MAX_BATCH_SIZE": "8"})) as server:

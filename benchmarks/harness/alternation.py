@@ -225,8 +225,12 @@ def saturation_measured(server: ServerProcess, servers: Sequence[ServerProcess],
 
 def batch_means(report: dict) -> str:
     """mmserve's mean batch size per lane during the run (from /metrics; peers export none)."""
-    batch_size = report["server"].get("batch_size") or {}
-    means = [f"{lane} {entry['mean']:.1f}" for lane, entry in sorted(batch_size.items()) if entry["mean"]]
+    return mean_batch_text(report["server"].get("batch_size"))
+
+
+def mean_batch_text(batch_size: Mapping[str, Any] | None) -> str:
+    """``; mean batch: text 5.7`` from ``benchmarks.loadgen.server_metrics.batch_size_view``; "" without one."""
+    means = [f"{lane} {entry['mean']:.1f}" for lane, entry in sorted((batch_size or {}).items()) if entry["mean"]]
     return f"; mean batch: {', '.join(means)}" if means else ""
 
 

@@ -24,7 +24,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.harness.alternation import RunSpec, Saturate, SaturationRun
+import httpx
+
+from benchmarks.harness.alternation import RunSpec, Saturate, SaturationRun, mean_batch_text
+from benchmarks.loadgen.server_metrics import METRICS_PATH, MetricsSnapshot, batch_size_view, parse_metrics_text
 
 POST_SCRIPT = """\
 -- Posts the bodies named in BODY_FILES (one file a line), in turn, to BODY_PATH as JSON.
@@ -153,13 +156,31 @@ def run_wrk(url: str, bodies: WrkBodies, seconds: float, connections: int, timeo
     return parse_wrk_report(done.stdout)
 
 
-def wrk_saturation(bodies_for: Callable[[str], WrkBodies], timeout_s: float = 10.0) -> Saturate:
-    """Saturation runs for ``run_alternated``: wrk, the run's concurrency as connections, ``bodies_for(server)``."""
+def metrics_now(url: str) -> MetricsSnapshot | None:
+    """The server's ``/metrics`` now; ``None`` where it has none or it could not be read (never raised)."""
+    try:
+        answer = httpx.get(url + METRICS_PATH, timeout=10.0, trust_env=False)
+        return parse_metrics_text(answer.text) if answer.status_code == 200 else None
+    except (httpx.HTTPError, OSError, ValueError):
+        return None
+
+
+def wrk_saturation(bodies_for: Callable[[str], WrkBodies], timeout_s: float = 10.0,
+                   is_batching_shown: bool = False) -> Saturate:
+    """Saturation runs for ``run_alternated``: wrk, the run's concurrency as connections, ``bodies_for(server)``.
+
+    ``is_batching_shown``: the run's log line adds mmserve's mean batch per
+    lane, from ``/metrics`` read before and after wrk (two reads of a few
+    milliseconds, inside the measured server CPU of a run of seconds).
+    """
 
     def saturate(run: RunSpec) -> SaturationRun:
         if run.concurrency is None:
             raise ValueError("a saturation run needs its concurrency (wrk's connections)")
+        before = metrics_now(run.url) if is_batching_shown else None
         report = run_wrk(run.url, bodies_for(run.name), run.seconds, run.concurrency, timeout_s)
-        return SaturationRun(report.num_ok, report.ok_rps, report.errors_by_kind())
+        after = metrics_now(run.url) if before is not None else None
+        detail = mean_batch_text(batch_size_view(before, after)) if after is not None else ""
+        return SaturationRun(report.num_ok, report.ok_rps, report.errors_by_kind(), detail)
 
     return saturate

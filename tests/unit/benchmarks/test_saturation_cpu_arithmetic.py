@@ -154,3 +154,20 @@ def test_wrk_posts_the_same_inputs_to_both_servers_each_in_its_dialect():
     assert images[0]["input"][0].startswith("data:image/jpeg;base64,/9j/")
     mm_images = [json.loads(body) for body in inputs.bodies("image", mmserve)]
     assert "modality" not in mm_images[0] and [i["input"] for i in mm_images] == [i["input"] for i in images]
+
+
+def test_a_wrk_runs_log_line_shows_mmserves_mean_batch_per_lane_and_nothing_for_a_peer():
+    from benchmarks.harness.alternation import mean_batch_text
+    from benchmarks.loadgen.server_metrics import batch_size_view, parse_metrics_text
+
+    def exposition(num_batches: int, num_texts: int) -> str:
+        return ("# TYPE mmserve_batch_size histogram\n"
+                f'mmserve_batch_size_bucket{{lane="text",le="8.0"}} {num_batches}\n'
+                f'mmserve_batch_size_bucket{{lane="text",le="+Inf"}} {num_batches}\n'
+                f'mmserve_batch_size_count{{lane="text"}} {num_batches}\n'
+                f'mmserve_batch_size_sum{{lane="text"}} {num_texts}\n')
+
+    before, after = parse_metrics_text(exposition(10, 40)), parse_metrics_text(exposition(110, 610))
+    assert mean_batch_text(batch_size_view(before, after)) == "; mean batch: text 5.7"  # 570 texts in 100 batches
+    assert mean_batch_text(batch_size_view(None, parse_metrics_text("up 1\n"))) == ""
+    assert mean_batch_text(None) == ""
