@@ -144,5 +144,6 @@ def format_saturation(title: str, runs: Mapping[str, ServerRuns], plan: Alternat
          *(f"{statistics.fmean(runs[n].other_cpus):.2f}" for n in names)),
         ("errors", *(", ".join(f"{k} {v}" for k, v in sorted(runs[n].errors.items())) or "0" for n in names)),
     ]
-    lines = [f"{title}: {plan.seconds:g} s per run, {plan.num_rounds} rounds (each server's runs pooled)"]
+    rounds = f"{plan.num_rounds} round{'' if plan.num_rounds == 1 else 's'}"
+    lines = [f"{title}: {plan.seconds:g} s per run, {rounds} (each server's runs pooled)"]
     return "\n".join(lines + align(rows))
