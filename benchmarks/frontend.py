@@ -4,7 +4,7 @@
 
 What it sends, each with one ``wrk`` (C, one thread, 16 connections:
 closed-loop, so the servers run saturated) posting one body
-(``benchmarks/frontend_post.lua``):
+(``benchmarks.harness.wrk_load``):
 
     text    POST /v1/embeddings {"input": "<a 40-character text>"}
     image   POST /v1/embeddings {"input": "data:image/jpeg;base64,<a 224x224 photo-like JPEG, quality 90>"}
@@ -54,10 +54,9 @@ import httpx
 from benchmarks.frontend_measure import (
     FLOOR, RunResult, pool, process_split_rows, run_order, table_rows, workers_speedup,
 )
-from benchmarks.frontend_wrk import run_wrk, wrk_path
 from benchmarks.harness import (
-    CpuMeter, ServerCommand, ServerProcess, ServerStartError, log, machine_line, mmserve_command, num_usable_cpus,
-    resumed, start_paused, utc_now,
+    CpuMeter, ServerCommand, ServerProcess, ServerStartError, WrkBodies, log, machine_line, mmserve_command,
+    num_usable_cpus, resumed, run_wrk, start_paused, utc_now, wrk_path, write_bodies,
 )
 from benchmarks.harness.cpu_accounting import cpu_by_process_kind
 from benchmarks.harness.server_process import free_port
@@ -142,21 +141,21 @@ def record_answers(server: ServerProcess, bodies: dict[str, bytes]) -> dict[str,
     return answers
 
 
-def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files: dict[str, Path],
+def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files: dict[str, WrkBodies],
             args: argparse.Namespace) -> list[RunResult]:
     results: list[RunResult] = []
     names = list(servers)
     for kind in kinds:
         for name in names:  # warm-up, not measured
             with resumed(servers[name]):
-                run_wrk(servers[name].url, body_files[kind], PATHS[kind], args.warmup_s, args.connections)
+                run_wrk(servers[name].url, body_files[kind], args.warmup_s, args.connections)
         for round_index in range(args.rounds):
             for name in run_order(names, round_index):
                 server = servers[name]
                 with resumed(server):
                     split_before = cpu_by_process_kind(server.pid)
                     meter = CpuMeter(server, list(servers.values()))
-                    report = run_wrk(server.url, body_files[kind], PATHS[kind], args.seconds, args.connections)
+                    report = run_wrk(server.url, body_files[kind], args.seconds, args.connections)
                     spent = meter.stop()
                     split = cpu_by_process_kind(server.pid)
                 by_process = tuple((process, cpu_s - split_before.get(process, 0.0)) for process, cpu_s in split.items())
@@ -164,7 +163,7 @@ def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files:
                                          report.num_non_2xx + report.num_socket_errors, by_process))
                 log(f"{kind} {name}: {report.ok_rps:.0f} answered/s, "
                     f"{1000 * spent.server_s / max(report.num_ok, 1):.3f} CPU ms/req, "
-                    f"other CPUs (wrk included) {spent.other_cpus:.2f}")
+                    f"other CPUs (wrk not included) {spent.other_cpus:.2f}")
     return results
 
 
@@ -192,10 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"log level {args.log_level}; a {IMAGE_SIDE}x{IMAGE_SIDE} photo-like JPEG of {len(jpeg)} B "
           "(synthesised, not a photograph)", flush=True)
     with ExitStack() as stack, tempfile.TemporaryDirectory() as scratch:
-        body_files = {}
-        for kind, body in bodies.items():
-            body_files[kind] = Path(scratch) / f"{kind}.json"
-            body_files[kind].write_bytes(body)
+        body_files = {kind: write_bodies(Path(scratch) / kind, kind, PATHS[kind], [body])
+                      for kind, body in bodies.items()}
         servers: dict[str, ServerProcess] = {}
         for num_workers in args.api_workers:
             server = start_mmserve(num_workers, args, stack)

@@ -16,17 +16,37 @@ has no such knob) and run float32 on the CPU.
    each server's answer against the library computed here
    (``benchmarks.reference_embeddings``); min cosine, target >= 0.99999.
    Where Infinity cannot serve a family the row says what it answered.
-2. Timing, for the families both serve, text-only and image-only: closed-loop
-   saturation (C clients) and open-loop p99 at 70 % of Infinity's saturation,
-   A-B-B-A alternated, the idle server paused, other processes' CPU recorded
-   (``benchmarks.harness.alternation``). Targets: text throughput >= 2x Infinity's
-   and p99 <= 0.5x; images >= 1.15x and p99 <= 0.7x.
+2. Timing, for the families both serve, text-only and image-only, A-B-B-A
+   alternated, the idle server paused (SIGSTOP), other processes' CPU
+   recorded (``benchmarks.harness.alternation``):
+
+   - saturation from ``wrk`` (C, one thread, ``--concurrency`` connections),
+     posting in turn 64 texts of 16-60 characters or 100 JPEGs 224x224
+     (``benchmarks.harness.wrk_load``), so the generator takes little of the
+     cores the servers need: answers/s, and the server's CPU per answered
+     request (user + system of every process of the server, from ``/proc``,
+     over wrk's non-error answers) and the CPUs it kept busy;
+   - open-loop p99 at 70 % of Infinity's saturation from the Python
+     generator, which times each request from its intended send time.
+
+   Targets, as ratios mmserve / Infinity within the run: text throughput
+   >= 2x, p99 <= 0.5x, server CPU per answer <= 0.6x; images throughput
+   >= 1.15x, p99 <= 0.7x, and server CPU per answer no worse than the
+   previous run's ratio (``benchmarks.real_models_figures``: pass the file
+   an earlier run saved with ``--save-figures`` as ``--previous-figures``).
 
     python -m benchmarks.real_models
     python -m benchmarks.real_models --families clip --timing-families clip --seconds 5
+    python -m benchmarks.real_models --save-figures new.json --previous-figures old.json
+    python -m benchmarks.real_models --families clip --timing-families clip --no-peer --seconds 2 --rounds 1
 
-The load generator shares the CPUs with the servers; where it fell behind its
-schedule the table says so (generator lag).
+``--no-peer`` times mmserve alone (saturation from wrk, no ratios, no fixed
+rate: that is a share of Infinity's). ``wrk`` is Debian's package
+(``apt-get install wrk``); the script says so and stops when timing is
+asked for without it.
+
+The Python generator shares the CPUs with the servers; where it fell behind
+its schedule at the fixed rate the table says so (generator lag).
 """
 
 from __future__ import annotations
@@ -34,10 +54,13 @@ from __future__ import annotations
 import argparse
 import base64
 import logging
+import random
+import sys
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -45,16 +68,21 @@ from benchmarks.embedding_agreement import (
     AgreementRow, agreement_row, failure_reason, format_agreement_table, served_model_name,
 )
 from benchmarks.harness import (
-    AlternationPlan, RunSpec, ServerProcess, ServerRuns, ServerStartError, Targets, format_comparison,
-    infinity_command, log, machine_line, mmserve_model_command, num_usable_cpus, resumed, run_alternated, running,
-    start_paused, utc_now, verdict_text, verdicts,
+    AlternationPlan, RunSpec, ServerProcess, ServerRuns, ServerStartError, Targets, WrkBodies, cpu_target_text,
+    format_comparison, format_saturation, infinity_command, log, machine_line, mmserve_model_command,
+    num_usable_cpus, resumed, run_alternated, run_saturation, running, start_paused, utc_now, verdict_text, verdicts,
+    wrk_path, wrk_saturation, write_bodies,
 )
 from benchmarks.harness.peer_venv import DEFAULT_INFINITY_VENV, PeerInstallError, ensure_venv, installed_version
 from benchmarks.loadgen.config import BenchConfig
-from benchmarks.loadgen.embeddings_payload import EmbeddingsDialect
+from benchmarks.loadgen.embeddings_payload import EMBEDDINGS_PATH, EmbeddingsDialect, data_uri, image_body, text_body
 from benchmarks.loadgen.image_pool import ImageFormat, ImagePool, ImageSize
+from benchmarks.loadgen.text_source import TextSource
 from benchmarks.loadgen.workload import Mix, TextLengthRange, parse_mix
 from benchmarks.random_pretrained import SENTENCES, TowerSize
+from benchmarks.real_models_figures import (
+    figures_document, lane_figures, load_figures, previous_cpu_ratio, save_figures,
+)
 from benchmarks.reference_embeddings import Family, ReferenceInputs, reference_embeddings, write_family
 
 MMSERVE = "mmserve"
@@ -70,6 +98,15 @@ TEXT_CHARS = TextLengthRange(16, 60)
 AGREEMENT_IMAGE_SIZES = (ImageSize(224, 224), ImageSize(64, 40), ImageSize(300, 180))
 AGREEMENT_TEXTS = (SENTENCES[0], SENTENCES[3], SENTENCES[9], "a  photo, of  A CAT!")
 READY_TIMEOUT_S = 600.0
+REQUEST_TIMEOUT_S = 60.0
+# What wrk posts in turn at saturation: the same inputs to both servers, each in its own dialect.
+NUM_WRK_TEXTS = 64
+NUM_WRK_IMAGES = 100
+WRK_IMAGE_SIZE = ImageSize(224, 224)
+WRK_BODY_SEED = 7
+TEXT_CPU_TARGET = 0.6  # mmserve's server CPU per answered text request, at most this share of Infinity's
+IMAGE_CPU_BASIS = "previous run"
+WRK_GENERATOR = "wrk -t1"
 
 
 @dataclass(frozen=True)
@@ -81,7 +118,43 @@ class Lane:
     targets: Targets
 
 
-LANES = (Lane("text", parse_mix("text:1"), Targets(2.0, 0.5)), Lane("image", parse_mix("vision:1"), Targets(1.15, 0.7)))
+LANES = (Lane("text", parse_mix("text:1"), Targets(2.0, 0.5, max_cpu_ratio=TEXT_CPU_TARGET)),
+         Lane("image", parse_mix("vision:1"), Targets(1.15, 0.7, cpu_basis=IMAGE_CPU_BASIS)))
+
+
+def lane_targets(lane: Lane, family: str, previous: dict[str, Any] | None) -> Targets:
+    """The lane's targets, the image CPU bound taken from the previous run's figures (none without them)."""
+    if lane.targets.cpu_basis != IMAGE_CPU_BASIS:
+        return lane.targets
+    return replace(lane.targets, max_cpu_ratio=previous_cpu_ratio(previous, family, lane.name))
+
+
+class WrkInputs:
+    """The texts and JPEGs wrk posts at saturation, made once, the same for every server and family."""
+
+    def __init__(self) -> None:
+        rng = random.Random(WRK_BODY_SEED)
+        source = TextSource(WRK_BODY_SEED)
+        self.texts = [source.make(rng.randint(TEXT_CHARS.min_chars, TEXT_CHARS.max_chars))
+                      for _ in range(NUM_WRK_TEXTS)]
+        pool = ImagePool(WRK_BODY_SEED, WRK_IMAGE_SIZE, ImageFormat.JPEG)
+        pool.prepare(range(NUM_WRK_IMAGES))
+        self.image_uris = [data_uri(pool.b64(key), ImageFormat.JPEG) for key in range(NUM_WRK_IMAGES)]
+
+    def bodies(self, lane: str, dialect: EmbeddingsDialect) -> list[bytes]:
+        """One-input ``/v1/embeddings`` bodies of ``lane`` ("text" or "image") in ``dialect``."""
+        if lane == "text":
+            return [text_body(dialect, text) for text in self.texts]
+        return [image_body(dialect, uri) for uri in self.image_uris]
+
+
+def wrk_bodies_for(inputs: WrkInputs, lane: Lane, dialects: dict[str, EmbeddingsDialect],
+                   directory: Path) -> Callable[[str], WrkBodies]:
+    """Each server's bodies for ``lane`` written under ``directory``, looked up by server name."""
+    written = {name: write_bodies(directory / lane.name / name, lane.name, EMBEDDINGS_PATH,
+                                  inputs.bodies(lane.name, dialect))
+               for name, dialect in dialects.items()}
+    return written.__getitem__
 
 
 def agreement_inputs() -> ReferenceInputs:
@@ -121,34 +194,85 @@ def _agreement(family: Family, servers: dict[str, ServerProcess], dialects: dict
 
 
 def _timing(family: Family, servers: dict[str, ServerProcess], dialects: dict[str, EmbeddingsDialect],
-            plan: AlternationPlan) -> list[tuple[Lane, dict[str, ServerRuns]]]:
+            plan: AlternationPlan, inputs: WrkInputs, scratch: Path) -> list[tuple[Lane, dict[str, ServerRuns]]]:
+    """Each lane: wrk saturation then the Python generator's fixed rate, A-B-B-A; mmserve alone without a peer."""
     results = []
     for lane in LANES:
         def config_for(run: RunSpec, lane: Lane = lane) -> BenchConfig:
             """One input per ``POST /v1/embeddings`` in the server's dialect, the lane's modality only."""
-            return run.config(mix=lane.mix, text_length=TEXT_CHARS, timeout_s=60.0, embeddings=dialects[run.name])
+            return run.config(mix=lane.mix, text_length=TEXT_CHARS, timeout_s=REQUEST_TIMEOUT_S,
+                              embeddings=dialects[run.name])
 
-        runs = run_alternated(servers, INFINITY, MMSERVE, plan, config_for, f"{family.value} {lane.name}")
+        saturate = wrk_saturation(wrk_bodies_for(inputs, lane, dialects, scratch), REQUEST_TIMEOUT_S,
+                                  is_batching_shown=True)
+        label = f"{family.value} {lane.name}"
+        if INFINITY in servers:
+            runs = run_alternated(servers, INFINITY, MMSERVE, plan, config_for, label, saturate)
+        else:
+            runs = run_saturation(servers, list(servers), plan, saturate, label)
         results.append((lane, runs))
     return results
 
 
-def _verdict_line(family: Family, lane: Lane, runs: dict[str, ServerRuns]) -> str:
-    judged = verdicts(runs[INFINITY], runs[MMSERVE], lane.targets)
+def _verdict_line(family: Family, lane: Lane, targets: Targets, runs: dict[str, ServerRuns]) -> str:
+    judged = verdicts(runs[INFINITY], runs[MMSERVE], targets)
+    cpu = "" if judged.cpu_ratio is None else (
+        f"; server CPU per answer {judged.cpu_ratio:.2f}x (target {cpu_target_text(targets)}) "
+        f"{verdict_text(judged.is_cpu_met)}")
     return (f"  {family.value} {lane.name}: throughput {judged.throughput_ratio:.2f}x Infinity's "
-            f"(target >= {lane.targets.min_throughput_ratio:.2f}) {verdict_text(judged.is_throughput_met)}; "
-            f"p99 {judged.p99_ratio:.2f}x (target <= {lane.targets.max_p99_ratio:.2f}) "
-            f"{verdict_text(judged.is_p99_met)}")
+            f"(target >= {targets.min_throughput_ratio:.2f}) {verdict_text(judged.is_throughput_met)}; "
+            f"p99 {judged.p99_ratio:.2f}x (target <= {targets.max_p99_ratio:.2f}) "
+            f"{verdict_text(judged.is_p99_met)}{cpu}")
 
 
-def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceInputs, plan: AlternationPlan | None,
-               device: str) -> tuple[list[AgreementRow], list[str]]:
-    """One family end to end: write, serve on both, compare embeddings, then time (when ``plan`` is given).
+@dataclass
+class FamilyResult:
+    """What one family gave: agreement rows, one verdict line per timed lane, the figures a next run compares with."""
 
-    Prints each timing table as it is done; returns the agreement rows and one verdict line per timed lane.
+    rows: list[AgreementRow]
+    verdict_lines: list[str]
+    figures: dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class TimingSetup:
+    """How to time a family: the plan, the bodies wrk posts, the previous run's figures (or none), mmserve alone."""
+
+    plan: AlternationPlan
+    inputs: WrkInputs
+    previous: dict[str, Any] | None
+    is_alone_timed: bool  # --no-peer: saturation of mmserve alone, for want of Infinity
+
+
+def _print_timing(family: Family, timed: list[tuple[Lane, dict[str, ServerRuns]]], setup: TimingSetup,
+                  result: FamilyResult) -> None:
+    for lane, runs in timed:
+        title = f"{family.value}, {lane.name} only"
+        if INFINITY not in runs:
+            print(format_saturation(f"{title}, mmserve alone", runs, setup.plan, WRK_GENERATOR), flush=True)
+            result.figures[lane.name] = lane_figures(runs, None, MMSERVE)
+            continue
+        targets = lane_targets(lane, family.value, setup.previous)
+        print(format_comparison(title, runs, INFINITY, MMSERVE, setup.plan, targets, num_usable_cpus(), "mm/inf",
+                                WRK_GENERATOR), flush=True)
+        if targets.cpu_basis:
+            source = ("none was given: pass --previous-figures FILE, saved by an earlier run's --save-figures"
+                      if targets.max_cpu_ratio is None else "from --previous-figures")
+            print(f"(server CPU target: mmserve's CPU per answer over Infinity's no higher than the "
+                  f"{targets.cpu_basis}'s ratio; {source})", flush=True)
+        result.verdict_lines.append(_verdict_line(family, lane, targets, runs))
+        result.figures[lane.name] = lane_figures(runs, INFINITY, MMSERVE)
+
+
+def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceInputs, setup: TimingSetup | None,
+               device: str) -> FamilyResult:
+    """One family end to end: write, serve on both, compare embeddings, then time (when ``setup`` is given).
+
+    Prints each timing table as it is done; returns the agreement rows, one
+    verdict line per lane timed against Infinity, and the lanes' figures.
     """
     directory = write_family(family, root / family.value, TIMING_SIZE)
-    verdict_lines: list[str] = []
+    result = FamilyResult([], [], {})
     with running(mmserve_model_command(directory, MMSERVE_SETTINGS, device=device), READY_TIMEOUT_S) as mmserve:
         mmserve.pause()  # started one after the other, so neither start-up competes with the other's
         peer, peer_failure = _start_peer(venv, directory, family)
@@ -158,18 +282,16 @@ def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceI
             for name, server in servers.items():
                 with resumed(server):
                     dialects[name] = _dialect(server, is_image_modality_marked=name == INFINITY)
-            rows = _agreement(family, servers, dialects, directory, inputs)
+            result.rows += _agreement(family, servers, dialects, directory, inputs)
             if peer_failure is not None:
-                rows.append(AgreementRow(family.value, INFINITY, failure=peer_failure))
-            if plan is not None and peer is not None:
-                for lane, runs in _timing(family, servers, dialects, plan):
-                    print(format_comparison(f"{family.value}, {lane.name} only", runs, INFINITY, MMSERVE, plan,
-                                            lane.targets, num_usable_cpus(), "mm/inf"), flush=True)
-                    verdict_lines.append(_verdict_line(family, lane, runs))
+                result.rows.append(AgreementRow(family.value, INFINITY, failure=peer_failure))
+            if setup is not None and (peer is not None or setup.is_alone_timed):
+                timed = _timing(family, servers, dialects, setup.plan, setup.inputs, root / f"{family.value}-wrk")
+                _print_timing(family, timed, setup, result)
         finally:
             if peer is not None:
                 peer.stop()
-    return rows, verdict_lines
+    return result
 
 
 def _quiet_libraries() -> None:
@@ -187,16 +309,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--families", nargs="+", default=families, choices=families)
     parser.add_argument("--timing-families", nargs="*", default=[Family.SIGLIP.value, Family.CLIP.value],
                         choices=families, help="families timed against Infinity (those it serves)")
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per measured run")
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="seconds per measured run (wrk counts whole seconds)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per measurement (one run per server each)")
     parser.add_argument("--warmup-s", type=float, default=3.0)
-    parser.add_argument("--concurrency", type=int, default=16, help="closed-loop clients")
+    parser.add_argument("--concurrency", type=int, default=16, help="wrk's connections at saturation")
     parser.add_argument("--peer-venv", type=Path, default=DEFAULT_INFINITY_VENV,
                         help=f"Infinity's own venv, made if missing (default {DEFAULT_INFINITY_VENV})")
-    parser.add_argument("--no-peer", action="store_true", help="mmserve against the references only")
+    parser.add_argument("--no-peer", action="store_true",
+                        help="mmserve against the references only; timing: mmserve's saturation alone")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--save-figures", type=Path, help="write this run's CPU and throughput figures (JSON) here")
+    parser.add_argument("--previous-figures", type=Path,
+                        help="a file an earlier run saved: the image CPU target is its mm/inf ratio")
     args = parser.parse_args(argv)
+    timed_families = [name for name in args.families if name in args.timing_families]
+    if timed_families and wrk_path() is None:
+        print("benchmarks/real_models.py times saturation with wrk: apt-get install wrk (Debian's package), "
+              "or pass --timing-families with no family", file=sys.stderr)
+        return 2
     plan = AlternationPlan(args.seconds, args.rounds, args.warmup_s, args.concurrency)
+    previous = load_figures(args.previous_figures)
     _quiet_libraries()
 
     print(f"mmserve vs Infinity on real model families, {utc_now()}, {machine_line()}", flush=True)
@@ -213,23 +346,34 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{TIMING_SIZE.image_size} px, patch {TIMING_SIZE.patch_size}; device {args.device}, float32; batch cap "
           f"{BATCH_CAP} on both, mmserve batch delay {QUEUE_DELAY_MS:g} ms and segment cache off; OpenAI "
           f"/v1/embeddings, one input per request; timing: texts of {TEXT_CHARS.min_chars}-{TEXT_CHARS.max_chars} "
-          f"chars, images 100 JPEGs 224x224; C={args.concurrency}, fixed rate {plan.fixed_rate_share:.0%} of "
-          "Infinity's saturation; the idle server paused during the other's runs", flush=True)
+          f"chars, images JPEGs {WRK_IMAGE_SIZE}; saturation: {WRK_GENERATOR} -c{args.concurrency} posting "
+          f"{NUM_WRK_TEXTS} texts or {NUM_WRK_IMAGES} images in turn, server CPU per answer from /proc; fixed rate "
+          f"{plan.fixed_rate_share:.0%} of Infinity's saturation from the Python generator (100 images); "
+          "the idle server paused during the other's runs", flush=True)
+    if previous is not None:
+        print(f"previous figures: {args.previous_figures}, saved {previous.get('saved', '?')}", flush=True)
     inputs = agreement_inputs()
+    setup = TimingSetup(plan, WrkInputs(), previous, args.no_peer) if timed_families else None
     rows: list[AgreementRow] = []
     verdict_lines: list[str] = []
+    figures: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="mmserve-real-models-") as root:
         for name in args.families:
             family = Family(name)
-            timed = plan if name in args.timing_families else None
             log(f"{name}: writing the model, starting the servers")
-            family_rows, family_verdicts = run_family(family, Path(root), venv, inputs, timed, args.device)
-            rows += family_rows
-            verdict_lines += family_verdicts
+            result = run_family(family, Path(root), venv, inputs, setup if name in timed_families else None,
+                                args.device)
+            rows += result.rows
+            verdict_lines += result.verdict_lines
+            if result.figures:
+                figures[name] = result.figures
     print(format_agreement_table(rows, len(inputs.images), len(inputs.texts)))
     if verdict_lines:
         print("timing verdicts (mmserve against Infinity, same weights, alternated in this run):")
         print("\n".join(verdict_lines), flush=True)
+    if args.save_figures is not None:
+        save_figures(args.save_figures, figures_document(figures, utc_now()))
+        print(f"figures saved to {args.save_figures}", flush=True)
     return 0
 
 

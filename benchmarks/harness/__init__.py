@@ -12,12 +12,17 @@ does the rest, the same way for every benchmark:
   ``paused_servers`` for a set started one after the other, ``resumed`` for one
   measured run.
 - ``alternation``: two servers measured in turn, A-B-B-A (``compare``,
-  ``run_alternated``): saturation then a fixed open-loop rate; the orders
+  ``run_alternated``): saturation then a fixed open-loop rate; saturation
+  alone for any number of servers (``run_saturation``); the orders
   (``abba_order``, ``abba_sequence``, ``rotated``).
+- ``wrk_load``: saturation from ``wrk`` (C, one thread) posting a set of
+  bodies in turn (``write_bodies``, ``run_wrk``; ``wrk_saturation`` plugs it
+  into ``run_alternated``), and its report read (``parse_wrk_report``).
 - ``cpu_accounting``: from ``/proc``, a server's CPU per answered request and
   the CPUs other processes took during a run (``CpuMeter``).
 - ``comparison_table``: the ratio table of a comparison with its targets and
-  verdicts (``format_comparison``); ``table_layout`` for the other layouts.
+  verdicts (``format_comparison``), saturation alone (``format_saturation``);
+  ``table_layout`` for the other layouts.
 - ``load_runs`` and ``sample_stats``: one generator run to its report or
   samples; percentiles, answers per second, the generator's lag.
 - ``intervals``: a mean's 95 % interval; ``process_resources``: RSS and open
@@ -43,6 +48,17 @@ A new comparison with a peer is a short file::
         print(format_comparison("tiny, text only", runs, "litserve", "mmserve", PLAN, Targets(1.0, 0.7),
                                 num_usable_cpus(), "mm/lit"))
 
+To saturate with ``wrk`` instead of the Python generator (the fixed-rate runs
+stay on the Python generator), write each server's bodies once and pass
+``saturate``; the table then also holds each server's CPU per answered request::
+
+    bodies = {name: write_bodies(scratch / name, "text", "/v1/embeddings", [b'{"input": ["a cat"]}'])
+              for name in commands}
+    runs = compare(commands, "litserve", "mmserve", PLAN, config_for, "text",
+                   saturate=wrk_saturation(bodies.__getitem__))
+    print(format_comparison("tiny, text only", runs, "litserve", "mmserve", PLAN, Targets(1.0, 0.7, 0.8),
+                            num_usable_cpus(), "mm/lit", generator="wrk -t1"))
+
 A benchmark of one server uses ``running``, ``load_runs`` and ``sample_stats``::
 
     with running(mmserve_command("tiny", {"MAX_BATCH_SIZE": "8"})) as server:
@@ -58,10 +74,12 @@ driven over HTTP as a user drives them.
 """
 
 from benchmarks.harness.alternation import (
-    AlternationPlan, ConfigFor, RunSpec, ServerRuns, abba_order, abba_sequence, compare, log, rotated, run_alternated,
-    run_orders,
+    AlternationPlan, ConfigFor, RunSpec, Saturate, SaturationRun, ServerRuns, abba_order, abba_sequence, compare, log,
+    python_saturation, rotated, run_alternated, run_orders, run_saturation, saturation_order,
 )
-from benchmarks.harness.comparison_table import Targets, format_comparison, verdict_text, verdicts
+from benchmarks.harness.comparison_table import (
+    Targets, cpu_ratio, cpu_target_text, format_comparison, format_saturation, verdict_text, verdicts,
+)
 from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent, cpu_ms_per_request
 from benchmarks.harness.intervals import mean_interval
 from benchmarks.harness.load_runs import capacity_rps, mixed_load_config, run_report, run_samples
@@ -74,3 +92,6 @@ from benchmarks.harness.server_process import (
     ServerCommand, ServerProcess, ServerStartError, paused_servers, resumed, running, start_paused,
 )
 from benchmarks.harness.table_layout import align, fixed_width, label_and_text, ruled
+from benchmarks.harness.wrk_load import (
+    WrkBodies, WrkReport, parse_wrk_report, run_wrk, wrk_path, wrk_saturation, write_bodies,
+)

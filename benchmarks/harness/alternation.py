@@ -12,14 +12,21 @@ shows as such.
 Per comparison (``run_alternated``, or ``compare`` to start the servers too):
 
 1. saturation: a closed loop of C workers sending back to back (C well above
-   the batch cap, so batches stay full); ok answers per second.
+   the batch cap, so batches stay full); ok answers per second, and the
+   server's CPU per answered request (every process of its group, from
+   ``/proc``). By default the closed loop is this process's Python
+   generator; a benchmark passes ``saturate`` to drive it otherwise, e.g.
+   ``wrk`` (``benchmarks.harness.wrk_load.wrk_saturation``), which leaves
+   the server more of a small machine's cores.
 2. fixed rate: an open loop (Poisson arrivals) at a share of the *peer's*
    measured saturation, latency from each request's intended send time (no
-   coordinated omission); percentiles over the pooled samples.
+   coordinated omission); percentiles over the pooled samples. Always the
+   Python generator: it knows each request's intended send time.
 
 What each run sends is the benchmark's: a ``ConfigFor`` turns a ``RunSpec``
 (which server, closed or open, how long, how hard) into the generator's
 ``BenchConfig``, usually ``spec.config(text_length=..., mix=...)``.
+``run_saturation`` runs the saturation part alone, for any number of servers.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent
+from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent, cpu_ms_per_request
 from benchmarks.harness.server_process import ServerCommand, ServerProcess, paused_servers, resumed
 from benchmarks.loadgen.bench import BenchOutcome, run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
@@ -104,6 +111,9 @@ class ServerRuns:
 
     throughputs_rps: list[float] = field(default_factory=list)
     saturation_other_cpus: list[float] = field(default_factory=list)
+    saturation_cpu_s: list[float] = field(default_factory=list)  # the server's CPU seconds, run by run
+    saturation_num_ok: list[int] = field(default_factory=list)
+    saturation_wall_s: list[float] = field(default_factory=list)
     open_samples: list[Sample] = field(default_factory=list)
     open_num_sent: int = 0
     open_num_ok: int = 0
@@ -125,6 +135,35 @@ class ServerRuns:
             rps / max(num_cpus - other, 0.1) for rps, other in zip(self.throughputs_rps, self.saturation_other_cpus)
         )
 
+    @property
+    def has_cpu(self) -> bool:
+        """Whether the saturation runs recorded the server's CPU (runs made up in a test may not)."""
+        return bool(self.saturation_cpu_s)
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        """The server's CPU per answered request at saturation, pooled: every run's CPU over every run's answers.
+
+        Pooled rather than averaged run by run, so a short or slow run weighs what it answered.
+        """
+        return cpu_ms_per_request(sum(self.saturation_cpu_s), sum(self.saturation_num_ok))
+
+    @property
+    def server_cores(self) -> float:
+        """CPUs the server kept busy at saturation: its CPU seconds over the runs' wall seconds."""
+        wall_s = sum(self.saturation_wall_s)
+        return sum(self.saturation_cpu_s) / wall_s if wall_s > 0 else 0.0
+
+    def record_saturation(self, saturation: SaturationRun, cpu: CpuSpent) -> None:
+        """One saturation run: its answers/s and the CPU the server and the other processes took meanwhile."""
+        self.throughputs_rps.append(saturation.ok_rps)
+        self.saturation_other_cpus.append(cpu.other_cpus)
+        self.other_cpus.append(cpu.other_cpus)
+        self.saturation_cpu_s.append(cpu.server_s)
+        self.saturation_num_ok.append(saturation.num_ok)
+        self.saturation_wall_s.append(cpu.wall_s)
+        self.count_errors(saturation.errors_by_status)
+
     def open_percentile_ms(self, key: str) -> float:
         summary = summarize_latency([sample.latency_s for sample in self.open_samples])
         value = dict(summary.percentiles_ms)[key]
@@ -134,6 +173,19 @@ class ServerRuns:
     def count_errors(self, errors_by_status: Mapping[str, int]) -> None:
         for status, count in errors_by_status.items():
             self.errors[status] = self.errors.get(status, 0) + count
+
+
+@dataclass(frozen=True)
+class SaturationRun:
+    """What one closed-loop run answered, whichever generator drove it."""
+
+    num_ok: int
+    ok_rps: float
+    errors_by_status: Mapping[str, int]
+    detail: str = ""  # appended to the run's log line, e.g. mmserve's mean batch sizes
+
+
+Saturate = Callable[[RunSpec], SaturationRun]
 
 
 @dataclass(frozen=True)
@@ -152,10 +204,33 @@ def measured_run(server: ServerProcess, servers: Sequence[ServerProcess], config
         return Measured(outcome, meter.stop())
 
 
+def python_saturation(config_for: ConfigFor) -> Saturate:
+    """Saturation runs by this process's generator (``benchmarks.loadgen``), configured by ``config_for``."""
+
+    def saturate(run: RunSpec) -> SaturationRun:
+        report = asyncio.run(run_bench(config_for(run))).report
+        return SaturationRun(report["ok"], report["throughput_rps"], report["errors_by_status"], batch_means(report))
+
+    return saturate
+
+
+def saturation_measured(server: ServerProcess, servers: Sequence[ServerProcess], saturate: Saturate,
+                        run: RunSpec) -> tuple[SaturationRun, CpuSpent]:
+    """One saturation run against ``server``, resumed for the run only, with the CPU it and others took."""
+    with resumed(server):
+        meter = CpuMeter(server, servers)
+        saturation = saturate(run)
+        return saturation, meter.stop()
+
+
 def batch_means(report: dict) -> str:
     """mmserve's mean batch size per lane during the run (from /metrics; peers export none)."""
-    batch_size = report["server"].get("batch_size") or {}
-    means = [f"{lane} {entry['mean']:.1f}" for lane, entry in sorted(batch_size.items()) if entry["mean"]]
+    return mean_batch_text(report["server"].get("batch_size"))
+
+
+def mean_batch_text(batch_size: Mapping[str, Any] | None) -> str:
+    """``; mean batch: text 5.7`` from ``benchmarks.loadgen.server_metrics.batch_size_view``; "" without one."""
+    means = [f"{lane} {entry['mean']:.1f}" for lane, entry in sorted((batch_size or {}).items()) if entry["mean"]]
     return f"; mean batch: {', '.join(means)}" if means else ""
 
 
@@ -163,32 +238,53 @@ def log(message: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, plan: AlternationPlan,
-                   config_for: ConfigFor, label: str) -> dict[str, ServerRuns]:
-    """Saturation, then the fixed open-loop rate (a share of ``peer``'s saturation), A-B-B-A.
+def saturation_order(names: Sequence[str], round_index: int) -> tuple[str, ...]:
+    """Every server once per round, the order mirrored every other round (A-B-B-A for two)."""
+    return tuple(names) if round_index % 2 == 0 else tuple(reversed(names))
+
+
+def run_saturation(servers: Mapping[str, ServerProcess], names: Sequence[str], plan: AlternationPlan,
+                   saturate: Saturate, label: str) -> dict[str, ServerRuns]:
+    """One unmeasured warm-up per server, then ``plan.num_rounds`` rounds of saturation runs, mirrored.
 
     ``servers`` are started and paused; each is resumed only for its own runs.
     """
-    runs = {peer: ServerRuns(), ours: ServerRuns()}
+    runs = {name: ServerRuns() for name in names}
+    every = tuple(servers.values())
+
+    def run(name: str, seconds: float, seed: int) -> tuple[SaturationRun, CpuSpent]:
+        spec = RunSpec(name, servers[name].url, RunMode.CLOSED, seconds, seed, concurrency=plan.concurrency)
+        return saturation_measured(servers[name], every, saturate, spec)
+
+    for name in names:
+        run(name, plan.warmup_s, WARMUP_SEED)
+    for round_index in range(plan.num_rounds):
+        for name in saturation_order(names, round_index):
+            saturation, cpu = run(name, plan.seconds, round_index)
+            runs[name].record_saturation(saturation, cpu)
+            log(f"{label} saturation {name:8s} round {round_index}: {saturation.ok_rps:.1f} ok/s, "
+                f"{cpu.server_ms_per_request(saturation.num_ok):.2f} server CPU ms per answer, "
+                f"errors {dict(saturation.errors_by_status) or '-'}; "
+                f"other processes took {cpu.other_cpus:.2f} CPUs{saturation.detail}")
+    return runs
+
+
+def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, plan: AlternationPlan,
+                   config_for: ConfigFor, label: str, saturate: Saturate | None = None) -> dict[str, ServerRuns]:
+    """Saturation, then the fixed open-loop rate (a share of ``peer``'s saturation), A-B-B-A.
+
+    ``servers`` are started and paused; each is resumed only for its own runs.
+    ``saturate`` drives the saturation runs (default: the Python generator
+    with ``config_for``'s configuration); the fixed-rate runs always use
+    ``config_for``.
+    """
+    runs = run_saturation(servers, (peer, ours), plan, saturate or python_saturation(config_for), label)
     both = tuple(servers.values())
 
     def run(name: str, mode: RunMode, seconds: float, seed: int, **load: float) -> Measured:
         return measured_run(servers[name], both, config_for(RunSpec(name, servers[name].url, mode, seconds, seed,
                                                                     **load)))
 
-    for name in (peer, ours):
-        run(name, RunMode.CLOSED, plan.warmup_s, WARMUP_SEED, concurrency=plan.concurrency)
-    for round_index in range(plan.num_rounds):
-        for name in abba_order(round_index, peer, ours):
-            measured = run(name, RunMode.CLOSED, plan.seconds, round_index, concurrency=plan.concurrency)
-            report = measured.outcome.report
-            runs[name].throughputs_rps.append(report["throughput_rps"])
-            runs[name].saturation_other_cpus.append(measured.cpu.other_cpus)
-            runs[name].other_cpus.append(measured.cpu.other_cpus)
-            runs[name].count_errors(report["errors_by_status"])
-            log(f"{label} saturation {name:8s} round {round_index}: "
-                f"{report['throughput_rps']:.1f} ok/s, errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.cpu.other_cpus:.2f} CPUs{batch_means(report)}")
     rate_rps = plan.fixed_rate_share * runs[peer].throughput_rps
     for round_index in range(plan.num_rounds):
         for name in reversed(abba_order(round_index, peer, ours)):
@@ -210,7 +306,7 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
 
 
 def compare(commands: Mapping[str, ServerCommand], peer: str, ours: str, plan: AlternationPlan,
-            config_for: ConfigFor, label: str) -> dict[str, ServerRuns]:
+            config_for: ConfigFor, label: str, saturate: Saturate | None = None) -> dict[str, ServerRuns]:
     """Start both servers (in ``commands``' order, each paused once ready), then ``run_alternated``; stop them."""
     with paused_servers(commands) as servers:
-        return run_alternated(servers, peer, ours, plan, config_for, label)
+        return run_alternated(servers, peer, ours, plan, config_for, label, saturate)

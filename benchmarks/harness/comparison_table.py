@@ -4,6 +4,10 @@ Pure formatting and arithmetic over ``ServerRuns`` (no I/O), shared by
 every comparison with a peer (``peer_litserve``, ``real_models``) and
 tested on made-up runs. A target
 compares ratios, never absolute times: the machines are shared and drift.
+
+The server's CPU per answered request at saturation (``ServerRuns.cpu_ms_per_request``)
+is shown where the runs recorded it, with a target when ``Targets.max_cpu_ratio``
+(or its ``cpu_basis``, a bound taken from elsewhere, such as an earlier run) is given.
 """
 
 from __future__ import annotations
@@ -18,31 +22,72 @@ from benchmarks.harness.table_layout import align
 
 @dataclass(frozen=True)
 class Targets:
-    """What ours must reach against the peer: throughput ratio at least, fixed-rate p99 ratio at most."""
+    """What ours must reach against the peer: throughput ratio at least, fixed-rate p99 ratio at most.
+
+    Optionally a bound on ours' server CPU per answered request over the
+    peer's: ``max_cpu_ratio``, with ``cpu_basis`` saying where a bound not
+    fixed in advance comes from (e.g. ``"previous run"``). A basis without a
+    ratio is a bound that could not be had (no previous run): shown, not judged.
+    """
 
     min_throughput_ratio: float
     max_p99_ratio: float
+    max_cpu_ratio: float | None = None
+    cpu_basis: str = ""
 
 
 @dataclass(frozen=True)
 class Verdicts:
-    """The two ratios and whether each met its target."""
+    """The ratios and whether each met its target (the CPU ones ``None`` where not measured or not set)."""
 
     throughput_ratio: float
     p99_ratio: float
     is_throughput_met: bool
     is_p99_met: bool
+    cpu_ratio: float | None = None
+    is_cpu_met: bool | None = None
+
+
+def cpu_ratio(peer: ServerRuns, ours: ServerRuns) -> float | None:
+    """Ours' server CPU per answered request over the peer's; ``None`` unless both recorded it."""
+    if not (peer.has_cpu and ours.has_cpu) or peer.cpu_ms_per_request <= 0:
+        return None
+    return ours.cpu_ms_per_request / peer.cpu_ms_per_request
 
 
 def verdicts(peer: ServerRuns, ours: ServerRuns, targets: Targets) -> Verdicts:
     throughput_ratio = ours.throughput_rps / peer.throughput_rps
     p99_ratio = ours.open_percentile_ms("p99_ms") / peer.open_percentile_ms("p99_ms")
+    ratio = cpu_ratio(peer, ours)
+    is_cpu_met = None if ratio is None or targets.max_cpu_ratio is None else ratio <= targets.max_cpu_ratio
     return Verdicts(throughput_ratio, p99_ratio, throughput_ratio >= targets.min_throughput_ratio,
-                    p99_ratio <= targets.max_p99_ratio)
+                    p99_ratio <= targets.max_p99_ratio, ratio, is_cpu_met)
 
 
-def verdict_text(is_met: bool) -> str:
+def verdict_text(is_met: bool | None) -> str:
+    if is_met is None:
+        return "-"
     return "met" if is_met else "NOT met"
+
+
+def cpu_target_text(targets: Targets) -> str:
+    """The CPU target's cell: ``<= 0.60``, ``<= 0.81 (previous run)``, ``<= previous run (none)`` or ``-``."""
+    if targets.max_cpu_ratio is None:
+        return f"<= {targets.cpu_basis} (none)" if targets.cpu_basis else "-"
+    basis = f" ({targets.cpu_basis})" if targets.cpu_basis else ""
+    return f"<= {targets.max_cpu_ratio:.2f}{basis}"
+
+
+def _cpu_rows(theirs: ServerRuns, mine: ServerRuns, judged: Verdicts, targets: Targets) -> list[tuple[str, ...]]:
+    """Server CPU per answered request and cores used at saturation, where both servers' runs recorded them."""
+    if judged.cpu_ratio is None:
+        return []
+    return [
+        ("  server CPU ms per answered request", f"{theirs.cpu_ms_per_request:.2f}", f"{mine.cpu_ms_per_request:.2f}",
+         f"{judged.cpu_ratio:.2f}", cpu_target_text(targets), verdict_text(judged.is_cpu_met)),
+        ("  server CPUs busy", f"{theirs.server_cores:.2f}", f"{mine.server_cores:.2f}",
+         f"{mine.server_cores / theirs.server_cores:.2f}" if theirs.server_cores > 0 else "-", "-", "-"),
+    ]
 
 
 def _worst_ms(values_ms: Sequence[float]) -> str:
@@ -50,7 +95,7 @@ def _worst_ms(values_ms: Sequence[float]) -> str:
 
 
 def format_comparison(title: str, runs: Mapping[str, ServerRuns], peer: str, ours: str, plan: AlternationPlan,
-                      targets: Targets, num_cpus: int, ratio_label: str) -> str:
+                      targets: Targets, num_cpus: int, ratio_label: str, generator: str = "closed loop") -> str:
     """``title``, the run orders, then one row per figure with ``ratio_label`` (ours/peer) and the verdicts."""
     theirs, mine = runs[peer], runs[ours]
     rate_rps = plan.fixed_rate_share * theirs.throughput_rps
@@ -60,11 +105,12 @@ def format_comparison(title: str, runs: Mapping[str, ServerRuns], peer: str, our
     p50_ratio = mine.open_percentile_ms("p50_ms") / theirs.open_percentile_ms("p50_ms")
     rows = [
         ("metric", peer, ours, ratio_label, "target", "verdict"),
-        (f"saturation ok/s (closed loop, C={plan.concurrency})", f"{theirs.throughput_rps:.1f}",
+        (f"saturation ok/s ({generator}, C={plan.concurrency})", f"{theirs.throughput_rps:.1f}",
          f"{mine.throughput_rps:.1f}", f"{judged.throughput_ratio:.2f}", f">= {targets.min_throughput_ratio:.2f}",
          verdict_text(judged.is_throughput_met)),
         ("  same, per CPU other processes left free", f"{their_per_cpu:.2f}", f"{my_per_cpu:.2f}",
          f"{my_per_cpu / their_per_cpu:.2f}", "-", "-"),
+        *_cpu_rows(theirs, mine, judged, targets),
         (f"p50 ms at {rate_rps:.1f} req/s (open loop)", f"{theirs.open_percentile_ms('p50_ms'):.1f}",
          f"{mine.open_percentile_ms('p50_ms'):.1f}", f"{p50_ratio:.2f}", "-", "-"),
         (f"p99 ms at {rate_rps:.1f} req/s (open loop)", f"{theirs.open_percentile_ms('p99_ms'):.1f}",
@@ -84,3 +130,20 @@ def format_comparison(title: str, runs: Mapping[str, ServerRuns], peer: str, our
     lines.append("(generator lag: how late requests left against their Poisson schedule; the generator shares "
                  "the CPUs with the server, and above 20 ms it was itself short of CPU)")
     return "\n".join(lines)
+
+
+def format_saturation(title: str, runs: Mapping[str, ServerRuns], plan: AlternationPlan, generator: str) -> str:
+    """Saturation alone, one column per server (no peer to take a ratio to): answers/s, CPU per answer, errors."""
+    names = list(runs)
+    rows = [
+        ("metric", *names),
+        (f"saturation ok/s ({generator}, C={plan.concurrency})", *(f"{runs[n].throughput_rps:.1f}" for n in names)),
+        ("  server CPU ms per answered request", *(f"{runs[n].cpu_ms_per_request:.2f}" for n in names)),
+        ("  server CPUs busy", *(f"{runs[n].server_cores:.2f}" for n in names)),
+        ("CPUs other processes took during the runs (mean)",
+         *(f"{statistics.fmean(runs[n].other_cpus):.2f}" for n in names)),
+        ("errors", *(", ".join(f"{k} {v}" for k, v in sorted(runs[n].errors.items())) or "0" for n in names)),
+    ]
+    rounds = f"{plan.num_rounds} round{'' if plan.num_rounds == 1 else 's'}"
+    lines = [f"{title}: {plan.seconds:g} s per run, {rounds} (each server's runs pooled)"]
+    return "\n".join(lines + align(rows))

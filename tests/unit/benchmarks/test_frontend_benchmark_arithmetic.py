@@ -12,7 +12,7 @@ from benchmarks.frontend_floor_app import answer_kind
 from benchmarks.frontend_measure import (
     FLOOR, Pooled, RunResult, cpu_budget_ms, pool, run_order, table_rows, workers_speedup,
 )
-from benchmarks.frontend_wrk import parse_wrk_report
+from benchmarks.harness.wrk_load import parse_wrk_report
 from benchmarks.jpeg_draft import SizeResult, cosine, draft_scale, parse_size
 from benchmarks.photo_like import photo_like_jpeg
 

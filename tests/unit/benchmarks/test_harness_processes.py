@@ -8,6 +8,7 @@ so the load generator's runs against them succeed.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 
@@ -83,6 +84,18 @@ def test_the_cpu_meter_counts_the_server_it_measures():
     assert spent.ours_s >= spent.server_s  # ours: this generator and every server
     assert spent.other_cpus >= 0.0 and spent.wall_s > 0.0
     assert spent.server_ms_per_request(400) == pytest.approx(1000.0 * spent.server_s / 400)
+
+
+def test_a_generator_run_as_a_child_counts_as_ours_not_as_another_process():
+    server = start_paused(otlp_sink_command(), ready_timeout_s=30.0)
+    try:
+        meter = CpuMeter(server)
+        busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
+        subprocess.run([sys.executable, "-c", busy], check=True)  # waited for, as wrk is
+        spent = meter.stop()
+    finally:
+        server.stop()
+    assert spent.ours_s >= 0.3  # the child's 0.3 s of CPU, however busy the machine was meanwhile
 
 
 def test_an_alternated_comparison_runs_warm_ups_then_a_b_b_a_saturation_then_b_a_a_b_at_the_fixed_rate():

@@ -1,0 +1,173 @@
+"""Server CPU per answered request at saturation: pooled over runs, taken as a ratio, judged, shown, kept for next time.
+
+Made-up runs with figures worked out by hand; ``benchmarks.real_models``'s
+targets (text <= 0.6x Infinity's, images no worse than the previous run's
+ratio) and the bodies wrk posts for it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.harness import (
+    AlternationPlan, SaturationRun, ServerRuns, Targets, cpu_ratio, cpu_target_text, format_comparison,
+    format_saturation, verdicts,
+)
+from benchmarks.harness.cpu_accounting import CpuSpent
+from benchmarks.loadgen.embeddings_payload import EmbeddingsDialect
+from benchmarks.loadgen.request_spec import Modality
+from benchmarks.loadgen.runner import Sample
+from benchmarks.real_models import LANES, TEXT_CHARS, WrkInputs, lane_targets
+from benchmarks.real_models_figures import (
+    figures_document, lane_figures, load_figures, previous_cpu_ratio, save_figures,
+)
+
+PLAN = AlternationPlan(8.0, 2, 1.0, 16)
+
+
+def _saturated(runs: list[tuple[int, float, float]], latency_s: float = 0.1) -> ServerRuns:
+    """``ServerRuns`` from (answers, server CPU s, wall s) per saturation run, and 100 open-loop samples."""
+    server = ServerRuns()
+    for num_ok, cpu_s, wall_s in runs:
+        server.record_saturation(SaturationRun(num_ok, num_ok / wall_s, {}),
+                                 CpuSpent(wall_s=wall_s, server_s=cpu_s, ours_s=cpu_s, machine_s=cpu_s))
+    server.open_samples = [Sample(Modality.TEXT, "text", 0.0, 0.0, latency_s, 200, "ok") for _ in range(100)]
+    server.open_num_sent = server.open_num_ok = 100
+    return server
+
+
+def test_cpu_per_answer_is_pooled_over_runs_not_averaged_run_by_run():
+    server = _saturated([(1000, 2.0, 8.0), (3000, 3.0, 8.0)])
+    assert server.cpu_ms_per_request == pytest.approx(1000.0 * 5.0 / 4000)  # 1.25, not the mean of 2.0 and 1.0
+    assert server.server_cores == pytest.approx(5.0 / 16.0)
+    assert server.throughputs_rps == [pytest.approx(125.0), pytest.approx(375.0)]
+    assert server.saturation_other_cpus == [0.0, 0.0] and server.other_cpus == [0.0, 0.0]
+
+
+def test_a_saturation_run_counts_its_errors_into_the_servers():
+    server = ServerRuns()
+    spent = CpuSpent(wall_s=1.0, server_s=0.5, ours_s=0.5, machine_s=0.5)
+    server.record_saturation(SaturationRun(10, 10.0, {"non-2xx": 2}), spent)
+    server.record_saturation(SaturationRun(10, 10.0, {"non-2xx": 1, "socket": 4}), spent)
+    assert server.errors == {"non-2xx": 3, "socket": 4}
+
+
+def test_the_cpu_ratio_is_ours_over_the_peers_and_needs_both():
+    infinity, mmserve = _saturated([(1000, 8.9, 8.0)]), _saturated([(1000, 5.0, 8.0)])
+    assert cpu_ratio(infinity, mmserve) == pytest.approx(5.0 / 8.9)
+    assert cpu_ratio(ServerRuns(throughputs_rps=[1.0]), mmserve) is None
+
+
+def test_text_cpu_target_is_met_at_or_under_six_tenths_of_infinitys():
+    text = lane_targets(LANES[0], "clip", None)
+    assert text.max_cpu_ratio == 0.6
+    infinity = _saturated([(1000, 8.9, 8.0)])
+    met = verdicts(infinity, _saturated([(1000, 5.3, 8.0)]), text)
+    missed = verdicts(infinity, _saturated([(1000, 6.5, 8.0)]), text)  # today's 0.73x
+    assert met.cpu_ratio == pytest.approx(0.5955, abs=1e-4) and met.is_cpu_met is True
+    assert missed.cpu_ratio == pytest.approx(0.7303, abs=1e-4) and missed.is_cpu_met is False
+
+
+def test_the_image_cpu_target_is_the_previous_runs_ratio_and_unjudged_without_one():
+    image_lane = LANES[1]
+    previous = figures_document({"clip": {"image": {"cpu_ratio": 0.8, "servers": {}}}}, "then")
+    assert lane_targets(image_lane, "clip", previous).max_cpu_ratio == 0.8
+    assert lane_targets(image_lane, "siglip", previous).max_cpu_ratio is None  # that family was not timed then
+    unset = lane_targets(image_lane, "clip", None)
+    assert unset.max_cpu_ratio is None and unset.cpu_basis == "previous run"
+    infinity = _saturated([(300, 6.0, 8.0)])
+    assert verdicts(infinity, _saturated([(300, 4.7, 8.0)]), lane_targets(image_lane, "clip", previous)).is_cpu_met
+    assert verdicts(infinity, _saturated([(300, 5.1, 8.0)]), Targets(1.15, 0.7, 0.8)).is_cpu_met is False
+    assert verdicts(infinity, _saturated([(300, 9.0, 8.0)]), unset).is_cpu_met is None
+
+
+def test_cpu_target_cells_say_the_bound_and_where_it_comes_from():
+    assert cpu_target_text(Targets(2.0, 0.5, 0.6)) == "<= 0.60"
+    assert cpu_target_text(Targets(1.15, 0.7, 0.81, "previous run")) == "<= 0.81 (previous run)"
+    assert cpu_target_text(Targets(1.15, 0.7, None, "previous run")) == "<= previous run (none)"
+    assert cpu_target_text(Targets(1.15, 0.7)) == "-"
+
+
+def test_the_comparison_table_has_the_cpu_row_with_its_target_and_verdict():
+    runs = {"infinity": _saturated([(1000, 8.9, 8.0), (1000, 8.9, 8.0)], latency_s=0.2),
+            "mmserve": _saturated([(2000, 10.0, 8.0), (2000, 10.0, 8.0)], latency_s=0.1)}
+    table = format_comparison("clip, text only", runs, "infinity", "mmserve", PLAN, Targets(2.0, 0.5, 0.6),
+                              num_cpus=2, ratio_label="mm/inf", generator="wrk -t1")
+    lines = table.splitlines()
+    assert lines[2].split()[:5] == ["saturation", "ok/s", "(wrk", "-t1,", "C=16)"]
+    assert lines[2].split()[-6:] == ["125.0", "250.0", "2.00", ">=", "2.00", "met"]
+    cpu_row = next(line for line in lines if "server CPU ms per answered request" in line)
+    assert cpu_row.split()[-6:] == ["8.90", "5.00", "0.56", "<=", "0.60", "met"]
+    cores_row = next(line for line in lines if "server CPUs busy" in line)
+    assert cores_row.split()[-5:] == ["1.11", "1.25", "1.12", "-", "-"]
+    assert "p50 ms" in lines[6] and "p99 ms" in lines[7] and lines[7].endswith(" met")  # after the CPU rows
+
+
+def test_a_table_of_runs_without_cpu_keeps_its_rows():
+    runs = {"peer": ServerRuns(throughputs_rps=[100.0], saturation_other_cpus=[0.0], other_cpus=[0.0]),
+            "ours": ServerRuns(throughputs_rps=[200.0], saturation_other_cpus=[0.0], other_cpus=[0.0])}
+    for server in runs.values():
+        server.open_samples = [Sample(Modality.TEXT, "text", 0.0, 0.0, 0.1, 200, "ok")]
+    table = format_comparison("t", runs, "peer", "ours", PLAN, Targets(1.0, 1.0, 0.6), 2, "r")
+    assert "server CPU" not in table and len(table.splitlines()) == 10
+
+
+def test_saturation_alone_shows_each_servers_answers_cpu_and_errors():
+    mmserve = _saturated([(1000, 5.0, 8.0)])
+    mmserve.count_errors({"socket": 2})
+    lines = format_saturation("clip, text only, mmserve alone", {"mmserve": mmserve}, PLAN, "wrk -t1").splitlines()
+    assert lines[0] == "clip, text only, mmserve alone: 8 s per run, 2 rounds (each server's runs pooled)"
+    assert lines[2].split()[-1] == "125.0"
+    assert lines[3].split()[-1] == "5.00" and lines[4].split()[-1] == "0.62"
+    assert lines[-1].split()[-2:] == ["socket", "2"]
+
+
+def test_figures_are_kept_per_family_and_lane_and_read_back(tmp_path):
+    runs = {"infinity": _saturated([(1000, 8.9, 8.0)]), "mmserve": _saturated([(1000, 6.5, 8.0)])}
+    figures = lane_figures(runs, "infinity", "mmserve")
+    assert figures["cpu_ratio"] == pytest.approx(0.7303, abs=1e-4)
+    assert figures["servers"]["mmserve"] == {"cpu_ms_per_request": 6.5, "ok_rps": 125.0}
+    assert lane_figures({"mmserve": runs["mmserve"]}, None, "mmserve")["cpu_ratio"] is None
+    path = tmp_path / "figures.json"
+    save_figures(path, figures_document({"clip": {"image": figures}}, "2026-12-03 12:30 UTC"))
+    document = load_figures(path)
+    assert json.loads(path.read_text())["saved"] == "2026-12-03 12:30 UTC"
+    assert previous_cpu_ratio(document, "clip", "image") == pytest.approx(0.7303, abs=1e-4)
+    assert previous_cpu_ratio(document, "clip", "text") is None
+    assert previous_cpu_ratio(None, "clip", "image") is None
+    assert load_figures(None) is None
+    with pytest.raises(FileNotFoundError):
+        load_figures(tmp_path / "missing.json")
+
+
+def test_wrk_posts_the_same_inputs_to_both_servers_each_in_its_dialect():
+    inputs = WrkInputs()
+    infinity, mmserve = EmbeddingsDialect("clip", True), EmbeddingsDialect("tiny-clip", False)
+    texts = [json.loads(body) for body in inputs.bodies("text", mmserve)]
+    assert len(texts) == 64 and len({text["input"][0] for text in texts}) == 64
+    assert all(TEXT_CHARS.min_chars <= len(text["input"][0]) <= TEXT_CHARS.max_chars for text in texts)
+    assert [json.loads(body)["input"] for body in inputs.bodies("text", infinity)] == [t["input"] for t in texts]
+    images = [json.loads(body) for body in inputs.bodies("image", infinity)]
+    assert len(images) == 100 and all(image["modality"] == "image" and image["model"] == "clip" for image in images)
+    assert images[0]["input"][0].startswith("data:image/jpeg;base64,/9j/")
+    mm_images = [json.loads(body) for body in inputs.bodies("image", mmserve)]
+    assert "modality" not in mm_images[0] and [i["input"] for i in mm_images] == [i["input"] for i in images]
+
+
+def test_a_wrk_runs_log_line_shows_mmserves_mean_batch_per_lane_and_nothing_for_a_peer():
+    from benchmarks.harness.alternation import mean_batch_text
+    from benchmarks.loadgen.server_metrics import batch_size_view, parse_metrics_text
+
+    def exposition(num_batches: int, num_texts: int) -> str:
+        return ("# TYPE mmserve_batch_size histogram\n"
+                f'mmserve_batch_size_bucket{{lane="text",le="8.0"}} {num_batches}\n'
+                f'mmserve_batch_size_bucket{{lane="text",le="+Inf"}} {num_batches}\n'
+                f'mmserve_batch_size_count{{lane="text"}} {num_batches}\n'
+                f'mmserve_batch_size_sum{{lane="text"}} {num_texts}\n')
+
+    before, after = parse_metrics_text(exposition(10, 40)), parse_metrics_text(exposition(110, 610))
+    assert mean_batch_text(batch_size_view(before, after)) == "; mean batch: text 5.7"  # 570 texts in 100 batches
+    assert mean_batch_text(batch_size_view(None, parse_metrics_text("up 1\n"))) == ""
+    assert mean_batch_text(None) == ""
