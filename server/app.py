@@ -126,7 +126,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
     monitor = build_monitor(settings, registry)
-    if settings.api_workers == 1:  # with API processes, the supervisor's count (server.workers.metrics_view)
+    if (settings.api_workers or 1) == 1:  # with API processes, the supervisor's count (server.workers.metrics_view)
         register_single_process_restarts(registry)
 
     @asynccontextmanager

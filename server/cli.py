@@ -17,8 +17,12 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from models.families.presets import DEFAULT_PRESET, PRESET_NAMES
+
+if TYPE_CHECKING:
+    from server.settings import Settings
 
 _EPILOG = """\
 examples:
@@ -56,7 +60,8 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--api-workers", type=_positive_int, metavar="N",
-                       help="API processes sharing the port in front of one engine process (default 1: one process)")
+                       help="API processes sharing the port in front of one engine process; 1: one process "
+                            "(default: 1 on a CPU device or 2 CPUs, else min(CPUs - 1, 3))")
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto")
     serve.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
                        help="what the model computes in (default auto: bfloat16 on CUDA, float32 on the CPU)")
@@ -197,6 +202,8 @@ def _serve(args: argparse.Namespace) -> int:
     )
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if settings.api_workers is None:
+        settings = settings.model_copy(update={"api_workers": _default_api_workers(settings)})
     if settings.api_workers > 1:
         from server.workers.supervisor import run_supervised
 
@@ -205,6 +212,19 @@ def _serve(args: argparse.Namespace) -> int:
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()
     return server.exit_code if server.started else 1
+
+
+def _default_api_workers(settings: Settings) -> int:
+    """``--api-workers`` when not given: from the usable CPUs and the device (server/workers/default_count.py)."""
+    from server.runtime.model_loading import resolve_device
+    from server.workers.default_count import default_api_workers, usable_cpus
+
+    num_cpus = usable_cpus()
+    device = settings.device if settings.device != "auto" else resolve_device("auto")  # cuda unseen: loading says so
+    count = default_api_workers(num_cpus, device)
+    logging.getLogger(__name__).info("--api-workers not given: %d for %d usable CPUs and device %s "
+                                     "(server/workers/default_count.py)", count, num_cpus, device)
+    return count
 
 
 def _init_model_repo(args: argparse.Namespace) -> int:

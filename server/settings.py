@@ -70,9 +70,11 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind (0 = any free port).")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-    api_workers: int = Field(
-        1, ge=1, le=64, description="API processes in front of one engine process (HTTP, protocols, keys, limits, "
-                                    "image decode); 1: one process serves everything, as without the option.")
+    api_workers: int | None = Field(
+        None, ge=1, le=64, description="API processes in front of one engine process (HTTP, protocols, keys, limits, "
+                                       "image decode); 1: one process serves everything. Unset: chosen from the "
+                                       "usable CPUs and the device (server/workers/default_count.py): 1 on a CPU "
+                                       "device or on 2 CPUs, else min(CPUs - 1, 3).")
 
     # -- input limits ---------------------------------------------------------
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="Largest request body accepted.")

@@ -1,0 +1,55 @@
+"""How many API processes ``mmserve serve`` runs when ``--api-workers`` is not given.
+
+Measured with ``benchmarks/frontend.py`` (BENCHMARKS.md, "API processes"):
+on 2 CPUs, two API processes answered 1.17x the text requests/s of one
+process at 1.45x its CPU per request: the engine, the IPC and the load share
+the same two cores, and the split's own cost (a frame each way, the engine's
+event loop) eats most of the gain. Split by process, a request costs the one
+engine process about 0.64 ms of CPU (text) to 1.1 ms (image), and the API
+process that answered it 0.9 ms (text) to 2.6 ms (image): one engine core
+keeps up with about 1.4 (text) to 2.4 (image) API processes, so beyond three
+the engine, not the front end, is what saturates. Hence:
+
+    a CPU device                 1    the model's compute wants every core; an API process would take them
+    an accelerator, <= 2 CPUs    1    measured above: the split does not pay for itself on two cores
+    an accelerator, C CPUs       min(C - 1, 3)   one core for the engine, API processes up to what it can feed
+
+"CPUs" are the ones this process may run on (its affinity) within its
+cgroup's CPU quota (``cpu.max``: a container's limit), whichever is fewer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+MAX_DEFAULT_API_WORKERS = 3
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+
+def cpus_in_quota(cpu_max: str) -> float | None:
+    """The CPUs a cgroup v2 ``cpu.max`` (``"QUOTA PERIOD"`` or ``"max PERIOD"``) allows; ``None`` for no limit."""
+    quota, _, period = cpu_max.strip().partition(" ")
+    if quota == "max" or not period:
+        return None
+    return int(quota) / int(period)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity, capped by its cgroup's quota (rounded up), at least 1."""
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota = cpus_in_quota(CGROUP_CPU_MAX.read_text())
+    except (OSError, ValueError):
+        quota = None
+    if quota is not None:
+        count = min(count, math.ceil(quota))
+    return max(count, 1)
+
+
+def default_api_workers(num_cpus: int, device_type: str) -> int:
+    """The rule of this module's docstring."""
+    if device_type == "cpu" or num_cpus <= 2:
+        return 1
+    return min(num_cpus - 1, MAX_DEFAULT_API_WORKERS)
