@@ -112,6 +112,7 @@ class SharedTokenBuckets:
 
     def __init__(self, path: str, limit: RateLimit) -> None:
         self.limit = limit
+        self._burst = float(limit.burst)
         self._ns_per_token = 1e9 / limit.per_s
         self._descriptor = os.open(path, os.O_RDWR)
         try:
@@ -129,7 +130,7 @@ class SharedTokenBuckets:
         """0.0 when a token was taken, else the seconds until the bucket holds one (one atomic step)."""
         tag = caller_tag(caller)
         offset = HEADER_BYTES + (tag % self.num_sets) * SET_BYTES
-        burst = float(self.limit.burst)
+        burst = self._burst
         with self._thread_lock:
             fcntl.lockf(self._descriptor, fcntl.LOCK_EX, SET_BYTES, offset)
             try:
