@@ -3,7 +3,7 @@
 With ``--api-workers N`` each API process holding its own ``InProcessTokenBuckets``
 would give a key N times ``MMSERVE_RATE_LIMIT``. Instead the supervisor creates
 this table once, a file in ``/dev/shm`` (memory that every process mapping it
-shares), hands its path to every API process it starts, restarted ones included
+shares; mode 0600, so only the server's user can read or reset a bucket), hands its path to every API process it starts, restarted ones included
 (a restart forgets no caller's bucket), and removes it when the server stops.
 Each API process maps it and takes tokens through ``SharedTokenBuckets.take``,
 the ``TokenBucketStore`` of ``server.http.rate_limit``, so the 429 answers,
