@@ -3,8 +3,9 @@
 With ``--api-workers N`` each API process holding its own ``InProcessTokenBuckets``
 would give a key N times ``MMSERVE_RATE_LIMIT``. Instead the supervisor creates
 this table once, a file in ``/dev/shm`` (memory that every process mapping it
-shares; mode 0600, so only the server's user can read or reset a bucket), hands its path to every API process it starts, restarted ones included
-(a restart forgets no caller's bucket), and removes it when the server stops.
+shares; mode 0600, so only the server's user can read or reset a bucket),
+hands its path to every API process it starts, restarted ones included (a
+restart forgets no caller's bucket), and removes it when the server stops.
 Each API process maps it and takes tokens through ``SharedTokenBuckets.take``,
 the ``TokenBucketStore`` of ``server.http.rate_limit``, so the 429 answers,
 ``Retry-After`` and ``mmserve_rate_limited_total`` are the single process's.
@@ -33,7 +34,11 @@ bytes of the file while it reads the set, refills the bucket, takes a token and
 writes the slot back; callers of other sets never wait. A record lock belongs
 to a process, so a ``threading.Lock`` orders the threads of one process first
 (an API process calls from its event loop only; the lock costs ~0.1 µs). A
-lock dies with its process, so an API process killed mid-take blocks nobody.
+lock dies with its process, so an API process killed mid-take blocks nobody,
+which a semaphore or a lock word in the table could not promise. A take costs
+about 5 µs of CPU against about 1 µs in process memory, most of it the two
+``fcntl`` calls (one per set rather than ``flock`` on the whole file, about
+1 µs cheaper, so that callers of different sets never wait for each other).
 
 Clock. The ``now_ns`` passed in is ``time.monotonic_ns`` (CLOCK_MONOTONIC), one
 clock for every process on the machine. A take whose reading is older than the
