@@ -40,6 +40,7 @@ from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
+from server.http.rate_limit import TokenBucketStore
 from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
@@ -196,8 +197,12 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     return app
 
 
-def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, registry: CollectorRegistry) -> None:
-    """Every route, guard and limit of the HTTP side (the single process's, and each API process's)."""
+def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, registry: CollectorRegistry,
+                rate_buckets: TokenBucketStore | None = None) -> None:
+    """Every route, guard and limit of the HTTP side (the single process's, and each API process's).
+
+    ``rate_buckets``: the rate limit's store when not this process's memory (API processes share one).
+    """
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
     app.add_exception_handler(ApiError, lambda request, error: error.response())
 
@@ -216,7 +221,7 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
 
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
                        on_reject=count_early_rejection)
-    add_request_guards(app, settings, count_early_rejection, registry=registry)
+    add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
     app.include_router(infer.router)
     app.include_router(health.router)
     app.include_router(admin.router)

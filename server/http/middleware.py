@@ -25,7 +25,7 @@ from server.http.access_log import AccessLog
 from server.http.auth import ApiKeyAuth, access_policy, warn_about_open_routes
 from server.http.body_timeout import BodyTimeout
 from server.http.content_types import ContentTypeCheck
-from server.http.rate_limit import InProcessTokenBuckets, RateLimit, RateLimitMiddleware
+from server.http.rate_limit import InProcessTokenBuckets, RateLimit, RateLimitMiddleware, TokenBucketStore
 from server.settings import Settings
 
 CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
@@ -41,17 +41,21 @@ def cors_origins(settings: Settings) -> list[str]:
 
 def add_request_guards(app: FastAPI, settings: Settings,
                        count_rejection: Callable[[str, str], None] | None = None,
-                       registry: CollectorRegistry | None = None) -> None:
+                       registry: CollectorRegistry | None = None,
+                       rate_buckets: TokenBucketStore | None = None) -> None:
     """Add the layers above; ``count_rejection(path, status)`` counts a 401, 403, 415 or 429 in the request metrics.
 
     ``registry``: where ``mmserve_rate_limited_total`` is exported (the app's own).
+    ``rate_buckets``: where the buckets live when rate_limit is set; this process's memory unless given
+    (API processes pass the table they share, ``server.workers.shared_rate_buckets``).
     """
     app.add_middleware(BodyTimeout, timeout_s=settings.body_timeout_s)
     app.add_middleware(ContentTypeCheck,
                        on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "415")))
     if settings.rate_limit is not None:
         limit = RateLimit.parse(settings.rate_limit)
-        app.add_middleware(RateLimitMiddleware, store=InProcessTokenBuckets(limit), registry=registry,
+        store = rate_buckets if rate_buckets is not None else InProcessTokenBuckets(limit)
+        app.add_middleware(RateLimitMiddleware, store=store, registry=registry,
                            limit_text=str(limit),
                            on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "429")))
     policy = access_policy(settings)

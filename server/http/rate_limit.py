@@ -16,9 +16,10 @@ and hold no personal data (each 429 also has its access-log line, with the key i
 
 The buckets live behind ``TokenBucketStore``. ``InProcessTokenBuckets`` holds
 them in this process's memory; with several API processes in front of one
-engine the limit must hold for the server as a whole, which a store in shared
-memory gives by implementing the same ``take`` (one atomic refill-and-take
-per call) over a table every process maps.
+engine the limit must hold for the server as a whole, which
+``server.workers.shared_rate_buckets.SharedTokenBuckets`` gives by implementing
+the same ``take`` (one atomic refill-and-take per call) over a table in shared
+memory every API process maps.
 """
 
 from __future__ import annotations

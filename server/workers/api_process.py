@@ -30,6 +30,7 @@ from monitoring.serving_metrics import ServingMetrics
 from router.decode_pool import BoundedDecodePool
 from router.segments import SegmentCatalog
 from server.app import wire_routes
+from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.model_loading import load_model
@@ -38,18 +39,26 @@ from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
 from server.workers.engine_client import EngineClient, EngineRouter
-from server.workers.handoff import ENGINE_SOCKET_VARIABLE, RUN_DIRECTORY_VARIABLE, settings_from_environment
+from server.workers.handoff import (
+    ENGINE_SOCKET_VARIABLE,
+    RATE_BUCKETS_VARIABLE,
+    RUN_DIRECTORY_VARIABLE,
+    settings_from_environment,
+)
 from server.workers.pixel_slots import PixelSlots
 from server.workers.readiness import ReadyMarks
 from server.workers.metrics_view import keep_snapshot_fresh, merged_registry
 from server.workers.orphan_guard import exit_when_orphaned
+from server.workers.shared_rate_buckets import SharedTokenBuckets
 
 logger = logging.getLogger(__name__)
 
 ENGINE_CONNECT_TIMEOUT_S = 600.0  # the engine loads and warms its model meanwhile
 
 
-def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> FastAPI:
+def create_api_app(settings: Settings, socket_path: str, run_directory: str,
+                   rate_buckets_path: str | None = None) -> FastAPI:
+    """``rate_buckets_path``: the table of token buckets every API process shares (with a rate limit)."""
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
     monitor = build_monitor(settings, registry)
@@ -86,11 +95,16 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str) -> 
             await client.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             slots.close()
+            if rate_buckets is not None:
+                rate_buckets.close()
             await asyncio.to_thread(monitor.stop)
 
     app = FastAPI(title="mmserve", version="0.1.0",
                   description="Online multimodal (image + text) inference server.", lifespan=lifespan)
-    wire_routes(app, settings, metrics, registry)
+    rate_buckets = None
+    if settings.rate_limit is not None and rate_buckets_path is not None:
+        rate_buckets = SharedTokenBuckets(rate_buckets_path, RateLimit.parse(settings.rate_limit))
+    wire_routes(app, settings, metrics, registry, rate_buckets=rate_buckets)
     app.add_middleware(ForwardToEngine, forward=lambda *request: app.state.mmserve.intake.answer_in_engine(*request),
                        max_body_bytes=settings.max_body_bytes)
     return app
@@ -102,7 +116,8 @@ def main() -> int:
                         format=f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
     exit_when_orphaned()
     listening = socket.socket(fileno=int(sys.argv[1]))
-    app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE])
+    app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE],
+                         os.environ.get(RATE_BUCKETS_VARIABLE))
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run(sockets=[listening])
     return server.exit_code if server.started else 1

@@ -18,6 +18,7 @@ from server.settings import Settings
 SETTINGS_VARIABLE = "MMSERVE_WORKER_SETTINGS_JSON"
 ENGINE_SOCKET_VARIABLE = "MMSERVE_WORKER_ENGINE_SOCKET"
 RUN_DIRECTORY_VARIABLE = "MMSERVE_WORKER_RUN_DIR"
+RATE_BUCKETS_VARIABLE = "MMSERVE_WORKER_RATE_BUCKETS"  # the shared bucket table's path, only with a rate limit
 
 
 def settings_json(settings: Settings) -> str:

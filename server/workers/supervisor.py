@@ -5,6 +5,10 @@
       engine process      python -m server.workers.engine_process   (model, lanes, batcher, cache, monitoring)
       API process x N     python -m server.workers.api_process FD  (HTTP, protocols, decode -> shared memory)
 
+With a rate limit the supervisor also creates the table of token buckets every
+API process shares (``server.workers.shared_rate_buckets``), so the limit holds
+for the server, not per process, and removes it when the server stops.
+
 Faults:
   an API process dies      started again at once (its own in-flight requests are lost, their
                            connections drop; the others keep answering), counted in
@@ -30,11 +34,13 @@ from pathlib import Path
 from server.settings import Settings
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
+    RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
     SETTINGS_VARIABLE,
     settings_json,
 )
 from server.workers.restarts import write_restart_count
+from server.workers.shared_rate_buckets import SharedBucketTable
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +68,9 @@ class Supervisor:
         self._environment = {**os.environ, SETTINGS_VARIABLE: settings_json(settings),
                              ENGINE_SOCKET_VARIABLE: self._engine_socket,
                              RUN_DIRECTORY_VARIABLE: self._run_directory}
+        self._rate_buckets = SharedBucketTable.create() if settings.rate_limit is not None else None
+        if self._rate_buckets is not None:
+            self._environment[RATE_BUCKETS_VARIABLE] = self._rate_buckets.path
         self._stopping = False
         self.num_restarts = 0
 
@@ -107,6 +116,8 @@ class Supervisor:
             for process in (engine, *api_processes):
                 if process.poll() is None:
                     process.kill()
+            if self._rate_buckets is not None:
+                self._rate_buckets.remove()
 
     def _stop(self, processes: list[subprocess.Popen], sig: int) -> None:
         for process in processes:
