@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -118,6 +119,9 @@ class Supervisor:
                     process.kill()
             if self._rate_buckets is not None:
                 self._rate_buckets.remove()
+            for process in (engine, *api_processes):
+                process.wait()  # nobody writes to the run directory any more
+            shutil.rmtree(self._run_directory, ignore_errors=True)  # the engine's socket, snapshots, restart count
 
     def _stop(self, processes: list[subprocess.Popen], sig: int) -> None:
         for process in processes:

@@ -121,6 +121,10 @@ def test_sigterm_drains_every_process_and_loses_no_accepted_request():
            "MMSERVE_SYNTHETIC_DISTRIBUTION": "constant", "MMSERVE_CACHE_TEXT_BYTES": "0"}
     with run_serve_process(["--preset", "synthetic", "--device", "cpu", "--api-workers", "2"], env) as served:
         url, process = served.url, served.process
+        engine = next(pid for pid in children_of(process.pid) if "engine_process" in command_line(pid))
+        run_directory = Path(next(entry.split("=", 1)[1] for entry in Path(f"/proc/{engine}/environ").read_text()
+                                  .split("\0") if entry.startswith("MMSERVE_WORKER_RUN_DIR=")))
+        assert (run_directory / "engine.sock").exists()
 
         async def scenario():
             async with httpx.AsyncClient(base_url=url, timeout=60,
@@ -142,3 +146,4 @@ def test_sigterm_drains_every_process_and_loses_no_accepted_request():
         assert [r.status_code for r in accepted] == [200] * 12
         assert ready_status in (503, "refused")
         assert process.wait(timeout=60) == 0
+        assert not run_directory.exists()  # the socket, snapshots and restart count go with the server
