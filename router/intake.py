@@ -3,9 +3,10 @@
     intake.run(items, arrival_ns)              (intake.run_one(item, ...) for one)
 
     per item, all at once:
-      prepare      decode pool; a short text-only item on the event loop
-                   "decode" fault drill -> tokenize -> joint-token budget
-                   (router.joint_budget) -> plan the segments against the cache
+      prepare      decode pool; a short or tokenized text-only item on the event loop
+                   "decode" fault drill -> tokenize (unless the item brings
+                   its tokens) -> joint-token budget (router.item_text,
+                   router.joint_budget) -> plan the segments against the cache
                    -> decode + resize only the images the plan needs
                    (--decode-device cuda: its JPEGs wait, then go to the device
                    with every other item's in one batch; what that leaves, CPU)
@@ -67,6 +68,7 @@ from router.device_decode_round import DeviceDecodeRound
 from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
 from router.item_facts import ItemFacts
+from router.item_text import INLINE_TEXT_MAX_CHARS, fit_item_text
 from router.joint_budget import JointTokenBudget, JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
 from router.router import Router
@@ -76,16 +78,16 @@ from router.tracing import SpanIds
 ImageDecoder = Callable[[bytes], "Image.Image | np.ndarray"]
 """Encoded image bytes -> an RGB Pillow image or (H, W, 3) uint8 pixels; raises on a bad image."""
 
-# Tokenizing this many characters takes under 100 us: less than a hop to the pool and back.
-INLINE_TEXT_MAX_CHARS = 256
-
 
 @dataclass(frozen=True)
 class IntakeItem:
     """One item as the client sent it, checked for shape and size by the server, not yet decoded.
 
     Raw pixels in ``image`` must already match their shape (the server checks
-    that while it parses, with the pixel limit).
+    that while it parses, with the pixel limit). ``tokens`` is set where the
+    text was already tokenized and fit to the joint-token budget (an API
+    process did it: ``router.item_text``); the text may then be left out, and
+    the intake tokenizes nothing.
     """
 
     request_id: str
@@ -98,6 +100,7 @@ class IntakeItem:
     images_as_list: bool = False  # sent as a list: a bad image's error names its index
     trace: SpanIds | None = None  # the server span it belongs to, while tracing is on (router.tracing)
     protocol: str = "native"  # what it came by: a label of its facts (drift attribution)
+    tokens: TokenizedText | None = None  # the text as it will run, when tokenized before the intake
 
 
 @dataclass(frozen=True)
@@ -275,8 +278,8 @@ class RequestIntake:
     # -- preparing --------------------------------------------------------------
 
     def _is_inline(self, item: IntakeItem) -> bool:
-        return (self._faults is None and not item.images and item.text is not None
-                and len(item.text) <= self._inline_text_max_chars)
+        return self._faults is None and not item.images and (
+            item.tokens is not None or (item.text is not None and len(item.text) <= self._inline_text_max_chars))
 
     async def _prepare(self, item: IntakeItem, image_encoding: str | None,
                        device_round: DeviceDecodeRound | None) -> _Prepared:
@@ -324,10 +327,7 @@ class RequestIntake:
         """
         if self._faults is not None:
             self._faults.after_stage("decode", (image_encoding,))
-        tokens = None
-        if item.text is not None:
-            tokens = self._tokenizer.encode(item.text, truncate=item.truncate)
-        tokens, joint = self._budget.fit(len(item.images), tokens, truncate=item.truncate)
+        tokens, joint = fit_item_text(self._tokenizer, self._budget, item)
         plan = self._router.plan_segments(item.images, tokens.token_ids if tokens is not None else None,
                                           item.use_cache)
         try:

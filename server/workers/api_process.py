@@ -8,7 +8,10 @@ passed down (every API process accepts from the same socket), and drains
 like the single process on SIGTERM (``server.runtime.lifecycle``).
 
 It loads the model bundle on the CPU for what the HTTP side describes (the
-model's name and configuration); the model object of answers, its
+model's name and configuration) and for the tokenizer and joint-token budget
+it applies to every item before the engine sees it (``router.item_text``:
+the same configuration gives the engine's tokenizer and limits, and the
+engine checks the budget again); the model object of answers, its
 fingerprint and the cache keys' preprocessing come from the engine, so they
 are the engine's whatever this copy is.
 """
@@ -28,8 +31,9 @@ from prometheus_client import CollectorRegistry
 
 from monitoring.serving_metrics import ServingMetrics
 from router.decode_pool import BoundedDecodePool
+from router.item_text import ItemTextFitter
 from router.segments import SegmentCatalog
-from server.app import wire_routes
+from server.app import joint_token_budget, wire_routes
 from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
@@ -69,9 +73,10 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
         input_size = bundle.config.preprocess.input_size
         slots = PixelSlots((input_size, input_size, 3))
+        texts = ItemTextFitter(bundle.tokenizer, joint_token_budget(settings, bundle), decode_pool)
         client = EngineClient(socket_path, SegmentCatalog(None, bundle.fingerprint, ""),  # type: ignore[arg-type]
                               bundle.config.preprocess, image_decoder(settings, bundle.config.preprocess), decode_pool,
-                              slots)
+                              slots, texts)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         description, fingerprint, preprocess_id = await client.describe()
         client.use_keys_of(SegmentCatalog(None, fingerprint, preprocess_id))  # type: ignore[arg-type]

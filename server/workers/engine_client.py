@@ -5,16 +5,29 @@ server calls ``RequestIntake.run``, and answers the same way (outcomes in
 order, or the error the intake would raise), so the request layer and every
 protocol above it are unchanged:
 
+    tokenize    every item's text, fit to the joint-token budget (router.item_text),
+                here: the engine tokenizes nothing
     peek        ask the engine which images' segments it holds (no claim)
     decode      only the others, in this process's decode pool, to the model's
                 (S, S, 3) uint8 input, written into shared-memory slots
-    run         the items (texts, encoded bytes for the cache keys, slot numbers) -> the engine's intake
+    run         the items (token ids, the images' bytes for the cache keys, slot
+                numbers) -> the engine's intake
     settle      the slots are free again when the engine answers; a cancelled
                 call (the client went away) is cancelled in the engine too
 
 ``EngineRouter`` is what the routes and the drain read from ``state.router``:
 ready, alive, draining, in flight, a fault (the engine is gone: the API
 process exits, and the supervisor with it).
+
+Refusals are the single process's, item for item: that intake prepares every
+item at once and answers with the first refused one by index, each item's
+text checked before its images are decoded. So an item over a limit is
+refused here, with no round trip when it is the first item; only the images
+of the items before it are still peeked and decoded, since one of those could
+be refused first. What an outcome says of preparing counts this process's
+part too: ``decode_ns`` (the ``decode`` stage of ``/metrics`` and
+``timings_ms``) is the time spent here (tokenize, peek, decode) plus the
+engine's planning, as one process counts its tokenize, plan and decode.
 """
 
 from __future__ import annotations
@@ -32,7 +45,8 @@ import numpy as np
 from models.loading.config import PreprocessConfig
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
-from router.intake import ImageDecoder, IntakeItem
+from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
+from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
 from server.errors import ApiError
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
@@ -55,8 +69,9 @@ class EngineClient:
     """One connection to the engine, shared by every request of this API process."""
 
     def __init__(self, socket_path: str, catalog: SegmentCatalog, preprocess: PreprocessConfig,
-                 decode_image: ImageDecoder, executor: Executor, slots: PixelSlots) -> None:
+                 decode_image: ImageDecoder, executor: Executor, slots: PixelSlots, texts: ItemTextFitter) -> None:
         self._socket_path = socket_path
+        self._texts = texts
         self._catalog = catalog  # keys only: the cache is the engine's
         self._preprocess = preprocess
         self._decode_image = decode_image
@@ -158,10 +173,16 @@ class EngineClient:
         if self.is_draining:
             raise ShuttingDownError()
         self.num_in_flight += 1
+        started_ns = time.perf_counter_ns()
         taken: list[int] = []
         try:
-            slots = await self._decode_missing(items, taken)
-            call_id, future = self._send("run", list(items), arrival_ns, self._slots.name, slots)
+            fitted = await self._texts.fit_all(items)
+            refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
+            slots = await self._decode_missing(items if refused is None else items[:refused], taken)
+            if refused is not None:  # no earlier item's image was refused first
+                raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
+            prepare_ns = time.perf_counter_ns() - started_ns
+            call_id, future = self._send("run", fitted, arrival_ns, self._slots.name, slots)
             try:
                 kind, fields = await asyncio.shield(future)
             except asyncio.CancelledError:
@@ -173,7 +194,7 @@ class EngineClient:
             self._slots.give_back(taken)
             self.num_in_flight -= 1
         if kind == "ok":
-            return fields[0]
+            return [_counting_this_process(outcome, started_ns, prepare_ns) for outcome in fields[0]]
         if kind == "error":
             row, (status, code, message, field, retry_after_s) = fields
             error = ApiError(status, code, message, field, retry_after_s)
@@ -182,7 +203,7 @@ class EngineClient:
 
     async def _decode_missing(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
         """Decode every image the engine does not hold into a slot; the slot numbers per item and image."""
-        keys = [self._catalog.image_key(content) if content.encoded is not None and item.use_cache else None
+        keys = [self._catalog.image_key(content) if item.use_cache else None  # raw pixels keyed as one process does
                 for item in items for content in item.images]
         cached = iter(await self._call("peek", keys) if any(key is not None for key in keys) else [False] * len(keys))
         work = []
@@ -221,6 +242,11 @@ class EngineClient:
         except Exception as e:
             error: Exception = ImageItemError(image_index, e) if item.images_as_list else e
             raise IntakeItemError(item_index, error) from e
+
+
+def _counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:
+    """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
+    return dataclasses.replace(outcome, decode_ns=prepare_ns + outcome.decode_ns, decode_started_ns=started_ns)
 
 
 class EngineRouter:

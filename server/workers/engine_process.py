@@ -14,10 +14,13 @@ socket (``server.workers.frames``):
                                            a zero-shot route, answered by the app (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
 
-A ``run`` goes through the same ``RequestIntake`` as in one process (tokenize,
-budget, plan, submit, settle), with the pixels the API process decoded taken
-from its shared-memory slots; an image it did not decode (the peek said cached,
-and the entry left the cache since) is decoded here. Deadlines count from
+A ``run`` goes through the same ``RequestIntake`` as in one process (budget,
+plan, submit, settle), with the items' token ids the API process computed
+(``IntakeItem.tokens``: nothing is tokenized here, the budget is checked again)
+and the pixels it decoded taken from its shared-memory slots; an image it did
+not decode (the peek said cached, and the entry left the cache since) is
+decoded here. Every image keeps the bytes it was sent as, raw pixels included,
+so its cache key is the one a single process derives. Deadlines count from
 ``arrival_ns``, the API process's ``perf_counter_ns`` at arrival: on Linux that
 clock is CLOCK_MONOTONIC, one clock for every process of the machine.
 
@@ -40,7 +43,7 @@ from prometheus_client import generate_latest
 
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeOutcome, IntakeTools, RequestIntake
-from router.segments import ImageContent, SegmentKey
+from router.segments import SegmentKey
 from server.app import create_app, joint_token_budget
 from server.errors import ApiError
 from server.http.error_mapping import api_error_from
@@ -150,7 +153,7 @@ class Engine:
 
     async def _run(self, call_id: int, items: list[IntakeItem], arrival_ns: int, block: AttachedSlots,
                    slots: list[list[int | None]], reply) -> None:  # noqa: ANN001
-        items, prepared_ids = self._with_pixels(items, block, slots)
+        prepared_ids = self._take_pixels(items, block, slots)
         try:
             outcomes = await self._intake.run(items, arrival_ns)
             reply("ok", call_id, [portable(outcome) for outcome in outcomes])
@@ -164,23 +167,19 @@ class Engine:
             for content_id in prepared_ids:
                 self._prepared.pop(content_id, None)
 
-    def _with_pixels(self, items: list[IntakeItem], block: AttachedSlots,
-                     slots: list[list[int | None]]) -> tuple[list[IntakeItem], list[int]]:
-        """The items with their slots' pixels copied out (the slots are free once this call answers)."""
+    def _take_pixels(self, items: list[IntakeItem], block: AttachedSlots, slots: list[list[int | None]]) -> list[int]:
+        """The slots' pixels copied out for the intake, by image (the slots are free once this call answers).
+
+        Each image stays as it was sent (encoded or raw bytes): its cache key
+        and facts are a single process's; only its decoding is done.
+        """
         prepared_ids: list[int] = []
-        with_pixels = []
         for item, item_slots in zip(items, slots):
-            images = []
             for content, slot in zip(item.images, item_slots):
                 if slot is not None:
-                    pixels = block.copy_out(slot)
-                    if content.encoded is None:  # raw pixels, sent as their model input
-                        content = ImageContent(pixels=pixels.tobytes(), shape=pixels.shape)
-                    self._prepared[id(content)] = pixels
+                    self._prepared[id(content)] = block.copy_out(slot)
                     prepared_ids.append(id(content))
-                images.append(content)
-            with_pixels.append(dataclasses.replace(item, images=tuple(images)))
-        return with_pixels, prepared_ids
+        return prepared_ids
 
 
 async def serve_engine(settings: Settings, socket_path: str) -> int:

@@ -3,7 +3,7 @@
     supervisor (this process)
       binds host:port once; every API process inherits the listening socket and accepts from it
       engine process      python -m server.workers.engine_process   (model, lanes, batcher, cache, monitoring)
-      API process x N     python -m server.workers.api_process FD  (HTTP, protocols, decode -> shared memory)
+      API process x N     python -m server.workers.api_process FD  (HTTP, protocols, tokenize, decode -> shared memory)
 
 With a rate limit the supervisor also creates the table of token buckets every
 API process shares (``server.workers.shared_rate_buckets``), so the limit holds

@@ -1,20 +1,47 @@
-"""Loaded by every process of a test server (PYTHONPATH): counts image decodes per process.
+"""Loaded by every process of a test server (PYTHONPATH): counts work per process.
 
 With ``MMSERVE_TEST_DECODE_LOG`` set, each call of the server's image
 decoder appends ``<pid>\\n`` to that file, so a test sees which process
-decoded how many images across the supervisor's children.
+decoded how many images across the supervisor's children. Likewise
+``MMSERVE_TEST_TOKENIZE_LOG`` for each text tokenized (``TextTokenizer.encode``;
+``MMSERVE_TEST_TOKENIZE_DELAY_S`` makes each call take that much longer, so a
+test can find tokenizing in a stage's time) and ``MMSERVE_TEST_PIXELS_LOG``
+for each array turned into the model's input (raw uploads, arrays a decoder
+returned: ``models.preprocessing.pixels_to_model_input``).
 """
 
 import os
+import time
+
+
+def _logging(real, variable):  # noqa: ANN001, ANN202 - wraps any callable
+    def counted(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with open(os.environ[variable], "a") as log:
+            log.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    return counted
+
+
+if os.environ.get("MMSERVE_TEST_PIXELS_LOG"):  # first: later imports take the function by name
+    import models.preprocessing as _preprocessing
+
+    _preprocessing.pixels_to_model_input = _logging(_preprocessing.pixels_to_model_input, "MMSERVE_TEST_PIXELS_LOG")
+
+if os.environ.get("MMSERVE_TEST_TOKENIZE_LOG") or os.environ.get("MMSERVE_TEST_TOKENIZE_DELAY_S"):
+    from models.tokenizer import TextTokenizer as _TextTokenizer
+
+    _real_encode = _TextTokenizer.encode
+    _delay_s = float(os.environ.get("MMSERVE_TEST_TOKENIZE_DELAY_S") or 0)
+
+    def _slow_encode(self, text, *, truncate):  # noqa: ANN001, ANN202
+        time.sleep(_delay_s)
+        return _real_encode(self, text, truncate=truncate)
+
+    _TextTokenizer.encode = (_logging(_slow_encode, "MMSERVE_TEST_TOKENIZE_LOG")
+                             if os.environ.get("MMSERVE_TEST_TOKENIZE_LOG") else _slow_encode)
 
 if os.environ.get("MMSERVE_TEST_DECODE_LOG"):
     import server.ingest.inputs as _inputs
 
-    _real_decode = _inputs.decode_image
-
-    def _counting_decode(*args, **kwargs):
-        with open(os.environ["MMSERVE_TEST_DECODE_LOG"], "a") as log:
-            log.write(f"{os.getpid()}\n")
-        return _real_decode(*args, **kwargs)
-
-    _inputs.decode_image = _counting_decode
+    _inputs.decode_image = _logging(_inputs.decode_image, "MMSERVE_TEST_DECODE_LOG")

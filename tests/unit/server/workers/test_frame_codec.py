@@ -32,6 +32,7 @@ def _items() -> list[IntakeItem]:
         IntakeItem("r-2", images=(ImageContent(encoded=b"\xff\xd8\xff\xe0jpeg"),
                                   ImageContent(pixels=bytes(range(12)), shape=(2, 2, 3))),
                    priority=Priority.LOW, use_cache=False, images_as_list=True),
+        IntakeItem("r-3", tokens=TokenizedText((2, 70, 71, 3), True, 9), images=(ImageContent(encoded=b"png"),)),
     ]
 
 
@@ -77,7 +78,7 @@ ERROR = (422, "text_too_long", "text has 80 tokens; the limit is 77", "text", No
 MESSAGES = {
     # API process -> engine
     "peek": ("peek", 1, [KEY, None, SegmentKey(Modality.TEXT, b"\x01" * 32)]),
-    "run": ("run", 2, _items(), 1_234_567_890_123, "psm_mmserve_1", [[], [3, None]]),
+    "run": ("run", 2, _items(), 1_234_567_890_123, "psm_mmserve_1", [[], [3, None], [None]]),
     "cancel": ("cancel", 2),
     "status": ("status", 3),
     "clear_cache": ("clear_cache", 0),
