@@ -21,6 +21,9 @@ into the same families, series and labels as one process exports:
     mmserve_api_worker_restarts_total            the supervisor's count (``server.workers.restarts``)
     exemplars (request-duration buckets)         each bucket's most recent one, whichever process holds it
 
+and in the order OpenMetrics asks (each series' samples together, ``_created``
+inside its family), so the merged view encodes in either format.
+
 Exemplars (the trace ids of kept requests, ``server.http.traced_answer``) are
 read from each process's request-duration histogram (``exemplars_of``) beside
 its exposition and put back on the merged buckets, so the OpenMetrics scrape
@@ -164,7 +167,38 @@ def merge_expositions(texts: list[str], digests_documents: list[dict],
                 families[STAGE_LATENCY].samples.append(
                     Sample(STAGE_LATENCY, {"route": route, "stage": stage, "quantile": str(q)},
                            value_s if not math.isnan(value_s) else math.nan))
+    _fold_created(families)
+    for family in families.values():
+        family.samples = _grouped(family.samples)
     return list(families.values())
+
+
+_PARENT_TYPES = ("counter", "histogram", "summary")  # the families whose series have a ``_created`` sample
+_WITHIN_GROUP_LABELS = ("le", "quantile")
+
+
+def _fold_created(families: dict[str, Metric]) -> None:
+    """Each ``X_created`` family of the classic text back into ``X``, as a registry yields it.
+
+    The classic format writes ``_created`` samples as gauges of their own; in
+    OpenMetrics they belong to their counter, histogram or summary (a family of
+    their own there clashes with it). Both encoders then write them right.
+    """
+    for name in [name for name in families if name.endswith("_created")]:
+        parent = families.get(name.removesuffix("_created"))
+        if parent is not None and parent.type in _PARENT_TYPES:
+            parent.samples.extend(families.pop(name).samples)
+
+
+def _grouped(samples: list[Sample]) -> list[Sample]:
+    """Each series' samples (its labels but ``le``/``quantile``) together, as OpenMetrics requires; stable."""
+    first_seen: dict[tuple, int] = {}
+
+    def group(sample: Sample) -> int:
+        labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in _WITHIN_GROUP_LABELS))
+        return first_seen.setdefault(labels, len(first_seen))
+
+    return sorted(samples, key=group)
 
 
 class MergedMetrics:

@@ -78,7 +78,8 @@ def test_the_admin_faults_routes_answer_and_refuse_as_one_process(workers, singl
     drill = {"stage": "vision", "delay_ms": 1, "duration_s": 5}
     cases = [("POST", {}, drill), ("POST", {"Authorization": f"Bearer {INFERENCE_KEY}"}, drill),
              ("DELETE", {"Authorization": f"Bearer {INFERENCE_KEY}"}, None),
-             ("POST", ADMIN, {"stage": "tokenize", "delay_ms": 1}), ("POST", ADMIN, {"stage": "vision", "delay_ms": -1}),
+             ("POST", ADMIN, {"stage": "tokenize", "delay_ms": 1}),
+             ("POST", ADMIN, {"stage": "vision", "delay_ms": -1}),
              ("POST", ADMIN, {"stage": "decode", "delay_ms": 1, "only_encoding": "gif89"}),
              ("POST", ADMIN, drill), ("DELETE", ADMIN, None)]
     for method, headers, body in cases:

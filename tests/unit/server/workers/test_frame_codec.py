@@ -66,7 +66,8 @@ def _batch_of(outcome: IntakeOutcome) -> BatchTrace:
     return outcome.result.batch_trace
 
 
-DRILLS = ((FaultPlan("decode", 150.0, 0.5, 60.0, only_encoding="png"), 59.75), (FaultPlan("vision", 20.0, 1.0, 5.0), 4.5))
+DRILLS = ((FaultPlan("decode", 150.0, 0.5, 60.0, only_encoding="png"), 59.75),
+          (FaultPlan("vision", 20.0, 1.0, 5.0), 4.5))
 
 
 def _same(left: object, right: object) -> bool:

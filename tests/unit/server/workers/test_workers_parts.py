@@ -100,7 +100,12 @@ class _Families:
 
 
 def test_merged_metrics_keep_each_buckets_latest_exemplar_for_openmetrics_only():
-    processes = [ServingMetrics(CollectorRegistry()) for _ in range(2)]
+    processes, monitors = [ServingMetrics(CollectorRegistry()) for _ in range(2)], [Monitor(), Monitor()]
+    for metrics, monitor, route in zip(processes, monitors, ("text", "vision")):
+        monitor.register(metrics.registry)
+        monitor.record(route, {"total": 2_000_000, "decode": 1_000_000})
+        monitor.tick()
+        metrics.requests_total.labels(route=route, code="200").inc()
     first, second = (metrics.request_duration_seconds.labels(route="text") for metrics in processes)
     first.observe(0.031, {"trace_id": "a" * 32})  # both in the 0.05 bucket: the second is the later
     first.observe(0.9, {"trace_id": "c" * 32})  # only the first process has one in a slow bucket
@@ -109,11 +114,15 @@ def test_merged_metrics_keep_each_buckets_latest_exemplar_for_openmetrics_only()
     rows = [row for metrics in processes for row in exemplars_of(metrics.request_duration_seconds)]
     assert len(rows) == 3
     view = CollectorRegistry(auto_describe=False)
-    view.register(_Families(merge_expositions(texts, [], rows)))
+    view.register(_Families(merge_expositions(texts, [monitor.digests_view() for monitor in monitors], rows)))
     plain = generate_latest(view).decode()
     assert "trace_id" not in plain and 'mmserve_request_duration_seconds_count{route="text"} 3.0' in plain
-    (family,) = [family for family in parse_openmetrics(generate_openmetrics(view).decode())
-                 if family.name == "mmserve_request_duration_seconds"]
+    assert "# TYPE mmserve_requests_created gauge" in plain  # the classic format as one process writes it
+    # The strict OpenMetrics parser takes the whole merged view: series grouped, _created in their families.
+    parsed = {family.name: family for family in parse_openmetrics(generate_openmetrics(view).decode())}
+    assert {"mmserve_requests", "mmserve_stage_latency_seconds"} <= parsed.keys()
+    assert "mmserve_requests_created" not in parsed
+    family = parsed["mmserve_request_duration_seconds"]
     exemplars = {sample.labels["le"]: sample.exemplar.labels["trace_id"] for sample in family.samples
                  if sample.name.endswith("_bucket") and sample.exemplar is not None}
     assert exemplars == {"0.05": "b" * 32, "1.0": "c" * 32}
