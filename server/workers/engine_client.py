@@ -106,7 +106,7 @@ class EngineClient:
                 await asyncio.sleep(0.05)
         self._reader_task = asyncio.create_task(self._read_answers(reader))
         if self._faults is not None:
-            self._faults.adopt(await self._call("watch_faults"))  # type: ignore[arg-type]
+            await self._call("watch_faults")  # the drills now arrive before its answer, and after every change
         self._status_task = asyncio.create_task(self._poll_status())
 
     async def close(self) -> None:

@@ -14,8 +14,8 @@ socket (``server.workers.frames``):
                                            a zero-shot route, answered by the app (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
     ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
-    ("watch_faults", id)                   -> ("ok", id, [(FaultPlan, seconds left)]), then after every drill
-                                           change, unasked: ("faults", None, [(FaultPlan, seconds left)])
+    ("watch_faults", id)                   -> ("faults", None, [(FaultPlan, seconds left)]), ("ok", id, None),
+                                           then the same "faults" frame, unasked, after every drill change
 
 A ``run`` goes through the same ``RequestIntake`` as in one process (tokenize,
 budget, plan, submit, settle), with the pixels the API process decoded taken
@@ -155,7 +155,8 @@ class Engine:
                 elif kind == "watch_faults":
                     self._fault_watchers.add(reply)
                     faults = self._state.faults
-                    reply("ok", call_id, faults.entries() if faults is not None else ())
+                    reply("faults", None, faults.entries() if faults is not None else ())
+                    reply("ok", call_id, None)
                 elif kind == "batch_spans":
                     if self._state.tracer is not None:
                         self._state.tracer.emit_batches(message[2])

@@ -116,7 +116,7 @@ MESSAGES = {
                                                             "window": {"count": 2, "centroids": [[1.5, 1.0]]}}]},
                              [["mmserve_request_duration_seconds_bucket", {"route": "text", "le": "0.05"},
                                {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}, 0.031, 1764763200.5]])),
-    "ok_watch_faults": ("ok", 6, DRILLS),
+    "ok_watch_faults": ("ok", 6, None),
     "faults": ("faults", None, DRILLS),
     "faults_cleared": ("faults", None, ()),
     "ok_http": ("ok", 5, (200, [("content-type", "application/json"), ("x-request-id", "abc")], b'{"top": []}')),
