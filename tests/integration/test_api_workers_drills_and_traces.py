@@ -25,7 +25,7 @@ HOOKS = str(Path(__file__).parent / "api_workers_hooks")
 INFERENCE_KEY, ADMIN_KEY = "inference-key-for-tests", "admin-key-for-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 CALLER_SPAN_ID = 0x00F067AA0BA902B7
-DRILL_MS = 300
+DRILL_MS = 500  # well above a small image's decode on a busy machine
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_a_decode_drill_set_through_one_connection_delays_both_api_processes_unt
     assert set_drill.status_code == 200 and set_drill.json()["active"][0]["stage"] == "decode"
     decode_log.write_text("")
     try:
-        for seed in range(10):  # a new image each: decoded by the API process that answered it
+        for seed in range(16):  # a new image each: decoded by the API process that answered it
             started_s = time.monotonic()
             answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(200 + seed)}})
             assert answer.status_code == 200, answer.text
@@ -107,7 +107,7 @@ def test_a_decode_drill_set_through_one_connection_delays_both_api_processes_unt
         cleared = faults_call(workers.url, "DELETE", ADMIN)
     assert cleared.status_code == 200 and cleared.json() == {"active": []}
     decode_log.write_text("")
-    for seed in range(10):
+    for seed in range(16):
         answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(300 + seed)}})
         assert answer.status_code == 200 and answer.json()["timings_ms"]["decode"] < DRILL_MS
     assert len(set(decode_log.read_text().split())) == 2
@@ -191,7 +191,7 @@ def test_a_requests_spans_from_both_processes_have_one_process_structure(workers
 
 def test_stage_spans_last_what_the_answer_says_and_each_api_process_exports_its_own(workers, receiver):
     answers = []
-    for seed in range(8):
+    for seed in range(16):
         answer = fresh_connection_infer(workers.url, {"text": "a photo", "image": {"b64": jpeg(400 + seed)},
                                                       "use_cache": False})
         assert answer.status_code == 200
