@@ -8,6 +8,7 @@ OTLP receiver and take admin calls only with the admin key.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -228,3 +229,38 @@ def test_exemplars_of_every_api_process_reach_the_merged_openmetrics_scrape(work
         assert latest in exemplars
     plain = httpx.get(f"{workers.url}/metrics", timeout=30)
     assert plain.headers["content-type"].startswith("text/plain") and "trace_id" not in plain.text
+
+
+def api_processes(supervisor_pid: int) -> set[int]:
+    found = set()
+    for pid in Path(f"/proc/{supervisor_pid}/task/{supervisor_pid}/children").read_text().split():
+        try:
+            if b"api_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.add(int(pid))
+        except FileNotFoundError:  # reaped meanwhile
+            continue
+    return found
+
+
+def test_an_api_process_started_again_receives_the_drills_in_force(workers, decode_log):
+    """Last in this module: it kills one of the server's API processes."""
+    assert faults_call(workers.url, "POST", ADMIN, {"stage": "decode", "delay_ms": DRILL_MS,
+                                                    "duration_s": 300}).status_code == 200
+    try:
+        killed = min(api_processes(workers.process.pid))
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 180
+        while True:
+            running = api_processes(workers.process.pid)
+            if killed not in running and len(running) == 2 and httpx.get(
+                    f"{workers.url}/health/ready", headers={"Connection": "close"}, timeout=10).status_code == 200:
+                break
+            assert time.monotonic() < deadline, "the killed API process was not started again"
+            time.sleep(0.2)
+        decode_log.write_text("")
+        for seed in range(16):
+            answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(500 + seed)}})
+            assert answer.status_code == 200 and answer.json()["timings_ms"]["decode"] >= DRILL_MS
+        assert set(map(int, decode_log.read_text().split())) == running  # the new one delayed its requests too
+    finally:
+        assert faults_call(workers.url, "DELETE", ADMIN).status_code == 200
