@@ -10,6 +10,11 @@ encoding (``only_encoding="png"``: the "clients started sending 4K PNGs"
 incident, which attribution by input value should name): a ``decode`` drill
 then delays only requests whose images have it, a compute drill only batches
 holding such a request (a batch waits for its slowest image).
+
+Several processes (``--api-workers N``) share one set of drills: the engine's
+injector holds them, and every change (``subscribe``) is copied to each API
+process's injector as ``entries()`` -> ``adopt()``, so a drill runs wherever
+its stage runs.
 """
 
 from __future__ import annotations
@@ -54,17 +59,40 @@ class FaultInjector:
         self._clock_s = clock_s
         self._sleep_s = sleep_s
         self._random = random.Random(seed)
+        self._watchers: list[Callable[[], None]] = []
+
+    def subscribe(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` (in the caller's thread) after every ``activate`` and ``clear``."""
+        self._watchers.append(on_change)
 
     def activate(self, plan: FaultPlan) -> float:
         """Start ``plan`` (replacing one for the same stage); returns its end time."""
         ends_at = self._clock_s() + plan.duration_s
         with self._lock:
             self._plans[plan.stage] = (plan, ends_at)
+        self._changed()
         return ends_at
 
     def clear(self) -> None:
         with self._lock:
             self._plans.clear()
+        self._changed()
+
+    def entries(self) -> tuple[tuple[FaultPlan, float], ...]:
+        """Every active plan with the seconds it has left: what ``adopt`` takes (a clock-free copy)."""
+        now = self._clock_s()
+        with self._lock:
+            return tuple((plan, ends_at - now) for plan, ends_at in self._plans.values() if ends_at > now)
+
+    def adopt(self, entries: Collection[tuple[FaultPlan, float]]) -> None:
+        """Hold exactly ``entries`` (another injector's ``entries()``) from now on; watchers are not called."""
+        now = self._clock_s()
+        with self._lock:
+            self._plans = {plan.stage: (plan, now + remaining_s) for plan, remaining_s in entries}
+
+    def _changed(self) -> None:
+        for on_change in self._watchers:
+            on_change()
 
     def active(self) -> list[FaultPlan]:
         now = self._clock_s()

@@ -45,7 +45,7 @@ from server.runtime.device_metrics import register_device_decode_metrics, regist
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
-from server.runtime.tracing_setup import build_tracing
+from server.runtime.tracing_setup import TracedProcess, build_tracing
 from server.routes import admin, health, infer, monitoring, openai, v2, zero_shot
 from server.protocols.zero_shot_schemas import ClassifyRequest, RankRequest
 from server.schemas import InferRequest
@@ -118,11 +118,12 @@ def _openapi(app: FastAPI) -> dict:
 
 
 def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
-               span_exporter: SpanExporter | None = None) -> FastAPI:
+               span_exporter: SpanExporter | None = None, traced_process: TracedProcess | None = None) -> FastAPI:
     """The mmserve app; ``bundle`` lets tests share one loaded model between apps.
 
     ``span_exporter`` (tests): tracing on, spans exported there one by one
     instead of over OTLP (``server.runtime.tracing_setup``).
+    ``traced_process``: the engine of ``--api-workers N`` names itself so on its spans.
     """
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
@@ -139,7 +140,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
             model.model.drop_encoder_graphs()
         register_device_metrics(registry, model)  # CUDA only: on the CPU the series are absent
         faults = FaultInjector() if settings.enable_fault_injection else None
-        tracing = build_tracing(settings, model, span_exporter=span_exporter)  # OTEL_* are read here, at start
+        tracing = build_tracing(settings, model, span_exporter=span_exporter,  # OTEL_* are read here, at start
+                                process=traced_process)
         cache = SegmentCache(
             settings.cache_image_bytes, settings.cache_text_bytes,
             on_event=lambda modality, event, count: metrics.cache_events_total.labels(

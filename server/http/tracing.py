@@ -19,6 +19,17 @@ what ``mmserve_request_duration_seconds`` observed (the whole handler, the
 answer's serialisation included). A batch span is emitted by the first kept
 request it served, and only once.
 
+With API processes in front of an engine (``--api-workers N``) the request's
+spans are the API process's (its stage times come back in the engine's
+outcome, on the same machine-wide monotonic clock), and so is the keep
+decision; the batch span is the engine's, since a batch serves requests of
+every API process and must be exported once: a kept request's batches go to
+the engine (``send_batches``), whose tracer exports each the first time
+(``emit_batches``) with its own exporter, to the same OTLP endpoint:
+
+    API process   POST /v1/infer (+ stages)  --links-->  batch text  <--  engine process
+                  send_batches([BatchTrace]) ------------------------->  emit_batches
+
 Spans are handed straight to the span processor as finished ``ReadableSpan``s:
 their ids were chosen at arrival and their times are measured, so nothing
 here needs a live span or the context machinery. Only the set-up
@@ -31,7 +42,7 @@ from __future__ import annotations
 import collections
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -79,11 +90,14 @@ class RequestTracer:
         sampler: The keep-or-drop rule.
         model_name, model_fingerprint: On every server span.
         default_timeout_ms: Each route's deadline when a request sets none.
+        send_batches: Where a kept request's batches go instead of this processor (an API
+            process: to the engine, which exports each batch span once, ``emit_batches``).
     """
 
     def __init__(self, processor: SpanProcessor, resource: Resource, sampler: TailSampler, *,
                  model_name: str, model_fingerprint: str, default_timeout_ms: Mapping[str, int],
-                 scope_version: str = "0.1.0") -> None:
+                 scope_version: str = "0.1.0",
+                 send_batches: Callable[[Sequence[BatchTrace]], None] | None = None) -> None:
         self.processor = processor
         self.sampler = sampler
         self._resource = resource
@@ -92,6 +106,7 @@ class RequestTracer:
         self._default_timeout_ms = dict(default_timeout_ms)
         self._propagator = TraceContextTextMapPropagator()
         self._emitted_batches: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self._send_batches = send_batches
 
     # -- arrival ------------------------------------------------------------------
 
@@ -123,8 +138,13 @@ class RequestTracer:
         server = SpanContext(request.ids.trace_id, request.ids.span_id, is_remote=False, trace_flags=_SAMPLED,
                              trace_state=trace_state)
         batches = self._batches_of(answer.items)
-        for batch in batches:
-            self._emit_batch(batch, offset_ns)
+        first_seen = [batch for batch in batches if self._is_first_sight(batch)]
+        if self._send_batches is not None:
+            if first_seen:
+                self._send_batches(first_seen)
+        else:
+            for batch in first_seen:
+                self._emit_batch(batch, offset_ns)
         attributes = self._server_attributes(answer)
         status = Status(StatusCode.ERROR, answer.error_code) if answer.status_code >= 500 else Status(StatusCode.UNSET)
         self._end(ReadableSpan(
@@ -212,13 +232,24 @@ class RequestTracer:
                 batches.setdefault(batch.ids.span_id, batch)
         return list(batches.values())
 
-    def _emit_batch(self, batch: BatchTrace, offset_ns: int) -> None:
-        """The batch's span, the first time one of its requests is kept."""
+    def emit_batches(self, batches: Sequence[BatchTrace]) -> None:
+        """The engine's side of ``send_batches``: each batch's span, unless one was already exported."""
+        offset_ns = time.time_ns() - time.perf_counter_ns()  # this process's anchor: the clocks are the machine's
+        for batch in batches:
+            if self._is_first_sight(batch):
+                self._emit_batch(batch, offset_ns)
+
+    def _is_first_sight(self, batch: BatchTrace) -> bool:
+        """Whether ``batch`` is seen here for the first time (then remembered): its span is exported once."""
         if batch.ids.span_id in self._emitted_batches:
-            return
+            return False
         self._emitted_batches[batch.ids.span_id] = None
         if len(self._emitted_batches) > _REMEMBERED_BATCHES:
             self._emitted_batches.popitem(last=False)
+        return True
+
+    def _emit_batch(self, batch: BatchTrace, offset_ns: int) -> None:
+        """The batch's span (the first time one of its requests is kept)."""
         self._end(ReadableSpan(
             f"batch {batch.lane.value}", _span_context(batch.ids), None, self._resource, batch_attributes(batch),
             links=[Link(_span_context(ids, TraceFlags(TraceFlags.DEFAULT))) for ids in batch.links],

@@ -14,6 +14,12 @@ the OpenTelemetry default, or ``grpc``). ``OTEL_SERVICE_NAME`` and
 ``OTEL_BSP_*`` tune the batch span processor. Which traces are kept is ours
 (``trace_sample_ratio``, ``trace_slow_ms``: ``server.http.tail_sampling``).
 
+With ``--api-workers N`` every process sets up its own tracing from the same
+variables (one exporter each, to the same endpoint) and names itself on its
+resource: ``mmserve.process`` (``engine`` or ``api``) and ``process.pid``
+(``TracedProcess``); the engine exports the batch spans, the API processes the
+requests' (``server.http.tracing``).
+
 The OpenTelemetry SDK is imported here, inside ``build_tracing``, and only
 when tracing is on: with tracing off (the default) no part of it is loaded,
 and ``mmserve[otel]`` need not be installed.
@@ -23,12 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from router.request import Route
-from router.tracing import BatchTracer
+from router.tracing import BatchTrace, BatchTracer
 from server.http.tail_sampling import TailSampler
 from server.settings import Settings
 
@@ -59,6 +65,22 @@ class Tracing:
     def shutdown(self) -> None:
         """Export what is queued and stop the processor's thread (the app's lifespan end)."""
         self.processor.shutdown()
+
+
+@dataclass(frozen=True)
+class TracedProcess:
+    """One process of several (``--api-workers N``), as its spans' resource names it.
+
+    Attributes:
+        role: ``engine`` or ``api`` (the resource's ``mmserve.process``).
+        model_fingerprint: The served model's fingerprint when this process's copy is not the one
+            serving (an API process: the engine's).
+        send_batches: Where kept requests' batches go (an API process: to the engine, which exports them).
+    """
+
+    role: str
+    model_fingerprint: str | None = None
+    send_batches: Callable[[Sequence[BatchTrace]], None] | None = None
 
 
 def is_tracing_on(settings: Settings, environ: Mapping[str, str]) -> bool:
@@ -92,13 +114,14 @@ def _otlp_exporter(environ: Mapping[str, str]) -> SpanExporter:
 
 
 def build_tracing(settings: Settings, bundle: ModelBundle, environ: Mapping[str, str] | None = None, *,
-                  span_exporter: SpanExporter | None = None) -> Tracing | None:
+                  span_exporter: SpanExporter | None = None, process: TracedProcess | None = None) -> Tracing | None:
     """Tracing for one app, or ``None`` when it is off.
 
     ``environ`` (default ``os.environ``) decides on/off and the protocol; the
     SDK's exporter and resource read ``os.environ`` themselves, at this call.
 
     ``span_exporter`` (tests): export there, span by span, instead of OTLP; turns tracing on.
+    ``process``: this process's part under ``--api-workers N`` (``None``: the one process).
     """
     environ = os.environ if environ is None else environ
     if span_exporter is None and not is_tracing_on(settings, environ):
@@ -114,6 +137,8 @@ def build_tracing(settings: Settings, bundle: ModelBundle, environ: Mapping[str,
     resource = Resource.create()  # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES (the SDK reads os.environ)
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: "mmserve"}))
+    if process is not None:
+        resource = resource.merge(Resource({"mmserve.process": process.role, "process.pid": os.getpid()}))
     if span_exporter is not None:
         processor: SpanProcessor = SimpleSpanProcessor(span_exporter)
     else:
@@ -121,8 +146,11 @@ def build_tracing(settings: Settings, bundle: ModelBundle, environ: Mapping[str,
     sampler = TailSampler(settings.trace_sample_ratio, int(settings.trace_slow_ms * 1_000_000))
     default_timeout_ms = {route.value: int(settings.lane_value(route.value, "default_timeout_ms"))
                           for route in Route}
+    fingerprint = process.model_fingerprint if process is not None and process.model_fingerprint else None
     request_tracer = RequestTracer(processor, resource, sampler, model_name=bundle.config.name,
-                                   model_fingerprint=bundle.fingerprint, default_timeout_ms=default_timeout_ms)
+                                   model_fingerprint=fingerprint or bundle.fingerprint,
+                                   default_timeout_ms=default_timeout_ms,
+                                   send_batches=process.send_batches if process is not None else None)
     batch_tracer = BatchTracer(str(bundle.model.device), bundle.config.preprocess.input_size)
     logger.info("tracing on: sample ratio %g, always kept: 5xx%s", settings.trace_sample_ratio,
                 f" and requests over {settings.trace_slow_ms:g} ms" if settings.trace_slow_ms > 0 else "")

@@ -7,6 +7,12 @@ state as polled. It serves on the listening socket the supervisor bound and
 passed down (every API process accepts from the same socket), and drains
 like the single process on SIGTERM (``server.runtime.lifecycle``).
 
+Fault drills are the engine's (``/v1/admin/faults`` is answered there,
+``server.workers.engine_routes``); this process holds a copy for the
+``decode`` stage it runs (``server.workers.engine_client``). Tracing is set up
+here as in one process (its own exporter, from the same ``OTEL_*``); the
+batch spans are the engine's to export.
+
 It loads the model bundle on the CPU for what the HTTP side describes (the
 model's name and configuration) and for the tokenizer and joint-token budget
 it applies to every item before the engine sees it (``router.item_text``:
@@ -31,6 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from monitoring.serving_metrics import ServingMetrics
 from router.decode_pool import BoundedDecodePool
+from router.faults import FaultInjector
 from router.item_text import ItemTextFitter
 from router.segments import SegmentCatalog
 from server.app import joint_token_budget, wire_routes
@@ -39,6 +46,7 @@ from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.model_loading import load_model
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
+from server.runtime.tracing_setup import TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
@@ -74,23 +82,28 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         input_size = bundle.config.preprocess.input_size
         slots = PixelSlots((input_size, input_size, 3))
         texts = ItemTextFitter(bundle.tokenizer, joint_token_budget(settings, bundle), decode_pool)
+        faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         client = EngineClient(socket_path, SegmentCatalog(None, bundle.fingerprint, ""),  # type: ignore[arg-type]
                               bundle.config.preprocess, image_decoder(settings, bundle.config.preprocess), decode_pool,
-                              slots, texts)
+                              slots, texts, faults)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         description, fingerprint, preprocess_id = await client.describe()
         client.use_keys_of(SegmentCatalog(None, fingerprint, preprocess_id))  # type: ignore[arg-type]
+        tracing = build_tracing(settings, bundle, process=TracedProcess("api", fingerprint, client.send_batch_spans))
         marks = ReadyMarks(run_directory, settings.api_workers)
         router = EngineRouter(client, socket_path, marks)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
-        view = merged_registry(registry, monitor, run_directory, socket_path)  # /metrics: every process's
+        view = merged_registry(registry, monitor, run_directory, socket_path,  # /metrics: every process's
+                               metrics.request_duration_seconds)
         state = ServerState(settings, bundle, router, view, metrics, decode_pool,  # type: ignore[arg-type]
-                            monitor=monitor, intake=client)  # type: ignore[arg-type]
+                            monitor=monitor, intake=client,  # type: ignore[arg-type]
+                            tracer=tracing.request_tracer if tracing is not None else None)
         state.__dict__["model_description"] = description  # the engine's, not this CPU copy's
         app.state.mmserve = state
         monitor.start()
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
-        snapshots = asyncio.create_task(keep_snapshot_fresh(run_directory, registry, monitor))
+        snapshots = asyncio.create_task(keep_snapshot_fresh(run_directory, registry, monitor,
+                                                            metrics.request_duration_seconds))
         try:
             yield
         finally:
@@ -103,6 +116,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
             if rate_buckets is not None:
                 rate_buckets.close()
             await asyncio.to_thread(monitor.stop)
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="mmserve", version="0.1.0",
                   description="Online multimodal (image + text) inference server.", lifespan=lifespan)

@@ -15,6 +15,21 @@ protocol above it are unchanged:
     settle      the slots are free again when the engine answers; a cancelled
                 call (the client went away) is cancelled in the engine too
 
+The ``decode`` stage of an answer (``timings_ms``, its span, the monitor's
+record) is this process's preparing (the drill, the peek, the decode) plus the
+engine's (tokenize, plan, the pixels taken from their slots), and starts here.
+
+Fault drills: the engine holds them (the admin routes are answered there) and
+runs the compute stages they delay; this process keeps a copy (``faults``,
+pushed by the engine at every change) because ``decode`` runs here: a
+``decode`` drill delays each item here, in the decode pool before its images
+are decoded, as one process delays an item's preparing, and the engine's
+intake runs none, so no request is delayed twice.
+
+Tracing: the items carry their request span's ids to the engine's batches;
+each outcome brings its batch (``BatchTrace``) back, and a kept request's
+batches go back to the engine (``send_batch_spans``), which exports them once.
+
 ``EngineRouter`` is what the routes and the drain read from ``state.router``:
 ready, alive, draining, in flight, a fault (the engine is gone: the API
 process exits, and the supervisor with it).
@@ -45,9 +60,12 @@ import numpy as np
 from models.loading.config import PreprocessConfig
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
+from router.faults import FaultInjector
+from router.image_header import images_encoding
 from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
 from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
+from router.tracing import BatchTrace
 from server.errors import ApiError
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 from server.workers.pixel_slots import PixelSlots
@@ -69,9 +87,11 @@ class EngineClient:
     """One connection to the engine, shared by every request of this API process."""
 
     def __init__(self, socket_path: str, catalog: SegmentCatalog, preprocess: PreprocessConfig,
-                 decode_image: ImageDecoder, executor: Executor, slots: PixelSlots, texts: ItemTextFitter) -> None:
+                 decode_image: ImageDecoder, executor: Executor, slots: PixelSlots, texts: ItemTextFitter,
+                 faults: FaultInjector | None = None) -> None:
         self._socket_path = socket_path
         self._texts = texts
+        self._faults = faults  # a copy of the engine's drills, kept by the engine's pushes
         self._catalog = catalog  # keys only: the cache is the engine's
         self._preprocess = preprocess
         self._decode_image = decode_image
@@ -100,6 +120,8 @@ class EngineClient:
                     raise
                 await asyncio.sleep(0.05)
         self._reader_task = asyncio.create_task(self._read_answers(reader))
+        if self._faults is not None:
+            await self._call("watch_faults")  # the drills now arrive before its answer, and after every change
         self._status_task = asyncio.create_task(self._poll_status())
 
     async def close(self) -> None:
@@ -113,6 +135,10 @@ class EngineClient:
         try:
             while True:
                 kind, call_id, *fields = await read_frame(reader)
+                if kind == "faults":  # unasked: the drills changed
+                    if self._faults is not None:
+                        self._faults.adopt(fields[0])
+                    continue
                 future = self._waiting.pop(call_id, None)
                 if future is not None and not future.done():
                     future.set_result((kind, fields))
@@ -134,6 +160,11 @@ class EngineClient:
         self._waiting[call_id] = future
         self._writer.write(encode_frame((message[0], call_id, *message[1:])))
         return call_id, future
+
+    def send_batch_spans(self, batches: Sequence[BatchTrace]) -> None:
+        """Ask the engine to export these batches' spans (each once, whichever process asks first); no answer."""
+        if self.fault is None and self._writer is not None:
+            self._writer.write(encode_frame(("batch_spans", next(self._ids), list(batches))))
 
     async def _call(self, *message: object) -> object:
         _, future = self._send(*message)
@@ -176,6 +207,7 @@ class EngineClient:
         started_ns = time.perf_counter_ns()
         taken: list[int] = []
         try:
+            await self._drill_decode(items)
             fitted = await self._texts.fit_all(items)
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
             slots = await self._decode_missing(items if refused is None else items[:refused], taken)
@@ -200,6 +232,15 @@ class EngineClient:
             error = ApiError(status, code, message, field, retry_after_s)
             raise IntakeItemError(row, error) if row is not None else error
         raise asyncio.CancelledError()
+
+    async def _drill_decode(self, items: Sequence[IntakeItem]) -> None:
+        """A ``decode`` drill's delay for each item, in the decode pool (the module's docstring)."""
+        if self._faults is None:
+            return
+        delays = [self._executor.submit(self._faults.after_stage, "decode",
+                                        (images_encoding(item.images),))
+                  for item in items]
+        await asyncio.gather(*(asyncio.wrap_future(delay) for delay in delays))
 
     async def _decode_missing(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
         """Decode every image the engine does not hold into a slot; the slot numbers per item and image."""

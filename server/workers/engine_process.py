@@ -13,6 +13,9 @@ socket (``server.workers.frames``):
     ("http", id, method, path, headers, body, client) -> ("ok", id, (status, headers, body))
                                            a zero-shot route, answered by the app (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
+    ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
+    ("watch_faults", id)                   -> ("faults", None, [(FaultPlan, seconds left)]), ("ok", id, None),
+                                           then the same "faults" frame, unasked, after every drill change
 
 A ``run`` goes through the same ``RequestIntake`` as in one process (budget,
 plan, submit, settle), with the items' token ids the API process computed
@@ -23,6 +26,19 @@ decoded here. Every image keeps the bytes it was sent as, raw pixels included,
 so its cache key is the one a single process derives. Deadlines count from
 ``arrival_ns``, the API process's ``perf_counter_ns`` at arrival: on Linux that
 clock is CLOCK_MONOTONIC, one clock for every process of the machine.
+
+Fault drills (``POST``/``DELETE /v1/admin/faults``) reach the engine as whole
+HTTP requests (``server.workers.engine_routes``), so their answers, statuses
+and keys are the single process's. The engine's injector holds them and
+delays the compute stages it runs; each change is pushed to every API
+process, whose copy delays ``decode`` where decoding runs
+(``server.workers.engine_client``). The engine's intake therefore runs no
+``decode`` drill of its own: a request is delayed once, as in one process.
+
+Tracing: the items carry their request span's ids (``IntakeItem.trace``), so
+each batch links to the requests it served; outcomes carry their batch
+(``BatchTrace``) back, and the API process that keeps a request's trace sends
+its batches back to be exported here, once (``server.http.tracing``).
 
 When an API process's connection drops (it died), its calls are cancelled.
 The engine exits non-zero when a compute thread dies or hangs
@@ -36,6 +52,7 @@ import dataclasses
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
 import numpy as np
 from fastapi import FastAPI
@@ -50,11 +67,13 @@ from server.http.error_mapping import api_error_from
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.workers.orphan_guard import exit_when_orphaned
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
+from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import encode_frame, read_frame
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment
+from server.workers.metrics_view import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
 
 logger = logging.getLogger(__name__)
@@ -70,8 +89,8 @@ def error_fields(error: Exception, call_id: int) -> tuple:
 
 
 def portable(outcome: IntakeOutcome) -> IntakeOutcome:
-    """An outcome without what only the engine can hold: the plan (cache claims), segments, the batch span."""
-    result = dataclasses.replace(outcome.result, image_segments=(), text_segment=None, batch_trace=None)
+    """An outcome without what only the engine can hold: the plan (cache claims) and segments."""
+    result = dataclasses.replace(outcome.result, image_segments=(), text_segment=None)
     return dataclasses.replace(outcome, result=result, plan=None)  # type: ignore[arg-type]
 
 
@@ -83,10 +102,20 @@ class Engine:
         self._app = app
         self._input_shape = (state.bundle.config.preprocess.input_size,) * 2 + (3,)
         self._prepared: dict[int, np.ndarray] = {}  # id(ImageContent) -> pixels an API process decoded
+        # No faults: the decode drill runs in the API processes (the module's docstring).
         self._intake = RequestIntake(state.router, IntakeTools.of(state.bundle, joint_token_budget(settings, state.bundle)),
                                      image_decoder(settings, state.bundle.config.preprocess), state.decode_pool,
-                                     faults=state.faults, device_decoder=device_jpeg_decoder(settings, state.bundle),
+                                     device_decoder=device_jpeg_decoder(settings, state.bundle),
                                      prepared_pixels=lambda content: self._prepared.get(id(content)))
+        self._fault_watchers: set[Callable[..., None]] = set()  # the replies of connections that watch the drills
+        if state.faults is not None:
+            state.faults.subscribe(self._push_faults)
+
+    def _push_faults(self) -> None:
+        """The drills as they are now, to every API process (the admin route just changed them)."""
+        entries = self._state.faults.entries()  # type: ignore[union-attr]
+        for reply in self._fault_watchers:
+            reply("faults", None, entries)
 
     async def handle_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         attached: dict[str, AttachedSlots] = {}
@@ -126,12 +155,22 @@ class Engine:
                     bundle = self._state.bundle
                     reply("ok", call_id, (self._state.model_description, bundle.fingerprint,
                                           bundle.config.preprocess.identity()))
+                elif kind == "watch_faults":
+                    self._fault_watchers.add(reply)
+                    faults = self._state.faults
+                    reply("faults", None, faults.entries() if faults is not None else ())
+                    reply("ok", call_id, None)
+                elif kind == "batch_spans":
+                    if self._state.tracer is not None:
+                        self._state.tracer.emit_batches(message[2])
                 elif kind == "metrics":
                     reply("ok", call_id, (generate_latest(self._state.registry).decode(),
-                                          self._state.monitor.digests_view()))
+                                          self._state.monitor.digests_view(),
+                                          exemplars_of(self._state.metrics.request_duration_seconds)))
                 elif kind == "clear_cache":
                     reply("ok", call_id, self._state.router.cache.clear())
         finally:
+            self._fault_watchers.discard(reply)
             for task in list(calls.values()):
                 task.cancel()  # the API process is gone: nobody reads these answers
             for block in attached.values():
@@ -184,7 +223,7 @@ class Engine:
 
 async def serve_engine(settings: Settings, socket_path: str) -> int:
     """Start the engine, answer calls until SIGTERM (then drain) or a compute fault (then exit non-zero)."""
-    app = create_app(settings)
+    app = create_app(settings, traced_process=TracedProcess("engine"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

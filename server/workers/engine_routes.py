@@ -1,4 +1,4 @@
-"""Routes an API process hands whole to the engine: ``POST /v1/classify`` and ``POST /v1/rank``.
+"""Routes an API process hands whole to the engine: ``/v1/classify``, ``/v1/rank`` and ``/v1/admin/faults``.
 
 Zero-shot calls plan hundreds of label segments against the cache and
 score on the segments themselves (the engine's tensors), so they run where
@@ -6,6 +6,10 @@ the cache is: the API process reads the body (up to ``max_body_bytes``;
 a larger one goes to its own app, which answers 413 as always) and the
 engine answers it with the single process's app (same keys, limits, answer,
 errors, metrics and latency records), through the app's ASGI interface.
+Fault drills (``POST``/``DELETE /v1/admin/faults``) live in the engine too,
+which pushes every change to the API processes (``server.workers.engine_process``),
+so a drill set through any API process's connection holds for all of them,
+with the single process's answers, statuses and admin keys.
 
     API process                                   engine
     ("http", id, method, path, headers, body, client)  ->  the app, in process (httpx.ASGITransport)
@@ -21,7 +25,7 @@ from fastapi import FastAPI
 from server.errors import ApiError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-ENGINE_PATHS = frozenset({"/v1/classify", "/v1/rank"})
+ENGINE_PATHS = frozenset({"/v1/classify", "/v1/rank", "/v1/admin/faults"})
 
 
 class ForwardToEngine:

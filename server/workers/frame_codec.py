@@ -40,12 +40,13 @@ import numpy as np
 
 from cache.keys import Modality, SegmentKey
 from models.tokenizer import TokenizedText
+from router.faults import FaultPlan
 from router.intake import IntakeItem, IntakeOutcome
 from router.item_facts import ItemFacts
 from router.joint_budget import JointTokens
 from router.request import InferenceResult, Priority, Route
 from router.segments import ImageContent
-from router.tracing import SpanIds
+from router.tracing import BatchTrace, SpanIds
 
 TUPLE, DATACLASS, ENUM, NDARRAY, NUMPY_SCALAR, BIG_INT = 1, 2, 3, 4, 5, 6
 NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: raw bytes say all of them
@@ -53,7 +54,9 @@ NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: ra
 MESSAGE_DATACLASSES: tuple[type, ...] = (
     IntakeItem, ImageContent, SpanIds,  # the API process's items
     IntakeOutcome, InferenceResult, TokenizedText, ItemFacts, JointTokens,  # the engine's outcomes
+    BatchTrace,  # an outcome's batch, and the batch spans an API process asks the engine to export
     SegmentKey,  # a peek's keys
+    FaultPlan,  # the engine's fault drills, copied to every API process
 )
 MESSAGE_ENUMS: tuple[type[enum.Enum], ...] = (Priority, Route, Modality)
 

@@ -19,6 +19,15 @@ into the same families, series and labels as one process exports:
                                                 process; a drift flag is up if any process raised it)
     *_created                                    the earliest
     mmserve_api_worker_restarts_total            the supervisor's count (``server.workers.restarts``)
+    exemplars (request-duration buckets)         each bucket's most recent one, whichever process holds it
+
+and in the order OpenMetrics asks (each series' samples together, ``_created``
+inside its family), so the merged view encodes in either format.
+
+Exemplars (the trace ids of kept requests, ``server.http.traced_answer``) are
+read from each process's request-duration histogram (``exemplars_of``) beside
+its exposition and put back on the merged buckets, so the OpenMetrics scrape
+shows them as one process does; the classic text format drops them, as always.
 
 A snapshot of a process that is no longer running is left out; a scrape can
 therefore lag another process by up to SNAPSHOT_PERIOD_S.
@@ -31,13 +40,14 @@ import json
 import math
 import os
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar, Sample
 
 from monitoring import Monitor
 from monitoring.collector import STAGE_LATENCY, SUMMARY_QUANTILES
@@ -54,27 +64,39 @@ def snapshot_path(run_directory: str, pid: int) -> Path:
     return Path(run_directory) / SNAPSHOT_DIRECTORY / f"{pid}.json"
 
 
-def write_snapshot(run_directory: str, registry: CollectorRegistry, monitor: Monitor) -> None:
+ExemplarRow = list  # [sample name, sample labels, exemplar labels, value, timestamp]: JSON and frames carry it
+
+
+def exemplars_of(histogram: Collector) -> list[ExemplarRow]:
+    """The exemplars ``histogram``'s samples carry now (only buckets of kept requests have one)."""
+    return [[sample.name, dict(sample.labels), dict(sample.exemplar.labels), sample.exemplar.value,
+             sample.exemplar.timestamp]
+            for family in histogram.collect() for sample in family.samples if sample.exemplar is not None]
+
+
+def write_snapshot(run_directory: str, registry: CollectorRegistry, monitor: Monitor,
+                   exemplars_from: Collector) -> None:
     path = snapshot_path(run_directory, os.getpid())
     path.parent.mkdir(exist_ok=True)
     staging = path.with_suffix(".writing")
-    staging.write_text(json.dumps({"text": generate_latest(registry).decode(), "digests": monitor.digests_view()},
-                                  allow_nan=False))
+    staging.write_text(json.dumps({"text": generate_latest(registry).decode(), "digests": monitor.digests_view(),
+                                   "exemplars": exemplars_of(exemplars_from)}, allow_nan=False))
     os.replace(staging, path)
 
 
-async def keep_snapshot_fresh(run_directory: str, registry: CollectorRegistry, monitor: Monitor) -> None:
+async def keep_snapshot_fresh(run_directory: str, registry: CollectorRegistry, monitor: Monitor,
+                              exemplars_from: Collector) -> None:
     """Write this process's snapshot every SNAPSHOT_PERIOD_S (off the event loop), until cancelled."""
     try:
         while True:
-            await asyncio.to_thread(write_snapshot, run_directory, registry, monitor)
+            await asyncio.to_thread(write_snapshot, run_directory, registry, monitor, exemplars_from)
             await asyncio.sleep(SNAPSHOT_PERIOD_S)
     finally:
         snapshot_path(run_directory, os.getpid()).unlink(missing_ok=True)
 
 
-def engine_metrics(socket_path: str) -> tuple[str, dict]:
-    """The engine registry's exposition and its monitor's digests (zero-shot routes record there)."""
+def engine_metrics(socket_path: str) -> tuple[str, dict, list[ExemplarRow]]:
+    """The engine registry's exposition, its monitor's digests and its exemplars (zero-shot routes record there)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
         connection.settimeout(10.0)
         connection.connect(socket_path)
@@ -99,7 +121,19 @@ def _other_snapshots(run_directory: str) -> list[dict]:
     return snapshots
 
 
-def merge_expositions(texts: list[str], digests_documents: list[dict]) -> list[Metric]:
+def _latest_exemplars(rows: Sequence[ExemplarRow]) -> dict[tuple, Exemplar]:
+    """Per sample (name, sorted labels), the most recent exemplar of every process's."""
+    latest: dict[tuple, Exemplar] = {}
+    for name, labels, exemplar_labels, value, timestamp in rows:
+        key = (name, tuple(sorted(labels.items())))
+        known = latest.get(key)
+        if known is None or (timestamp or 0.0) > (known.timestamp or 0.0):
+            latest[key] = Exemplar(exemplar_labels, value, timestamp)
+    return latest
+
+
+def merge_expositions(texts: list[str], digests_documents: list[dict],
+                      exemplar_rows: Sequence[ExemplarRow] = ()) -> list[Metric]:
     """The families of ``texts`` merged by the rules in this module's docstring."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple, float]] = {}
@@ -121,9 +155,11 @@ def merge_expositions(texts: list[str], digests_documents: list[dict]) -> list[M
                     merged[key] = max(merged[key], sample.value)
                 else:
                     merged[key] = merged[key] + sample.value
+    exemplars = _latest_exemplars(exemplar_rows)
     for name, family in families.items():
-        for (sample_name, labels), value in values[name].items():
-            family.samples.append(Sample(sample_name, dict(labels), value))
+        for key, value in values[name].items():
+            sample_name, labels = key
+            family.samples.append(Sample(sample_name, dict(labels), value, exemplar=exemplars.get(key)))
     if STAGE_LATENCY in families and digests_documents:
         merged_digests = merge_documents(digests_documents, DigestSource.WINDOW)
         for (route, stage), (digest, _) in sorted(merged_digests.items()):
@@ -131,30 +167,68 @@ def merge_expositions(texts: list[str], digests_documents: list[dict]) -> list[M
                 families[STAGE_LATENCY].samples.append(
                     Sample(STAGE_LATENCY, {"route": route, "stage": stage, "quantile": str(q)},
                            value_s if not math.isnan(value_s) else math.nan))
+    _fold_created(families)
+    for family in families.values():
+        family.samples = _grouped(family.samples)
     return list(families.values())
+
+
+_PARENT_TYPES = ("counter", "histogram", "summary")  # the families whose series have a ``_created`` sample
+_WITHIN_GROUP_LABELS = ("le", "quantile")
+
+
+def _fold_created(families: dict[str, Metric]) -> None:
+    """Each ``X_created`` family of the classic text back into ``X``, as a registry yields it.
+
+    The classic format writes ``_created`` samples as gauges of their own; in
+    OpenMetrics they belong to their counter, histogram or summary (a family of
+    their own there clashes with it). Both encoders then write them right.
+    """
+    for name in [name for name in families if name.endswith("_created")]:
+        parent = families.get(name.removesuffix("_created"))
+        if parent is not None and parent.type in _PARENT_TYPES:
+            parent.samples.extend(families.pop(name).samples)
+
+
+def _grouped(samples: list[Sample]) -> list[Sample]:
+    """Each series' samples (its labels but ``le``/``quantile``) together, as OpenMetrics requires; stable."""
+    first_seen: dict[tuple, int] = {}
+
+    def group(sample: Sample) -> int:
+        labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in _WITHIN_GROUP_LABELS))
+        return first_seen.setdefault(labels, len(first_seen))
+
+    return sorted(samples, key=group)
 
 
 class MergedMetrics:
     """The collector of the answering API process's ``/metrics`` registry."""
 
     def __init__(self, own: CollectorRegistry, monitor: Monitor, run_directory: str,
-                 engine: Callable[[], tuple[str, dict]]) -> None:
+                 engine: Callable[[], tuple[str, dict, list[ExemplarRow]]], exemplars_from: Collector) -> None:
         self._own = own
+        self._exemplars_from = exemplars_from
         self._monitor = monitor
         self._run_directory = run_directory
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
         others = _other_snapshots(self._run_directory)
-        engine_text, engine_digests = self._engine()
+        engine_text, engine_digests, engine_exemplars = self._engine()
         texts = [generate_latest(self._own).decode(), engine_text, *(other["text"] for other in others)]
         documents = [self._monitor.digests_view(), engine_digests, *(other["digests"] for other in others)]
-        yield from merge_expositions(texts, documents)
+        exemplar_rows = [*exemplars_of(self._exemplars_from), *engine_exemplars,
+                         *(row for other in others for row in other.get("exemplars", ()))]
+        yield from merge_expositions(texts, documents, exemplar_rows)
 
 
-def merged_registry(own: CollectorRegistry, monitor: Monitor, run_directory: str, engine_socket: str) -> CollectorRegistry:
-    """What the API process's ``/metrics`` encodes: the merged view and the restart count."""
+def merged_registry(own: CollectorRegistry, monitor: Monitor, run_directory: str, engine_socket: str,
+                    exemplars_from: Collector) -> CollectorRegistry:
+    """What the API process's ``/metrics`` encodes: the merged view and the restart count.
+
+    ``exemplars_from``: this process's request-duration histogram (the others' come with their snapshots).
+    """
     view = CollectorRegistry(auto_describe=False)
-    view.register(MergedMetrics(own, monitor, run_directory, lambda: engine_metrics(engine_socket)))
+    view.register(MergedMetrics(own, monitor, run_directory, lambda: engine_metrics(engine_socket), exemplars_from))
     register_restart_count(view, run_directory)
     return view

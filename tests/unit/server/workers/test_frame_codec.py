@@ -19,7 +19,8 @@ from router.item_facts import ItemFacts
 from router.joint_budget import JointTokens
 from router.request import InferenceResult, Priority, Route
 from router.segments import ImageContent
-from router.tracing import SpanIds
+from router.faults import FaultPlan
+from router.tracing import BatchTrace, SpanIds
 from server.workers import frame_codec
 from server.workers.frame_codec import DATACLASS, ENUM, NDARRAY, TUPLE, FrameDecodeError, decode, encode
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
@@ -52,7 +53,22 @@ def _outcomes() -> list[IntakeOutcome]:
                         fused_embedding=np.arange(8, dtype=np.float64), match_score=0.5),
         None, plan=None, decode_ns=2_000_000, facts=image_facts,  # type: ignore[arg-type]
         cache={"images": ["hit", "bypass"]})
-    return [text, images]
+    batch = BatchTrace(SpanIds(2**100 + 1, 9), Route.FUSION, "image", "cuda:0", num_requests=2, num_work_items=3,
+                       padded_size=4, image_shape=(4, 224, 224, 3), text_shape=(4, 16), started_ns=10**15 + 7,
+                       elapsed_ns=3_000_000, stage_ns=(("vision", 2_000_000), ("fusion", 1_000_000)),
+                       links=(SpanIds(2**127 + 5, 2**63 + 7), SpanIds(3, 4)), num_failed=1)
+    traced = IntakeOutcome(InferenceResult(Route.FUSION, fused_embedding=np.ones(4, np.float32), batch_trace=batch),
+                           None, plan=None, decode_ns=1_000)  # type: ignore[arg-type]
+    return [text, images, traced]
+
+
+def _batch_of(outcome: IntakeOutcome) -> BatchTrace:
+    assert outcome.result.batch_trace is not None
+    return outcome.result.batch_trace
+
+
+DRILLS = ((FaultPlan("decode", 150.0, 0.5, 60.0, only_encoding="png"), 59.75),
+          (FaultPlan("vision", 20.0, 1.0, 5.0), 4.5))
 
 
 def _same(left: object, right: object) -> bool:
@@ -84,6 +100,8 @@ MESSAGES = {
     "clear_cache": ("clear_cache", 0),
     "metrics": ("metrics", 0),
     "describe": ("describe", 4),
+    "watch_faults": ("watch_faults", 6),
+    "batch_spans": ("batch_spans", 7, [_batch_of(_outcomes()[2])]),
     "http": ("http", 5, "POST", "/v1/classify?top_k=2", [("content-type", "application/json"), ("x-api-key", "k")],
              b'{"labels": ["a cat"]}', ("127.0.0.1", 51234)),
     # engine -> API process
@@ -96,7 +114,12 @@ MESSAGES = {
     "ok_clear_cache": ("ok", 0, 17),
     "ok_metrics": ("ok", 0, ("# HELP mmserve_requests_total ...\nmmserve_requests_total 3.0\n",
                              {"window_s": 60.0, "series": [{"route": "text", "stage": "total",
-                                                            "window": {"count": 2, "centroids": [[1.5, 1.0]]}}]})),
+                                                            "window": {"count": 2, "centroids": [[1.5, 1.0]]}}]},
+                             [["mmserve_request_duration_seconds_bucket", {"route": "text", "le": "0.05"},
+                               {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"}, 0.031, 1764763200.5]])),
+    "ok_watch_faults": ("ok", 6, None),
+    "faults": ("faults", None, DRILLS),
+    "faults_cleared": ("faults", None, ()),
     "ok_http": ("ok", 5, (200, [("content-type", "application/json"), ("x-request-id", "abc")], b'{"top": []}')),
     "ok_describe": ("ok", 4, ({"name": "tiny", "fingerprint": "ab12", "embed_dim": 32, "normalize": True,
                                "mean": (0.5, 0.5, 0.5), "score": None}, "ab12", "size=224;resize=256")),
@@ -205,3 +228,10 @@ def test_an_array_whose_bytes_do_not_match_its_shape_is_refused():
     assert decode(msgpack.packb(msgpack.ExtType(NDARRAY, data))).shape == (4,)
     with pytest.raises(FrameDecodeError, match="with 12 bytes"):
         decode(msgpack.packb(msgpack.ExtType(NDARRAY, data[:-4])))
+
+
+def test_a_batch_trace_arrives_with_its_stage_starts_laid_out_again():
+    batch = decode(encode(_batch_of(_outcomes()[2])))
+    assert batch.stage_started_ns("vision") == 10**15 + 7
+    assert batch.stage_started_ns("fusion") == 10**15 + 7 + 2_000_000
+    assert batch.stage_started_ns("text") is None

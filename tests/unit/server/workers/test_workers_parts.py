@@ -9,16 +9,19 @@ from multiprocessing import resource_tracker
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from pydantic import SecretStr
 
 from monitoring import Monitor
+from monitoring.serving_metrics import ServingMetrics
 from router.intake import IntakeItem
 from router.segments import ImageContent
 from server.errors import ApiError
 from server.settings import Settings
 from server.workers import handoff
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
-from server.workers.metrics_view import merge_expositions
+from server.workers.metrics_view import exemplars_of, merge_expositions
 from server.workers.pixel_slots import AttachedSlots, PixelSlots
 
 
@@ -86,6 +89,45 @@ def test_merged_metrics_sum_counters_keep_the_largest_gauge_and_merge_digests():
     # 300 fast and 100 slow samples: the merged median is fast, the merged P99 slow (neither process's alone).
     assert value[("mmserve_stage_latency_seconds", (("quantile", "0.5"), *stage))] == pytest.approx(0.001, rel=0.05)
     assert value[("mmserve_stage_latency_seconds", (("quantile", "0.99"), *stage))] == pytest.approx(0.1, rel=0.05)
+
+
+class _Families:
+    def __init__(self, families: list) -> None:
+        self._families = families
+
+    def collect(self) -> list:
+        return self._families
+
+
+def test_merged_metrics_keep_each_buckets_latest_exemplar_for_openmetrics_only():
+    processes, monitors = [ServingMetrics(CollectorRegistry()) for _ in range(2)], [Monitor(), Monitor()]
+    for metrics, monitor, route in zip(processes, monitors, ("text", "vision")):
+        monitor.register(metrics.registry)
+        monitor.record(route, {"total": 2_000_000, "decode": 1_000_000})
+        monitor.tick()
+        metrics.requests_total.labels(route=route, code="200").inc()
+    first, second = (metrics.request_duration_seconds.labels(route="text") for metrics in processes)
+    first.observe(0.031, {"trace_id": "a" * 32})  # both in the 0.05 bucket: the second is the later
+    first.observe(0.9, {"trace_id": "c" * 32})  # only the first process has one in a slow bucket
+    second.observe(0.032, {"trace_id": "b" * 32})
+    texts = [generate_latest(metrics.registry).decode() for metrics in processes]
+    rows = [row for metrics in processes for row in exemplars_of(metrics.request_duration_seconds)]
+    assert len(rows) == 3
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_Families(merge_expositions(texts, [monitor.digests_view() for monitor in monitors], rows)))
+    plain = generate_latest(view).decode()
+    assert "trace_id" not in plain and 'mmserve_request_duration_seconds_count{route="text"} 3.0' in plain
+    assert "# TYPE mmserve_requests_created gauge" in plain  # the classic format as one process writes it
+    # The strict OpenMetrics parser takes the whole merged view: series grouped, _created in their families.
+    parsed = {family.name: family for family in parse_openmetrics(generate_openmetrics(view).decode())}
+    assert {"mmserve_requests", "mmserve_stage_latency_seconds"} <= parsed.keys()
+    assert "mmserve_requests_created" not in parsed
+    family = parsed["mmserve_request_duration_seconds"]
+    exemplars = {sample.labels["le"]: sample.exemplar.labels["trace_id"] for sample in family.samples
+                 if sample.name.endswith("_bucket") and sample.exemplar is not None}
+    assert exemplars == {"0.05": "b" * 32, "1.0": "c" * 32}
+    buckets = {sample.labels["le"]: sample.value for sample in family.samples if sample.name.endswith("_bucket")}
+    assert buckets["0.05"] == 2 and buckets["+Inf"] == 3
 
 
 def test_settings_travel_to_the_children_whole_secrets_included(monkeypatch):
