@@ -56,6 +56,7 @@ from server.workers.handoff import (
     RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
     settings_from_environment,
+    supervisor_pid,
 )
 from server.workers.pixel_slots import PixelSlots
 from server.workers.readiness import ReadyMarks
@@ -134,7 +135,7 @@ def main() -> int:
     settings = settings_from_environment()
     logging.basicConfig(level=settings.log_level.upper(),
                         format=f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
-    exit_when_orphaned()
+    exit_when_orphaned(parent_pid=supervisor_pid())
     listening = socket.socket(fileno=int(sys.argv[1]))
     app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE],
                          os.environ.get(RATE_BUCKETS_VARIABLE))

@@ -72,7 +72,7 @@ from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import encode_frame, read_frame
-from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment
+from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment, supervisor_pid
 from server.workers.metrics_view import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
 
@@ -252,7 +252,7 @@ def main() -> int:
     settings = settings_from_environment()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
-    exit_when_orphaned()
+    exit_when_orphaned(parent_pid=supervisor_pid())
     return asyncio.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
 
 

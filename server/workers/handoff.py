@@ -19,6 +19,7 @@ SETTINGS_VARIABLE = "MMSERVE_WORKER_SETTINGS_JSON"
 ENGINE_SOCKET_VARIABLE = "MMSERVE_WORKER_ENGINE_SOCKET"
 RUN_DIRECTORY_VARIABLE = "MMSERVE_WORKER_RUN_DIR"
 RATE_BUCKETS_VARIABLE = "MMSERVE_WORKER_RATE_BUCKETS"  # the shared bucket table's path, only with a rate limit
+SUPERVISOR_PID_VARIABLE = "MMSERVE_WORKER_SUPERVISOR_PID"  # the parent a child must have (server.workers.orphan_guard)
 
 
 def settings_json(settings: Settings) -> str:
@@ -32,3 +33,9 @@ def settings_json(settings: Settings) -> str:
 
 def settings_from_environment() -> Settings:
     return Settings(**json.loads(os.environ[SETTINGS_VARIABLE]))
+
+
+def supervisor_pid() -> int | None:
+    """The supervisor's pid as it handed it down (``None`` outside a supervised process)."""
+    value = os.environ.get(SUPERVISOR_PID_VARIABLE)
+    return int(value) if value else None

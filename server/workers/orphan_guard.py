@@ -8,6 +8,11 @@ Each child therefore watches its parent's pid and exits when it changes.
 Polling ``os.getppid`` is used rather than ``prctl(PR_SET_PDEATHSIG)``: the
 latter fires when the *thread* that started the child exits, and the
 supervisor restarts API processes from whichever thread noticed the death.
+The parent to compare with is the supervisor's pid it handed down
+(``MMSERVE_WORKER_SUPERVISOR_PID``), not the parent found at start: a child
+started just before its supervisor died (an API process restarted, then the
+supervisor killed) is already re-parented when its guard starts, and would
+otherwise take init for its supervisor and live on.
 """
 
 from __future__ import annotations
@@ -22,15 +27,20 @@ POLL_INTERVAL_S = 0.5
 ORPHANED_EXIT_CODE = 70
 
 
-def exit_when_orphaned(poll_interval_s: float = POLL_INTERVAL_S) -> threading.Thread:
-    """Start a daemon thread that ends this process (``os._exit``) once its parent is no longer the one it had."""
-    parent_pid = os.getppid()
+def exit_when_orphaned(poll_interval_s: float = POLL_INTERVAL_S, parent_pid: int | None = None) -> threading.Thread:
+    """Start a daemon thread that ends this process (``os._exit``) once its parent is not ``parent_pid``.
+
+    ``parent_pid``: the supervisor's, as handed down; ``None``: the parent this process has now.
+    """
+    parent_pid = os.getppid() if parent_pid is None else parent_pid
 
     def watch() -> None:
-        while not stopped.wait(poll_interval_s):
+        while True:
             if os.getppid() != parent_pid:
                 logger.error("the supervisor (pid %d) is gone; exiting", parent_pid)
                 os._exit(ORPHANED_EXIT_CODE)
+            if stopped.wait(poll_interval_s):
+                return
 
     stopped = threading.Event()
     thread = threading.Thread(target=watch, name="mmserve-orphan-guard", daemon=True)

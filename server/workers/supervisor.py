@@ -37,6 +37,7 @@ from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
     RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
+    SUPERVISOR_PID_VARIABLE,
     SETTINGS_VARIABLE,
     settings_json,
 )
@@ -68,7 +69,7 @@ class Supervisor:
         self._listening = bind_listening_socket(settings.host, settings.port)
         self._environment = {**os.environ, SETTINGS_VARIABLE: settings_json(settings),
                              ENGINE_SOCKET_VARIABLE: self._engine_socket,
-                             RUN_DIRECTORY_VARIABLE: self._run_directory}
+                             RUN_DIRECTORY_VARIABLE: self._run_directory, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
         self._rate_buckets = SharedBucketTable.create() if settings.rate_limit is not None else None
         if self._rate_buckets is not None:
             self._environment[RATE_BUCKETS_VARIABLE] = self._rate_buckets.path

@@ -52,28 +52,30 @@ def test_a_killed_api_process_loses_only_its_requests_and_is_started_again(serve
         threads = [threading.Thread(target=load) for _ in range(4)]
         for thread in threads:
             thread.start()
-        time.sleep(1.0)
-        answered_before = len(answered)
-        os.kill(api_pids[0], signal.SIGKILL)
-        time.sleep(0.5)
-        answered_meanwhile = len(answered)
-        # Not every API process is ready while the killed one starts again.
-        ready_while_restarting = httpx.get(f"{url}/health/ready", headers={"Connection": "close"}).status_code
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            current = [pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)]
-            if len(current) == 2 and api_pids[0] not in current and restarts(url) == 1:
-                break
-            time.sleep(0.1)
-        else:
-            raise AssertionError("the killed API process was not started again")
-        while httpx.get(f"{url}/health/ready", headers={"Connection": "close"}).status_code != 200:
-            assert time.monotonic() < deadline, "the server did not become ready again"
-            time.sleep(0.1)
-        time.sleep(1.0)
-        stop.set()
-        for thread in threads:
-            thread.join()
+        try:
+            time.sleep(1.0)
+            answered_before = len(answered)
+            os.kill(api_pids[0], signal.SIGKILL)
+            time.sleep(0.5)
+            answered_meanwhile = len(answered)
+            # Not every API process is ready while the killed one starts again.
+            ready_while_restarting = httpx.get(f"{url}/health/ready", headers={"Connection": "close"}).status_code
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                current = [pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)]
+                if len(current) == 2 and api_pids[0] not in current and restarts(url) == 1:
+                    break
+                time.sleep(0.1)
+            else:
+                raise AssertionError("the killed API process was not started again")
+            while httpx.get(f"{url}/health/ready", headers={"Connection": "close"}).status_code != 200:
+                assert time.monotonic() < deadline, "the server did not become ready again"
+                time.sleep(0.1)
+            time.sleep(1.0)
+        finally:  # the load stops whatever failed, or this test process never ends
+            stop.set()
+            for thread in threads:
+                thread.join()
         assert answered_before > 0
         assert ready_while_restarting == 503
         assert answered_meanwhile > answered_before, "the other API process kept answering"
