@@ -28,6 +28,7 @@ import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -184,11 +185,13 @@ class MultimodalModel(nn.Module):
         width = max(lengths) if pad_to is None else pad_to
         if width < max(lengths):
             raise ValueError(f"pad_to={pad_to} is shorter than the longest text ({max(lengths)})")
-        input_ids = torch.full((len(token_ids), width), pad_token_id, dtype=torch.long)  # (B, Lt)
-        attention_mask = torch.zeros((len(token_ids), width), dtype=torch.long)  # (B, Lt)
+        # Padded in numpy: a row copied there costs about a microsecond, a torch slice assignment ten.
+        padded_ids = np.full((len(token_ids), width), pad_token_id, dtype=np.int64)  # (B, Lt)
+        mask = np.zeros((len(token_ids), width), dtype=np.int64)  # (B, Lt)
         for row, ids in enumerate(token_ids):
-            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            attention_mask[row, : len(ids)] = 1
+            padded_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        input_ids, attention_mask = torch.from_numpy(padded_ids), torch.from_numpy(mask)  # (B, Lt) int64 each
         with self._timed("text"):
             out = self.text(input_ids.to(self.device), attention_mask.to(self.device))
             q = self.fusion.project_text(out.tokens)  # (B, Lt, r)

@@ -233,6 +233,11 @@ class RequestIntake:
         """
         gate = _AllPrepared(len(items))
         device_round = self._device_round(len(items))
+        if len(items) == 1:  # most requests: awaited in the caller's task, no task of its own to start
+            try:
+                return [await self._run_item(items[0], arrival_ns, gate, device_round)]
+            except Exception as e:
+                raise IntakeItemError(0, e) from e
         outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate, device_round) for item in items),
                                         return_exceptions=True)
         for item_index, outcome in enumerate(outcomes):

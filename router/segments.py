@@ -64,9 +64,14 @@ class SlotStatus(str, Enum):
 
 @dataclass(frozen=True)
 class SegmentSlot(Generic[Segment]):
-    """One segment of one request and how it will be obtained."""
+    """One segment of one request and how it will be obtained.
 
-    key: SegmentKey
+    ``key`` is ``None`` for a segment the cache is not asked about at all
+    (``use_cache: false``, or its modality's budget is 0): nothing is keyed,
+    looked up or claimed for it, so a server with the cache off hashes nothing.
+    """
+
+    key: SegmentKey | None
     status: SlotStatus
     value: Segment | None = None
     claim: Claim | None = None  # miss or bypass: this request computes and publishes
@@ -142,6 +147,7 @@ class SegmentPlan:
                 value = await asyncio.wrap_future(slot.future)
             except ClaimAbandonedError:
                 # The owner never computed it: look again (we may own it now).
+                assert slot.key is not None  # a coalesced slot was looked up by its key
                 slot = self.lookup(slot.key, self.use_cache)
             else:
                 slot = dataclasses.replace(slot, value=value)
@@ -156,6 +162,8 @@ class SegmentPlan:
         the cancellation goes on: nobody else holds them yet.
         """
         old = self._slots()
+        if not any(slot.status == SlotStatus.COALESCED and slot.value is None for slot in old):
+            return self  # nothing to await: the plan as it is
         new: list[SegmentSlot] = []
         try:
             for slot in old:
@@ -215,6 +223,10 @@ class SegmentPlan:
                 slot.claim.abandon()
 
 
+_UNASKED: SegmentSlot = SegmentSlot(None, SlotStatus.BYPASS)
+"""A segment the cache is not asked about: computed by its request, published nowhere."""
+
+
 class SegmentCatalog:
     """Derives segment keys for one model and looks them up in the cache."""
 
@@ -253,6 +265,10 @@ class SegmentCatalog:
             return SegmentSlot(key, SlotStatus.COALESCED, future=found.future)
         return SegmentSlot(key, SlotStatus.MISS, claim=found.claim)
 
+    def _is_asked(self, modality: Modality, use_cache: bool) -> bool:
+        """Whether a segment of ``modality`` is keyed and looked up at all (else: bypass, unkeyed)."""
+        return use_cache and self.cache.is_enabled(modality)
+
     def plan(self, images: Sequence[ImageContent], token_ids: Sequence[int] | None, use_cache: bool) -> SegmentPlan:
         """Look every segment up (thread-safe; the intake calls it from the decode pool).
 
@@ -260,19 +276,30 @@ class SegmentCatalog:
         slot would otherwise wait on the first's claim, which only this
         request can resolve. The repeat holds no claim (the first slot
         publishes); if it needs computing it is computed again, a rare waste
-        that keeps every slot independent.
+        that keeps every slot independent. A segment the cache is not asked
+        about (``use_cache: false``, or its modality off) is a bypass slot
+        without key or claim: its digest would be computed for nothing.
         """
         slots: list[SegmentSlot] = []
         by_key: dict[SegmentKey, SegmentSlot] = {}
+        is_image_asked = self._is_asked(Modality.IMAGE, use_cache)
         try:
             for content in images:
+                if not is_image_asked:
+                    slots.append(_UNASKED)
+                    continue
                 key = self.image_key(content)
                 if key not in by_key:
                     by_key[key] = self.lookup(key, use_cache)
                     slots.append(by_key[key])
                 else:
                     slots.append(dataclasses.replace(by_key[key], claim=None))
-            text_slot = None if token_ids is None else self.lookup(self.text_key(token_ids), use_cache)
+            if token_ids is None:
+                text_slot = None
+            elif self._is_asked(Modality.TEXT, use_cache):
+                text_slot = self.lookup(self.text_key(token_ids), use_cache)
+            else:
+                text_slot = _UNASKED
         except BaseException:
             for slot in slots:
                 if slot.claim is not None:

@@ -17,6 +17,7 @@ from router.faults import FaultInjector
 from router.intake import RequestIntake
 from router.router import Router
 from router.zero_shot import ZeroShotEncoder
+from server.protocols.model_names import ServedModelNames, served_model_names
 from server.settings import Settings
 
 if TYPE_CHECKING:
@@ -36,6 +37,11 @@ class ServerState:
     faults: FaultInjector | None = None  # only with enable_fault_injection
     tracer: RequestTracer | None = None  # only while tracing is on (server.runtime.tracing_setup)
     zero_shot: ZeroShotEncoder | None = None  # /v1/classify and /v1/rank: labels as cached text segments
+
+    @functools.cached_property
+    def served_names(self) -> ServedModelNames:
+        """The names a request may give the model (``model``, a v2 path): worked out once, not per request."""
+        return served_model_names(self.settings, self.bundle)
 
     @functools.cached_property
     def model_description(self) -> dict:

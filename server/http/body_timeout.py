@@ -59,7 +59,9 @@ class BodyTimeout:
             if is_complete:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline_s - loop.time()))
+                # A timer on this task, not wait_for: that starts a task of its own for every receive.
+                async with asyncio.timeout_at(deadline_s):
+                    message = await receive()
             except TimeoutError:
                 has_timed_out = True
                 raise BodyTimeoutError(self.timeout_s) from None

@@ -24,7 +24,6 @@ from server.protocols.openai_embeddings import (
     model_card,
     parse_embeddings_request,
 )
-from server.protocols.model_names import served_model_names
 from server.protocols.rows import Failure
 from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
@@ -61,7 +60,7 @@ async def list_models(request: Request) -> JSONResponse:
 async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
     try:
-        check_model(model_id, served_model_names(state.settings, state.bundle))
+        check_model(model_id, state.served_names)
     except ApiError as e:
         return _error_response(Failure(e, None), is_single_input=False)
     return JSONResponse(model_card(model_id, _created_unix_s(request), state.model_description))
@@ -76,7 +75,7 @@ class Embeddings(Endpoint[EmbeddingsRequest]):
 
     async def parse(self, request: Request, state: ServerState) -> Parsed[EmbeddingsRequest]:
         embeddings_request = parse_embeddings_request(await request.body())
-        check_model(embeddings_request.model, served_model_names(state.settings, state.bundle))
+        check_model(embeddings_request.model, state.served_names)
         return Parsed(items_from_request(embeddings_request, state.settings), embeddings_request)
 
     def check(self, parsed: Parsed[EmbeddingsRequest], state: ServerState) -> None:

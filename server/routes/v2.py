@@ -38,7 +38,6 @@ from server.protocols.kserve_v2_model import (
     output_tensors,
     rows_from_request,
 )
-from server.protocols.model_names import served_model_names
 from server.protocols.rows import Failure
 from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
@@ -73,7 +72,7 @@ def _error_response(failure: Failure) -> JSONResponse:
 
 
 def _check_model(state: ServerState, model_name: str, model_version: str | None) -> None:
-    names = served_model_names(state.settings, state.bundle)
+    names = state.served_names
     served = names.served
     if not names.accepts(model_name):
         raise ApiError(404, "model_not_found", f"unknown model {model_name!r}; this server serves "

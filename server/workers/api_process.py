@@ -44,6 +44,7 @@ from server.app import joint_token_budget, wire_routes
 from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
+from server.runtime.log_output import TurnBufferedStreamHandler
 from server.runtime.model_loading import load_model
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.tracing_setup import TracedProcess, build_tracing
@@ -133,7 +134,7 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
 
 def main() -> int:
     settings = settings_from_environment()
-    logging.basicConfig(level=settings.log_level.upper(),
+    logging.basicConfig(level=settings.log_level.upper(), handlers=[TurnBufferedStreamHandler()],  # as one process
                         format=f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
     exit_when_orphaned(parent_pid=supervisor_pid())
     listening = socket.socket(fileno=int(sys.argv[1]))

@@ -244,7 +244,7 @@ def test_a_segment_plan_never_changes_once_made(make_router):
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.images[0].status = SlotStatus.HIT  # type: ignore[misc]
     resolved = asyncio.run(plan.resolved())
-    assert resolved == plan and resolved is not plan  # nothing was coalesced, so nothing new to know
+    assert resolved is plan  # nothing was coalesced, so nothing new to know: the same immutable plan
     plan.abandon()
     assert plan.is_settled and router.cache.num_in_flight == 0
 

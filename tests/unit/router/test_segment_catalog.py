@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
 from cache import SegmentCache
@@ -50,3 +52,34 @@ def test_a_published_segment_owns_only_its_bytes():
     assert stored.v.untyped_storage().nbytes() == 3 * 4 * 4
     assert cache.stats().of(cache.stats().image.modality).size_bytes == row.size_bytes
     torch.testing.assert_close(stored.k, row.k)
+
+
+def test_a_segment_the_cache_is_not_asked_about_is_neither_keyed_nor_claimed():
+    """Cache off (or ``use_cache: false``): no digest, no claim, no event; the request computes it itself."""
+    events: list[tuple[str, str, int]] = []
+    off = SegmentCache(image_budget_bytes=0, text_budget_bytes=0,
+                       on_event=lambda modality, event, count: events.append((modality, event, count)))
+    image = ImageContent(encoded=b"an uploaded image")
+    plan = SegmentCatalog(off, "fp", "size=32").plan((image, image), (2, 5, 3), use_cache=True)
+    for slot in (*plan.images, plan.text):
+        assert slot.status == SlotStatus.BYPASS and slot.needs_compute
+        assert slot.key is None and slot.claim is None
+    assert plan.image_indices_to_compute == (0, 1)
+    assert plan.statuses() == {"images": ["bypass", "bypass"], "text": "bypass"}
+    assert plan.is_settled and off.num_in_flight == 0 and events == []
+
+    on = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20,
+                      on_event=lambda modality, event, count: events.append((modality, event, count)))
+    uncached = SegmentCatalog(on, "fp", "size=32").plan((image,), (2, 5, 3), use_cache=False)
+    assert uncached.images[0].key is None and uncached.text.key is None
+    assert on.num_in_flight == 0 and events == []
+    cached = SegmentCatalog(on, "fp", "size=32").plan((image,), (2, 5, 3), use_cache=True)
+    assert cached.images[0].status == SlotStatus.MISS and cached.images[0].key is not None
+    cached.abandon()
+
+
+def test_a_plan_with_nothing_to_await_resolves_to_itself():
+    cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=0)
+    plan = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), (2, 3), use_cache=True)
+    assert asyncio.run(plan.resolved()) is plan
+    plan.abandon()
