@@ -23,6 +23,7 @@ from PIL import Image
 
 from encoded_images import b64, encoded_image
 from tests.conftest import run_serve_process
+from tests.integration.same_answers import assert_same
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
 HOOKS = str(Path(__file__).parent / "api_workers_hooks")
@@ -236,18 +237,3 @@ def zero_shot_requests_counted(served) -> float:
     return sum(float(value) for value in re.findall(
         r'^mmserve_requests_total\{code="\d+",route="(?:classify|rank)"\} (\S+)$', text, re.M))
 
-
-def assert_same(ours: object, theirs: object) -> None:
-    """Equal answers: the same structure, numbers equal to float32 rounding."""
-    if isinstance(ours, dict):
-        assert ours.keys() == theirs.keys()
-        for key in ours:
-            assert_same(ours[key], theirs[key])
-    elif isinstance(ours, list):
-        assert len(ours) == len(theirs)
-        for mine, reference in zip(ours, theirs):
-            assert_same(mine, reference)
-    elif isinstance(ours, float):
-        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)
-    else:
-        assert ours == theirs

@@ -23,6 +23,7 @@ import pytest
 
 from encoded_images import b64, encoded_image
 from tests.conftest import ServeProcess, run_serve_process
+from tests.integration.same_answers import assert_same
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
 HOOKS = str(Path(__file__).parent / "api_workers_hooks")
@@ -208,18 +209,3 @@ def test_a_repeated_raw_upload_is_a_cache_hit_as_in_one_process(workers, single)
 def sample(text: str, line_start: str) -> float:
     return float(next(line for line in text.splitlines() if line.startswith(line_start)).rsplit(" ", 1)[1])
 
-
-def assert_same(ours: object, theirs: object) -> None:
-    """Equal answers: the same structure, numbers equal to float32 rounding."""
-    if isinstance(ours, dict):
-        assert ours.keys() == theirs.keys()
-        for key in ours:
-            assert_same(ours[key], theirs[key])
-    elif isinstance(ours, list):
-        assert len(ours) == len(theirs)
-        for mine, reference in zip(ours, theirs):
-            assert_same(mine, reference)
-    elif isinstance(ours, float):
-        assert ours == pytest.approx(theirs, rel=1e-5, abs=1e-6)
-    else:
-        assert ours == theirs
