@@ -1,14 +1,14 @@
 """How many API processes ``mmserve serve`` runs when ``--api-workers`` is not given.
 
 Measured with ``benchmarks/frontend.py`` (BENCHMARKS.md, "API processes"):
-on 2 CPUs, two API processes answered 1.17x the text requests/s of one
-process at 1.45x its CPU per request: the engine, the IPC and the load share
-the same two cores, and the split's own cost (a frame each way, the engine's
-event loop) eats most of the gain. Split by process, a request costs the one
-engine process about 0.64 ms of CPU (text) to 1.1 ms (image), and the API
-process that answered it 0.9 ms (text) to 2.6 ms (image): one engine core
-keeps up with about 1.4 (text) to 2.4 (image) API processes, so beyond three
-the engine, not the front end, is what saturates. Hence:
+on 2 CPUs, two API processes answered 1.08-1.17x the text requests/s of one
+process at 1.45-1.6x its CPU per request: the engine, the IPC and the load
+share the same two cores, and the split's own cost (a frame each way, the
+engine's event loop) eats most of the gain. Split by process, a request
+costs the one engine process about 0.5 ms of CPU (text) to 1.0 ms (image),
+and the API process that answered it 1.2 ms (text) to 3.2 ms (image): one
+engine core keeps up with about 2.3 (text) to 3.2 (image) API processes, so
+beyond three the engine, not the front end, is what saturates. Hence:
 
     a CPU device                 1    the model's compute wants every core; an API process would take them
     an accelerator, <= 2 CPUs    1    measured above: the split does not pay for itself on two cores
