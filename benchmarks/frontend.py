@@ -31,8 +31,8 @@ how much of a request the one engine process does, which bounds the API
 processes one engine can feed.
 The JPEG is synthesised (``benchmarks/photo_like``), not a photograph.
 
-``wrk`` is Debian's package: ``apt-get install wrk`` (``.ci/run`` does not
-install it). A server that refuses ``--api-workers`` (a build without API
+``wrk`` is Debian's package: ``apt-get install wrk`` (``.ci/run`` installs it
+for the test that drives wrk; the benchmark itself is not run there). A server that refuses ``--api-workers`` (a build without API
 processes) is reported as such; ``--api-workers 1`` then runs without it.
 """
 
