@@ -87,7 +87,7 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         client = EngineClient(socket_path, SegmentCatalog(None, bundle.fingerprint, ""),  # type: ignore[arg-type]
                               bundle.config.preprocess, image_decoder(settings, bundle.config.preprocess), decode_pool,
-                              slots, texts, faults)
+                              slots, texts, faults, is_image_cache_on=settings.cache_image_bytes > 0)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         description, fingerprint, preprocess_id = await client.describe()
         client.use_keys_of(SegmentCatalog(None, fingerprint, preprocess_id))  # type: ignore[arg-type]

@@ -88,8 +88,10 @@ class EngineClient:
 
     def __init__(self, socket_path: str, catalog: SegmentCatalog, preprocess: PreprocessConfig,
                  decode_image: ImageDecoder, executor: Executor, slots: PixelSlots, texts: ItemTextFitter,
-                 faults: FaultInjector | None = None) -> None:
+                 faults: FaultInjector | None = None, is_image_cache_on: bool = True) -> None:
         self._socket_path = socket_path
+        # With the engine's image cache off nothing can be held there: no keys, no peek round trip.
+        self._is_image_cache_on = is_image_cache_on
         self._texts = texts
         self._faults = faults  # a copy of the engine's drills, kept by the engine's pushes
         self._catalog = catalog  # keys only: the cache is the engine's
@@ -244,8 +246,8 @@ class EngineClient:
 
     async def _decode_missing(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
         """Decode every image the engine does not hold into a slot; the slot numbers per item and image."""
-        keys = [self._catalog.image_key(content) if item.use_cache else None  # raw pixels keyed as one process does
-                for item in items for content in item.images]
+        keys = [self._catalog.image_key(content) if item.use_cache and self._is_image_cache_on else None
+                for item in items for content in item.images]  # raw pixels keyed as one process does
         cached = iter(await self._call("peek", keys) if any(key is not None for key in keys) else [False] * len(keys))
         work = []
         slots: list[list[int | None]] = []

@@ -7,7 +7,8 @@ decoded how many images across the supervisor's children. Likewise
 ``MMSERVE_TEST_TOKENIZE_DELAY_S`` makes each call take that much longer, so a
 test can find tokenizing in a stage's time) and ``MMSERVE_TEST_PIXELS_LOG``
 for each array turned into the model's input (raw uploads, arrays a decoder
-returned: ``models.preprocessing.pixels_to_model_input``).
+returned: ``models.preprocessing.pixels_to_model_input``), and
+``MMSERVE_TEST_PEEK_LOG`` for each time an API process asks the engine which images it holds.
 """
 
 import os
@@ -45,3 +46,14 @@ if os.environ.get("MMSERVE_TEST_DECODE_LOG"):
     import server.ingest.inputs as _inputs
 
     _inputs.decode_image = _logging(_inputs.decode_image, "MMSERVE_TEST_DECODE_LOG")
+
+if os.environ.get("MMSERVE_TEST_PEEK_LOG"):  # asked from the API process (the engine runs as __main__)
+    from server.workers.engine_client import EngineClient as _EngineClient
+
+    _real_call = _EngineClient._call
+    _logged_call = _logging(_real_call, "MMSERVE_TEST_PEEK_LOG")
+
+    def _call_logging_peeks(self, *message):  # noqa: ANN001, ANN002, ANN202
+        return (_logged_call if message[0] == "peek" else _real_call)(self, *message)
+
+    _EngineClient._call = _call_logging_peeks
