@@ -90,18 +90,24 @@ class Share:
         return self.num_matching / self.num_samples if self.num_samples else float("nan")
 
 
-def share_of(stacks: Sequence[tuple[tuple[Frame, ...], int]], is_counted: Callable[[Frame], bool],
-             num_top: int = 4) -> Share:
-    """A sample counts if any frame does; it is filed under its outermost counted frame."""
+def _share(stacks: Sequence[tuple[tuple[Frame, ...], int]],
+           filed_under: Callable[[tuple[Frame, ...]], Frame | None], num_top: int) -> Share:
+    """Samples counted where ``filed_under`` names a frame of their stack, by that frame."""
     num_samples = num_matching = 0
     by_frame: collections.Counter[str] = collections.Counter()
     for frames, count in stacks:
         num_samples += count
-        outermost = next((frame for frame in frames if is_counted(frame)), None)
-        if outermost is not None:
+        frame = filed_under(frames)
+        if frame is not None:
             num_matching += count
-            by_frame[str(outermost)] += count
+            by_frame[str(frame)] += count
     return Share(num_samples, num_matching, tuple(by_frame.most_common(num_top)))
+
+
+def share_of(stacks: Sequence[tuple[tuple[Frame, ...], int]], is_counted: Callable[[Frame], bool],
+             num_top: int = 4) -> Share:
+    """A sample counts if any frame does; it is filed under its outermost counted frame."""
+    return _share(stacks, lambda frames: next((frame for frame in frames if is_counted(frame)), None), num_top)
 
 
 def innermost_app_frame(frames: Sequence[Frame]) -> Frame | None:
@@ -113,15 +119,12 @@ def innermost_app_frame(frames: Sequence[Frame]) -> Frame | None:
 def share_held(stacks: Sequence[tuple[tuple[Frame, ...], int]], is_counted: Callable[[Frame], bool],
                num_top: int = 4) -> Share:
     """A sample counts if the innermost frame that is not the standard library's does; filed under it."""
-    num_samples = num_matching = 0
-    by_frame: collections.Counter[str] = collections.Counter()
-    for frames, count in stacks:
-        num_samples += count
-        own = innermost_app_frame(frames)
-        if own is not None and is_counted(own):
-            num_matching += count
-            by_frame[str(own)] += count
-    return Share(num_samples, num_matching, tuple(by_frame.most_common(num_top)))
+
+    def held_by(frames: tuple[Frame, ...]) -> Frame | None:
+        frame = innermost_app_frame(frames)
+        return frame if frame is not None and is_counted(frame) else None
+
+    return _share(stacks, held_by, num_top)
 
 
 def py_spy() -> str:
