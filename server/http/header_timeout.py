@@ -22,6 +22,10 @@ that answer finishes and the connection closes after it. While the server itself
 stopped reading (flow control, pipelined requests waiting) the clock does not
 run out: the wait is then ours, not the client's.
 
+The same subclass guards uvicorn's keep-alive deadline against a stalled
+loop: a connection whose next request already waits in its socket is not idle,
+so the deadline does not close it (``timeout_keep_alive_handler``).
+
 uvicorn instantiates the protocol class itself, so the limit travels as a class
 attribute of a subclass made by ``header_timeout_protocol``. The subclass
 extends the parser uvicorn's ``http="auto"`` would pick: httptools when it is
@@ -34,6 +38,7 @@ import asyncio
 import functools
 import json
 import logging
+import select
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -54,6 +59,16 @@ def _timeout_answer(timeout_s: float, default_headers: list[tuple[bytes, bytes]]
     lines += [b"content-type: application/json", b"content-length: " + str(len(body)).encode(),
               b"connection: close"]
     return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def _has_unread_bytes(transport: asyncio.Transport) -> bool:
+    """Whether the connection's socket holds bytes (or the client's close) the loop has not read yet."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return False
+    readiness = select.poll()
+    readiness.register(sock.fileno(), select.POLLIN)
+    return bool(readiness.poll(0))
 
 
 class _HeaderClock:
@@ -112,6 +127,22 @@ class _HeaderClock:
         if self.transport.can_write_eof():
             self.transport.write_eof()
         self._linger_timer = self.loop.call_later(LINGER_S, self.transport.close)
+
+    def timeout_keep_alive_handler(self) -> None:
+        """uvicorn's keep-alive deadline, except for a connection whose next request already waits unread.
+
+        uvloop runs due timers before it polls the sockets, so after the loop
+        stalls (a GIL convoy, a process descheduled on a busy machine) the
+        keep-alive timer of a connection can fire before the request that arrived
+        meanwhile is read. Closing then would reset the connection under a
+        request the client sent on an open connection; instead the deadline
+        starts again, and reading the request (next, in the same loop turn) stops it.
+        """
+        if not self.transport.is_closing() and _has_unread_bytes(self.transport):
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
+            return
+        super().timeout_keep_alive_handler()  # type: ignore[misc]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]

@@ -1,4 +1,5 @@
-"""Fixtures the integration tests share beyond ``tests/conftest.py``: reading a raw socket to its end."""
+"""Fixtures the integration tests share beyond ``tests/conftest.py``: reading a raw socket to its end, and
+each HTTP parser uvicorn may use."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+
+import server.http.header_timeout
 
 
 def _read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
@@ -34,3 +37,11 @@ def _read_until_closed(sock: socket.socket, timeout_s: float) -> tuple[bytes, fl
 def read_until_closed() -> Callable[[socket.socket, float], tuple[bytes, float]]:
     """``answer, closed_at = read_until_closed(sock, timeout_s)``; fails if the server keeps it open."""
     return _read_until_closed
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each HTTP parser uvicorn may use: httptools when installed (it is: uvicorn[standard]), h11 otherwise."""
+    if request.param == "h11":
+        monkeypatch.setattr(server.http.header_timeout, "_httptools_protocol", lambda: None)
+    return request.param

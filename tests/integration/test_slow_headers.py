@@ -1,6 +1,6 @@
 """Clients that trickle their request headers, on raw sockets: they get 408 and lose the connection.
 
-Each test runs under both HTTP parsers uvicorn may use (httptools when installed, h11 otherwise).
+Each test runs under both HTTP parsers uvicorn may use (``parser``, tests/integration/conftest.py).
 """
 
 from __future__ import annotations
@@ -10,20 +10,9 @@ import socket
 import threading
 import time
 
-import pytest
-
-import server.http.header_timeout
-
 REQUEST_BODY = b'{"text": "a prompt client"}'
 REQUEST_HEAD = (b"POST /v1/infer HTTP/1.1\r\nHost: mmserve\r\nContent-Type: application/json\r\n"
                 b"Content-Length: %d\r\n\r\n" % len(REQUEST_BODY))
-
-
-@pytest.fixture(params=["httptools", "h11"])
-def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "h11":
-        monkeypatch.setattr(server.http.header_timeout, "_httptools_protocol", lambda: None)
-    return request.param  # httptools comes with uvicorn[standard], a dependency
 
 
 def _connect(url: str) -> socket.socket:
