@@ -8,6 +8,8 @@ trace ids of kept traces on the request-duration histogram's buckets.
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import choose_encoder
@@ -37,4 +39,5 @@ async def ready(request: Request) -> JSONResponse:
 async def metrics(request: Request) -> Response:
     state: ServerState = request.app.state.mmserve
     encode, content_type = choose_encoder(request.headers.get("accept", ""))
-    return Response(encode(state.registry), media_type=content_type)
+    # Off the event loop: encoding reads every digest, and with API processes it waits for the others' counts.
+    return Response(await asyncio.to_thread(encode, state.registry), media_type=content_type)

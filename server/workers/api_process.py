@@ -61,7 +61,8 @@ from server.workers.handoff import (
 )
 from server.workers.pixel_slots import PixelSlots
 from server.workers.readiness import ReadyMarks
-from server.workers.metrics_view import keep_snapshot_fresh, merged_registry
+from server.workers.metrics_snapshots import answer_snapshot_requests
+from server.workers.metrics_view import merged_registry
 from server.workers.orphan_guard import exit_when_orphaned
 from server.workers.shared_rate_buckets import SharedTokenBuckets
 
@@ -104,8 +105,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         app.state.mmserve = state
         monitor.start()
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
-        snapshots = asyncio.create_task(keep_snapshot_fresh(run_directory, registry, monitor,
-                                                            metrics.request_duration_seconds))
+        snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry, monitor,
+                                                                 metrics.request_duration_seconds))
         try:
             yield
         finally:

@@ -73,7 +73,7 @@ from server.state import ServerState
 from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import encode_frame, read_frame
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment, supervisor_pid
-from server.workers.metrics_view import exemplars_of
+from server.workers.metrics_snapshots import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
 
 logger = logging.getLogger(__name__)

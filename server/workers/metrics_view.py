@@ -6,7 +6,8 @@ batches, queues and the cache. The answering API process merges:
 
     its own registry            now
     the other API processes'    their snapshots (exposition text + digests document), each written
-                                every SNAPSHOT_PERIOD_S to the run directory by the process itself
+                                to the run directory by the process itself when this scrape asks
+                                (``server.workers.metrics_snapshots``)
     the engine's registry       now, over a short connection (``("metrics", id)``), with its digests
                                 (the zero-shot routes run and record there: ``server.workers.engine_routes``)
 
@@ -29,19 +30,15 @@ read from each process's request-duration histogram (``exemplars_of``) beside
 its exposition and put back on the merged buckets, so the OpenMetrics scrape
 shows them as one process does; the classic text format drops them, as always.
 
-A snapshot of a process that is no longer running is left out; a scrape can
-therefore lag another process by up to SNAPSHOT_PERIOD_S.
+A snapshot of a process that is no longer running is left out; one that does
+not answer within ``metrics_snapshots.WAIT_S`` is read as it last wrote.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
-import os
 import socket
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
@@ -54,45 +51,8 @@ from monitoring.collector import STAGE_LATENCY, SUMMARY_QUANTILES
 from monitoring.digest import quantiles_of
 from monitoring.fleet import DigestSource, merge_documents
 from server.workers.frames import encode_frame, read_frame_blocking
+from server.workers.metrics_snapshots import ExemplarRow, exemplars_of, fresh_snapshots
 from server.workers.restarts import register_restart_count
-
-SNAPSHOT_PERIOD_S = 0.5
-SNAPSHOT_DIRECTORY = "metrics"
-
-
-def snapshot_path(run_directory: str, pid: int) -> Path:
-    return Path(run_directory) / SNAPSHOT_DIRECTORY / f"{pid}.json"
-
-
-ExemplarRow = list  # [sample name, sample labels, exemplar labels, value, timestamp]: JSON and frames carry it
-
-
-def exemplars_of(histogram: Collector) -> list[ExemplarRow]:
-    """The exemplars ``histogram``'s samples carry now (only buckets of kept requests have one)."""
-    return [[sample.name, dict(sample.labels), dict(sample.exemplar.labels), sample.exemplar.value,
-             sample.exemplar.timestamp]
-            for family in histogram.collect() for sample in family.samples if sample.exemplar is not None]
-
-
-def write_snapshot(run_directory: str, registry: CollectorRegistry, monitor: Monitor,
-                   exemplars_from: Collector) -> None:
-    path = snapshot_path(run_directory, os.getpid())
-    path.parent.mkdir(exist_ok=True)
-    staging = path.with_suffix(".writing")
-    staging.write_text(json.dumps({"text": generate_latest(registry).decode(), "digests": monitor.digests_view(),
-                                   "exemplars": exemplars_of(exemplars_from)}, allow_nan=False))
-    os.replace(staging, path)
-
-
-async def keep_snapshot_fresh(run_directory: str, registry: CollectorRegistry, monitor: Monitor,
-                              exemplars_from: Collector) -> None:
-    """Write this process's snapshot every SNAPSHOT_PERIOD_S (off the event loop), until cancelled."""
-    try:
-        while True:
-            await asyncio.to_thread(write_snapshot, run_directory, registry, monitor, exemplars_from)
-            await asyncio.sleep(SNAPSHOT_PERIOD_S)
-    finally:
-        snapshot_path(run_directory, os.getpid()).unlink(missing_ok=True)
 
 
 def engine_metrics(socket_path: str) -> tuple[str, dict, list[ExemplarRow]]:
@@ -102,23 +62,6 @@ def engine_metrics(socket_path: str) -> tuple[str, dict, list[ExemplarRow]]:
         connection.connect(socket_path)
         connection.sendall(encode_frame(("metrics", 0)))
         return read_frame_blocking(connection)[2]
-
-
-def _is_running(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def _other_snapshots(run_directory: str) -> list[dict]:
-    snapshots = []
-    for path in (Path(run_directory) / SNAPSHOT_DIRECTORY).glob("*.json"):
-        pid = int(path.stem)
-        if pid == os.getpid() or not _is_running(pid):
-            continue
-        try:
-            snapshots.append(json.loads(path.read_text()))
-        except (FileNotFoundError, json.JSONDecodeError):
-            continue  # replaced or being written meanwhile: the next scrape has it
-    return snapshots
 
 
 def _latest_exemplars(rows: Sequence[ExemplarRow]) -> dict[tuple, Exemplar]:
@@ -213,7 +156,7 @@ class MergedMetrics:
         self._engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        others = _other_snapshots(self._run_directory)
+        others = list(fresh_snapshots(self._run_directory).values())
         engine_text, engine_digests, engine_exemplars = self._engine()
         texts = [generate_latest(self._own).decode(), engine_text, *(other["text"] for other in others)]
         documents = [self._monitor.digests_view(), engine_digests, *(other["digests"] for other in others)]

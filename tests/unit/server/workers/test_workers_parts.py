@@ -21,7 +21,8 @@ from server.errors import ApiError
 from server.settings import Settings
 from server.workers import handoff
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
-from server.workers.metrics_view import exemplars_of, merge_expositions
+from server.workers.metrics_snapshots import exemplars_of
+from server.workers.metrics_view import merge_expositions
 from server.workers.pixel_slots import AttachedSlots, PixelSlots
 
 
