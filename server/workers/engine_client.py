@@ -30,6 +30,10 @@ Tracing: the items carry their request span's ids to the engine's batches;
 each outcome brings its batch (``BatchTrace``) back, and a kept request's
 batches go back to the engine (``send_batch_spans``), which exports them once.
 
+Before any of this, ``describe_engine`` asks the engine (on a connection of
+its own) for what the API process builds its side from: the model's facts
+and its tokenizer's files. An API process loads no model.
+
 ``EngineRouter`` is what the routes and the drain read from ``state.router``:
 ready, alive, draining, in flight, a fault (the engine is gone: the API
 process exits, and the supervisor with it).
