@@ -24,7 +24,7 @@ import openai
 import pytest
 import tritonclient.http as triton_http
 
-from benchmarks.random_pretrained import write_clip
+from benchmarks.random_pretrained import write_clip, write_open_clip
 from encoded_images import b64, encoded_image
 from tests.conftest import ServeProcess, run_serve_process
 from tests.integration.same_answers import assert_same
@@ -133,6 +133,20 @@ def test_kserve_v2_through_tritonclient_equals_the_single_process(workers, singl
         client.close()
     assert outputs[0].shape[0] == 2
     np.testing.assert_allclose(outputs[0], outputs[1], rtol=1e-5, atol=1e-6)
+
+
+def test_an_open_clip_model_tokenizes_in_the_api_processes_as_in_one(tmp_path):
+    pytest.importorskip("open_clip")
+    directory = write_open_clip(tmp_path / "tiny-open-clip")  # open_clip's own SimpleTokenizer, sent as its BPE
+    bodies = ({"text": "a photo of a cat"}, {"text": "a red bicycle " * 60},  # cut to its context, as open_clip cuts
+              {"image": {"b64": b64(encoded_image(5, (48, 40), "JPEG"))}, "text": "snow on the mountains"})
+    with run_serve_process(["--model", str(directory), "--device", "cpu", "--api-workers", "2"]) as workers, \
+            run_serve_process(["--model", str(directory), "--device", "cpu"]) as single:
+        for body in bodies:
+            theirs = _answer_fields(_infer(single.url, body))
+            for _ in range(3):
+                assert_same(_answer_fields(_infer(workers.url, body)), theirs)
+        assert _infer(single.url, bodies[1]).json()["text"]["truncated"] is True
 
 
 def test_a_restarted_api_process_reads_no_weights(clip_dir, tmp_path):
