@@ -98,7 +98,7 @@ class _Scoring:
 
 def _scoring(state: ServerState) -> _Scoring:
     """The model's zero-shot score; 422 when it has none this endpoint may answer with."""
-    model = state.router.bundle.model  # answered where the router holds the model (server.workers.engine_routes)
+    model = state.router.bundle.model  # answered where the model is (server.workers.engine_routes)
     if getattr(model, "text", None) is None:
         raise ApiError(422, "no_text_tower", f"model {state.served_model.name!r} has no text encoder to embed "
                                              "labels with", "model")

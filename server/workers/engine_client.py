@@ -112,13 +112,14 @@ async def describe_engine(socket_path: str, timeout_s: float) -> tuple[ServedMod
     reader, writer = await _open_engine_connection(socket_path, timeout_s)
     try:
         writer.write(encode_frame(("describe", 0)))
-        kind, _, answer = await read_frame(reader)
+        kind, _, *fields = await read_frame(reader)
     finally:
         writer.close()
-    facts, tokenizer_files = answer if kind == "ok" and len(answer) == 2 else (None, None)
-    if not isinstance(facts, ServedModelFacts) or not isinstance(tokenizer_files, TokenizerFiles):
+    answer = fields[0] if kind == "ok" and len(fields) == 1 else None
+    if not (type(answer) is tuple and len(answer) == 2 and isinstance(answer[0], ServedModelFacts)
+            and isinstance(answer[1], TokenizerFiles)):
         raise RuntimeError(f"the engine answered describe with {kind!r}, not the model's facts and tokenizer")
-    return facts, tokenizer_files
+    return answer
 
 
 class EngineClient:

@@ -127,8 +127,8 @@ def test_kserve_v2_through_tritonclient_equals_the_single_process(workers, singl
     for served in (workers, single):
         client = triton_http.InferenceServerClient(served.url.removeprefix("http://"))
         tensor = triton_http.InferInput("text", [2], "BYTES")
-        tensor.set_data_from_numpy(np.array(["a photo of a cat".encode(), "桌子上有一碗水果".encode()], dtype=object),
-                                   binary_data=True)
+        texts = np.array(["a photo of a cat".encode(), "桌子上有一碗水果".encode()], dtype=object)
+        tensor.set_data_from_numpy(texts, binary_data=True)
         outputs.append(client.infer(name, [tensor]).as_numpy("text_embedding"))
         client.close()
     assert outputs[0].shape[0] == 2
