@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from models.loading.repository import ModelBundle
+from models.served_facts import ServedModelFacts
 from models.tokenizer import TokenizedText, cut_to
 from router.errors import JointTokensExceededError, TooManyImagesError
 
@@ -60,13 +60,13 @@ class JointTokenBudget:
                              f"({self.tokens_per_image} tokens)")
 
     @classmethod
-    def for_model(cls, bundle: ModelBundle, *, max_images_per_request: int | None = None,
+    def for_model(cls, model: ServedModelFacts, *, max_images_per_request: int | None = None,
                   max_joint_tokens: int | None = None) -> JointTokenBudget:
         """The settings, or defaults from the model: 4 images, and room for that many beside its longest text."""
-        tokens_per_image = bundle.model.vision.num_tokens
+        tokens_per_image = model.num_image_tokens
         max_images = DEFAULT_MAX_IMAGES_PER_REQUEST if max_images_per_request is None else max_images_per_request
         if max_joint_tokens is None:
-            max_joint_tokens = max_images * tokens_per_image + bundle.tokenizer.max_tokens
+            max_joint_tokens = max_images * tokens_per_image + model.max_text_tokens
         return cls(tokens_per_image, max_images, max_joint_tokens)
 
     def fit(self, num_images: int, text: TokenizedText | None, *, truncate: bool) -> tuple[TokenizedText | None,

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from cache import Modality, SegmentCache
 from models.loading.repository import ModelBundle
+from models.served_facts import served_model_facts
 from monitoring.serving_metrics import ServingMetrics
 from router.errors import ComputeUnavailableError, DeadlineExceededError, QueueFullError, ShuttingDownError
 from router.executors import ExecutorPlan, shared_executor, validate
@@ -96,7 +97,7 @@ class Router:
         each batch for its span (``router.tracing``); ``None`` while tracing is off."""
         validate(tuple(executors))
         self.bundle = bundle
-        self.budget = budget if budget is not None else JointTokenBudget.for_model(bundle)
+        self.budget = budget if budget is not None else JointTokenBudget.for_model(served_model_facts(bundle))
         self.cache = cache if cache is not None else SegmentCache(0, 0)
         self.segments = SegmentCatalog(self.cache, bundle.fingerprint, bundle.config.preprocess.identity())
         self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}

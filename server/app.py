@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from cache import SegmentCache
 from kernels.compile_watch import CompileWatch
 from models.loading.repository import ModelBundle
+from models.served_facts import ServedModelFacts, served_model_facts
 from monitoring.serving_metrics import ServingMetrics
 from router.decode_pool import BoundedDecodePool
 from router.executors import executor_plans, lower_current_thread_priority
@@ -81,10 +82,10 @@ def lane_settings(settings: Settings, device_type: str) -> dict[Route, LaneSetti
     return lanes
 
 
-def joint_token_budget(settings: Settings, bundle: ModelBundle) -> JointTokenBudget:
+def joint_token_budget(settings: Settings, model: ServedModelFacts) -> JointTokenBudget:
     """The images-per-request and joint-token limits: the settings, with the model's defaults where unset."""
     try:
-        return JointTokenBudget.for_model(bundle, max_images_per_request=settings.max_images_per_request,
+        return JointTokenBudget.for_model(model, max_images_per_request=settings.max_images_per_request,
                                           max_joint_tokens=settings.max_joint_tokens)
     except ValueError as e:
         raise ValueError(f"MMSERVE_MAX_JOINT_TOKENS: {e}") from e
@@ -139,8 +140,9 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         else:  # a bundle shared between apps may have been traced by another
             model.model.drop_encoder_graphs()
         register_device_metrics(registry, model)  # CUDA only: on the CPU the series are absent
+        facts = served_model_facts(model)
         faults = FaultInjector() if settings.enable_fault_injection else None
-        tracing = build_tracing(settings, model, span_exporter=span_exporter,  # OTEL_* are read here, at start
+        tracing = build_tracing(settings, facts, span_exporter=span_exporter,  # OTEL_* are read here, at start
                                 process=traced_process)
         cache = SegmentCache(
             settings.cache_image_bytes, settings.cache_text_bytes,
@@ -149,7 +151,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         )
         executors = executor_plans(separate_text=settings.separate_text_executor,
                                    image_nice=settings.image_work_nice)
-        budget = joint_token_budget(settings, model)
+        budget = joint_token_budget(settings, facts)
         router = Router(model, lane_settings(settings, model.model.device.type), metrics, executors=executors,
                         priority_step_ns=int(settings.priority_step_ms * 1_000_000),
                         stage_hook=faults.after_stage if faults is not None else None,
@@ -164,7 +166,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         register_device_decode_metrics(registry, device_decoder)
         intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings, model.config.preprocess),
                                decode_pool, faults=faults, device_decoder=device_decoder)
-        app.state.mmserve = ServerState(settings, model, router, registry, metrics, decode_pool,
+        app.state.mmserve = ServerState(settings, facts, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,
                                         zero_shot=ZeroShotEncoder(router, intake, decode_pool))

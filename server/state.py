@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from models.loading.repository import ModelBundle
+from models.served_facts import ServedModelFacts
 from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
@@ -26,8 +26,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class ServerState:
+    """``served_model``: the model's facts, read off the bundle in one process, sent by the engine to an API
+    process (which holds no model: whatever needs the model itself is the router's, ``router.bundle``)."""
+
     settings: Settings
-    bundle: ModelBundle
+    served_model: ServedModelFacts
     router: Router
     registry: CollectorRegistry
     metrics: ServingMetrics
@@ -41,9 +44,9 @@ class ServerState:
     @functools.cached_property
     def served_names(self) -> ServedModelNames:
         """The names a request may give the model (``model``, a v2 path): worked out once, not per request."""
-        return served_model_names(self.settings, self.bundle)
+        return served_model_names(self.settings, self.served_model)
 
     @functools.cached_property
     def model_description(self) -> dict:
         """The ``model`` object of every answer: name, fingerprint, family, score, normalisation, head."""
-        return dataclasses.asdict(self.bundle.describe())
+        return dataclasses.asdict(self.served_model.description)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.loading.repository import ModelBundle
+from models.served_facts import ServedModelFacts
 from router.request import InferenceResult
 from router.segments import ImageContent
 from server.ingest.decoding import decode_base64
@@ -75,11 +75,11 @@ INPUT_SPECS: tuple[TensorSpec, ...] = (
 )
 
 
-def output_specs(bundle: ModelBundle) -> tuple[TensorSpec, ...]:
+def output_specs(model: ServedModelFacts) -> tuple[TensorSpec, ...]:
     """The outputs this model gives: ``score`` and ``match_score`` only where they mean something."""
-    image_dim = bundle.model.vision.embedding_dim
-    text_dim = bundle.model.text.embedding_dim
-    described = bundle.describe()
+    image_dim = model.image_embedding_dim
+    text_dim = model.text_embedding_dim
+    described = model.description
     specs = [
         TensorSpec(IMAGE_EMBEDDING, "FP32", (-1, image_dim)),
         TensorSpec(IMAGE_EMBEDDINGS, "FP32", (-1, -1, image_dim)),
@@ -93,14 +93,14 @@ def output_specs(bundle: ModelBundle) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
-def model_metadata(bundle: ModelBundle) -> dict:
+def model_metadata(model: ServedModelFacts) -> dict:
     """The body of ``GET /v2/models/{name}``."""
     return {
-        "name": bundle.config.name,
+        "name": model.name,
         "versions": [MODEL_VERSION],
         "platform": PLATFORM,
         "inputs": [spec.metadata() for spec in INPUT_SPECS],
-        "outputs": [spec.metadata() for spec in output_specs(bundle)],
+        "outputs": [spec.metadata() for spec in output_specs(model)],
     }
 
 
@@ -256,10 +256,10 @@ def applicable_outputs(has_text: bool, has_image: bool, served: Sequence[str], *
     return tuple(name for name in names if name in served)
 
 
-def choose_outputs(request: V2InferRequest, bundle: ModelBundle) -> tuple[RequestedOutput, ...]:
+def choose_outputs(request: V2InferRequest, model: ServedModelFacts) -> tuple[RequestedOutput, ...]:
     """The outputs to send, checked before any compute: all applicable ones when none are named."""
     names = {tensor.name for tensor in request.inputs}
-    known = tuple(spec.name for spec in output_specs(bundle))
+    known = tuple(spec.name for spec in output_specs(model))
     has_image_list = any(tensor.name == IMAGE and len(tensor.shape) == 2 and tensor.shape[1] > 1
                          for tensor in request.inputs)
     available = applicable_outputs(TEXT in names, IMAGE in names or IMAGE_UINT8 in names, known,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import PurePath
 
-from models.loading.repository import ModelBundle
+from models.served_facts import ServedModelFacts
 from server.settings import Settings
 
 
@@ -51,10 +51,10 @@ def _short_names(given: str) -> set[str]:
     return {name for name in names if name}
 
 
-def served_model_names(settings: Settings, bundle: ModelBundle) -> ServedModelNames:
+def served_model_names(settings: Settings, model: ServedModelFacts) -> ServedModelNames:
     """The names of the model ``settings`` started: its served name, ``--model`` as given and its short name."""
     aliases: set[str] = set()
     for given in (settings.model, None if settings.model_repo is None else str(settings.model_repo)):
         if given:
             aliases |= _short_names(given)
-    return ServedModelNames(served=bundle.config.name, aliases=frozenset(aliases))
+    return ServedModelNames(served=model.name, aliases=frozenset(aliases))

@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from models.loading.repository import ModelBundle
+from models.served_facts import ServedModelFacts
 from server.protocols.model_names import ServedModelNames
 from server.ingest.decoding import decode_base64
 from server.errors import ApiError
@@ -125,10 +125,10 @@ def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[P
     return items
 
 
-def check_dimensions(request: EmbeddingsRequest, items: Sequence[ParsedInput], bundle: ModelBundle) -> None:
+def check_dimensions(request: EmbeddingsRequest, items: Sequence[ParsedInput], model: ServedModelFacts) -> None:
     if request.dimensions is None:
         return
-    sizes = {bundle.model.text.hidden_size if item.route == "text" else bundle.model.vision.embed_dim
+    sizes = {model.text_hidden_size if item.route == "text" else model.image_token_width
              for item in items}
     if sizes != {request.dimensions}:
         raise ApiError(422, "unsupported_dimensions",

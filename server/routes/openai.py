@@ -52,7 +52,7 @@ def _created_unix_s(request: Request) -> int:
 @router.get("/v1/models", summary="The served model, as OpenAI's model list.")
 async def list_models(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
-    card = model_card(state.bundle.config.name, _created_unix_s(request), state.model_description)
+    card = model_card(state.served_model.name, _created_unix_s(request), state.model_description)
     return JSONResponse({"object": "list", "data": [card]})
 
 
@@ -79,10 +79,10 @@ class Embeddings(Endpoint[EmbeddingsRequest]):
         return Parsed(items_from_request(embeddings_request, state.settings), embeddings_request)
 
     def check(self, parsed: Parsed[EmbeddingsRequest], state: ServerState) -> None:
-        check_dimensions(parsed.context, parsed.items, state.bundle)
+        check_dimensions(parsed.context, parsed.items, state.served_model)
 
     def render(self, parsed: Parsed[EmbeddingsRequest], answered: Answered, state: ServerState) -> Response:
-        return JSONResponse(embeddings_response(parsed.context, state.bundle.config.name, answered.outcomes))
+        return JSONResponse(embeddings_response(parsed.context, state.served_model.name, answered.outcomes))
 
     def render_error(self, failure: Failure, parsed: Parsed[EmbeddingsRequest] | None) -> Response:
         is_single_input = parsed is not None and isinstance(parsed.context.input, str)

@@ -107,7 +107,7 @@ async def _model_metadata(request: Request, model_name: str, model_version: str 
         _check_model(state, model_name, model_version)
     except ApiError as e:
         return _error_response(Failure(e, None))
-    return JSONResponse(model_metadata(state.bundle))
+    return JSONResponse(model_metadata(state.served_model))
 
 
 async def _model_ready(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
@@ -154,12 +154,12 @@ class V2Infer(Endpoint[_V2Call]):
         return Parsed(rows_from_request(v2_request, state.settings), _V2Call(v2_request))
 
     def check(self, parsed: Parsed[_V2Call], state: ServerState) -> None:
-        parsed.context.chosen = choose_outputs(parsed.context.request, state.bundle)
+        parsed.context.chosen = choose_outputs(parsed.context.request, state.served_model)
 
     def render(self, parsed: Parsed[_V2Call], answered: Answered, state: ServerState) -> Response:
         call = parsed.context
         encoded = encode_infer_response(V2InferResponse(
-            model_name=state.bundle.config.name,
+            model_name=state.served_model.name,
             model_version=MODEL_VERSION,
             outputs=output_tensors(call.chosen, [outcome.result for outcome in answered.outcomes]),
             request_id=call.request.request_id,

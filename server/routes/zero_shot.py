@@ -98,16 +98,16 @@ class _Scoring:
 
 def _scoring(state: ServerState) -> _Scoring:
     """The model's zero-shot score; 422 when it has none this endpoint may answer with."""
-    model = state.bundle.model
+    model = state.router.bundle.model  # answered where the model is (server.workers.engine_routes)
     if getattr(model, "text", None) is None:
-        raise ApiError(422, "no_text_tower", f"model {state.bundle.config.name!r} has no text encoder to embed "
+        raise ApiError(422, "no_text_tower", f"model {state.served_model.name!r} has no text encoder to embed "
                                              "labels with", "model")
     if model.score is not None:
         return _Scoring(model.score)
     if state.model_description["fusion_head"] == "trained":
         return _Scoring(None)
     raise ApiError(422, "no_calibrated_score",
-                   f"model {state.bundle.config.name!r} has no calibrated image-text score (family "
+                   f"model {state.served_model.name!r} has no calibrated image-text score (family "
                    f"{state.model_description['family']!r}) and its fusion head is untrained; train one "
                    "(mmserve train-fusion) to classify and rank with its match_score", "model")
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter
 
-    from models.loading.repository import ModelBundle
+    from models.served_facts import ServedModelFacts
     from server.http.tracing import RequestTracer
 
 logger = logging.getLogger(__name__)
@@ -73,13 +73,10 @@ class TracedProcess:
 
     Attributes:
         role: ``engine`` or ``api`` (the resource's ``mmserve.process``).
-        model_fingerprint: The served model's fingerprint when this process's copy is not the one
-            serving (an API process: the engine's).
         send_batches: Where kept requests' batches go (an API process: to the engine, which exports them).
     """
 
     role: str
-    model_fingerprint: str | None = None
     send_batches: Callable[[Sequence[BatchTrace]], None] | None = None
 
 
@@ -113,7 +110,7 @@ def _otlp_exporter(environ: Mapping[str, str]) -> SpanExporter:
     return OTLPSpanExporter()
 
 
-def build_tracing(settings: Settings, bundle: ModelBundle, environ: Mapping[str, str] | None = None, *,
+def build_tracing(settings: Settings, model: ServedModelFacts, environ: Mapping[str, str] | None = None, *,
                   span_exporter: SpanExporter | None = None, process: TracedProcess | None = None) -> Tracing | None:
     """Tracing for one app, or ``None`` when it is off.
 
@@ -146,12 +143,11 @@ def build_tracing(settings: Settings, bundle: ModelBundle, environ: Mapping[str,
     sampler = TailSampler(settings.trace_sample_ratio, int(settings.trace_slow_ms * 1_000_000))
     default_timeout_ms = {route.value: int(settings.lane_value(route.value, "default_timeout_ms"))
                           for route in Route}
-    fingerprint = process.model_fingerprint if process is not None and process.model_fingerprint else None
-    request_tracer = RequestTracer(processor, resource, sampler, model_name=bundle.config.name,
-                                   model_fingerprint=fingerprint or bundle.fingerprint,
+    request_tracer = RequestTracer(processor, resource, sampler, model_name=model.name,
+                                   model_fingerprint=model.fingerprint,
                                    default_timeout_ms=default_timeout_ms,
                                    send_batches=process.send_batches if process is not None else None)
-    batch_tracer = BatchTracer(str(bundle.model.device), bundle.config.preprocess.input_size)
+    batch_tracer = BatchTracer(model.device, model.config.preprocess.input_size)
     logger.info("tracing on: sample ratio %g, always kept: 5xx%s", settings.trace_sample_ratio,
                 f" and requests over {settings.trace_slow_ms:g} ms" if settings.trace_slow_ms > 0 else "")
     return Tracing(request_tracer, batch_tracer, processor)

@@ -13,13 +13,17 @@ Fault drills are the engine's (``/v1/admin/faults`` is answered there,
 here as in one process (its own exporter, from the same ``OTEL_*``); the
 batch spans are the engine's to export.
 
-It loads the model bundle on the CPU for what the HTTP side describes (the
-model's name and configuration) and for the tokenizer and joint-token budget
-it applies to every item before the engine sees it (``router.item_text``:
-the same configuration gives the engine's tokenizer and limits, and the
-engine checks the budget again); the model object of answers, its
-fingerprint and the cache keys' preprocessing come from the engine, so they
-are the engine's whatever this copy is.
+It loads no model: once the engine has loaded its own, it answers ``describe``
+(``server.workers.engine_client.describe_engine``) with the model's facts
+(``models.served_facts.ServedModelFacts``: configuration and preprocessing,
+the ``model`` object of answers, fingerprint, the widths the protocols
+check) and its tokenizer's files (``models.tokenizer_files``, saved by the
+tokenizer's own library, built back here and checked to be the same). From
+those it builds the tokenizer and joint-token budget it applies to every item
+before the engine sees it (``router.item_text``; the engine checks the budget
+again), its cache keys and its image decoder. So a restarted API process is
+up as soon as the engine answers, and memory does not grow with a model copy
+per process.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
+from models.tokenizer_files import unpack_tokenizer
 from monitoring.serving_metrics import ServingMetrics
 from router.decode_pool import BoundedDecodePool
 from router.faults import FaultInjector
@@ -45,13 +50,12 @@ from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.log_output import TurnBufferedStreamHandler
-from server.runtime.model_loading import load_model
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.tracing_setup import TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
-from server.workers.engine_client import EngineClient, EngineRouter
+from server.workers.engine_client import EngineClient, EngineRouter, describe_engine
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
     RATE_BUCKETS_VARIABLE,
@@ -80,28 +84,26 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        bundle = await asyncio.to_thread(load_model, settings.model_copy(update={"device": "cpu", "dtype": "auto"}))
+        facts, tokenizer_files = await describe_engine(socket_path, ENGINE_CONNECT_TIMEOUT_S)
+        tokenizer = await asyncio.to_thread(unpack_tokenizer, tokenizer_files)
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
-        input_size = bundle.config.preprocess.input_size
-        slots = PixelSlots((input_size, input_size, 3))
-        texts = ItemTextFitter(bundle.tokenizer, joint_token_budget(settings, bundle), decode_pool)
+        preprocess = facts.config.preprocess
+        slots = PixelSlots((preprocess.input_size, preprocess.input_size, 3))
+        texts = ItemTextFitter(tokenizer, joint_token_budget(settings, facts), decode_pool)
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
-        client = EngineClient(socket_path, SegmentCatalog(None, bundle.fingerprint, ""),  # type: ignore[arg-type]
-                              bundle.config.preprocess, image_decoder(settings, bundle.config.preprocess), decode_pool,
+        keys = SegmentCatalog(None, facts.fingerprint, facts.preprocess_id)  # type: ignore[arg-type]  # keys only
+        client = EngineClient(socket_path, keys, preprocess, image_decoder(settings, preprocess), decode_pool,
                               slots, texts, faults, is_image_cache_on=settings.cache_image_bytes > 0)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
-        description, fingerprint, preprocess_id = await client.describe()
-        client.use_keys_of(SegmentCatalog(None, fingerprint, preprocess_id))  # type: ignore[arg-type]
-        tracing = build_tracing(settings, bundle, process=TracedProcess("api", fingerprint, client.send_batch_spans))
+        tracing = build_tracing(settings, facts, process=TracedProcess("api", send_batches=client.send_batch_spans))
         marks = ReadyMarks(run_directory, settings.api_workers)
         router = EngineRouter(client, socket_path, marks)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
         view = merged_registry(registry, monitor, run_directory, socket_path,  # /metrics: every process's
                                metrics.request_duration_seconds)
-        state = ServerState(settings, bundle, router, view, metrics, decode_pool,  # type: ignore[arg-type]
+        state = ServerState(settings, facts, router, view, metrics, decode_pool,  # type: ignore[arg-type]
                             monitor=monitor, intake=client,  # type: ignore[arg-type]
                             tracer=tracing.request_tracer if tracing is not None else None)
-        state.__dict__["model_description"] = description  # the engine's, not this CPU copy's
         app.state.mmserve = state
         monitor.start()
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))

@@ -30,6 +30,10 @@ Tracing: the items carry their request span's ids to the engine's batches;
 each outcome brings its batch (``BatchTrace``) back, and a kept request's
 batches go back to the engine (``send_batch_spans``), which exports them once.
 
+Before any of this, ``describe_engine`` asks the engine (on a connection of
+its own) for what the API process builds its side from: the model's facts
+and its tokenizer's files. An API process loads no model.
+
 ``EngineRouter`` is what the routes and the drain read from ``state.router``:
 ready, alive, draining, in flight, a fault (the engine is gone: the API
 process exits, and the supervisor with it).
@@ -58,6 +62,8 @@ from concurrent.futures import Executor
 import numpy as np
 
 from models.loading.config import PreprocessConfig
+from models.served_facts import ServedModelFacts
+from models.tokenizer_files import TokenizerFiles
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
 from router.faults import FaultInjector
@@ -81,6 +87,39 @@ class EngineGone:
     """``router.fault``'s shape (``server.runtime.lifecycle`` reads ``message``)."""
 
     message: str
+
+
+async def _open_engine_connection(socket_path: str,
+                                  timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to the engine, retried until ``timeout_s`` (the engine listens once its model is loaded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await asyncio.open_unix_connection(socket_path)
+        except (FileNotFoundError, ConnectionRefusedError):
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def describe_engine(socket_path: str, timeout_s: float) -> tuple[ServedModelFacts, TokenizerFiles]:
+    """The engine's model as an API process needs it: its facts and its tokenizer's files (one short connection).
+
+    Everything an API process knows of the model comes from here: it loads no
+    weights, so its answers' ``model`` object, its cache keys' fingerprint and
+    preprocessing, its protocols' shapes and its tokenizer are the engine's.
+    """
+    reader, writer = await _open_engine_connection(socket_path, timeout_s)
+    try:
+        writer.write(encode_frame(("describe", 0)))
+        kind, _, *fields = await read_frame(reader)
+    finally:
+        writer.close()
+    answer = fields[0] if kind == "ok" and len(fields) == 1 else None
+    if not (type(answer) is tuple and len(answer) == 2 and isinstance(answer[0], ServedModelFacts)
+            and isinstance(answer[1], TokenizerFiles)):
+        raise RuntimeError(f"the engine answered describe with {kind!r}, not the model's facts and tokenizer")
+    return answer
 
 
 class EngineClient:
@@ -112,15 +151,7 @@ class EngineClient:
 
     async def connect(self, timeout_s: float) -> None:
         """Connect (the engine may still be loading its model: retry until ``timeout_s``)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                reader, self._writer = await asyncio.open_unix_connection(self._socket_path)
-                break
-            except (FileNotFoundError, ConnectionRefusedError):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.05)
+        reader, self._writer = await _open_engine_connection(self._socket_path, timeout_s)
         self._reader_task = asyncio.create_task(self._read_answers(reader))
         if self._faults is not None:
             await self._call("watch_faults")  # the drills now arrive before its answer, and after every change
@@ -192,12 +223,6 @@ class EngineClient:
         _, (status, code, message, field, retry_after_s) = fields
         raise ApiError(status, code, message, field, retry_after_s)
 
-    async def describe(self) -> tuple[dict, str, str]:
-        """The engine's model as answers describe it, its fingerprint and its preprocessing id (for cache keys)."""
-        return await self._call("describe")  # type: ignore[return-value]
-
-    def use_keys_of(self, catalog: SegmentCatalog) -> None:
-        self._catalog = catalog
 
     # -- the intake's run --------------------------------------------------------
 

@@ -12,7 +12,8 @@ socket (``server.workers.frames``):
     ("metrics", id)                        -> ("ok", id, (the engine registry's exposition, its digests))
     ("http", id, method, path, headers, body, client) -> ("ok", id, (status, headers, body))
                                            a zero-shot route, answered by the app (server.workers.engine_routes)
-    ("describe", id)                       -> ("ok", id, (the answers' model object, fingerprint, preprocess id))
+    ("describe", id)                       -> ("ok", id, (ServedModelFacts, TokenizerFiles)): the model's
+                                           facts and its tokenizer's files, all an API process loads
     ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
     ("watch_faults", id)                   -> ("faults", None, [(FaultPlan, seconds left)]), ("ok", id, None),
                                            then the same "faults" frame, unasked, after every drill change
@@ -58,10 +59,11 @@ import numpy as np
 from fastapi import FastAPI
 from prometheus_client import generate_latest
 
+from models.tokenizer_files import pack_tokenizer
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeOutcome, IntakeTools, RequestIntake
 from router.segments import SegmentKey
-from server.app import create_app, joint_token_budget
+from server.app import create_app
 from server.errors import ApiError
 from server.http.error_mapping import api_error_from
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
@@ -100,14 +102,17 @@ class Engine:
     def __init__(self, state: ServerState, settings: Settings, app: FastAPI) -> None:
         self._state = state
         self._app = app
-        self._input_shape = (state.bundle.config.preprocess.input_size,) * 2 + (3,)
+        bundle = state.router.bundle
+        self._input_shape = (bundle.config.preprocess.input_size,) * 2 + (3,)
         self._prepared: dict[int, np.ndarray] = {}  # id(ImageContent) -> pixels an API process decoded
         # No faults: the decode drill runs in the API processes (the module's docstring).
-        self._intake = RequestIntake(state.router, IntakeTools.of(state.bundle, joint_token_budget(settings, state.bundle)),
-                                     image_decoder(settings, state.bundle.config.preprocess), state.decode_pool,
-                                     device_decoder=device_jpeg_decoder(settings, state.bundle),
+        self._intake = RequestIntake(state.router, IntakeTools.of(bundle, state.router.budget),
+                                     image_decoder(settings, bundle.config.preprocess), state.decode_pool,
+                                     device_decoder=device_jpeg_decoder(settings, bundle),
                                      prepared_pixels=lambda content: self._prepared.get(id(content)))
         self._fault_watchers: set[Callable[..., None]] = set()  # the replies of connections that watch the drills
+        # What an API process builds its side from (it loads no weights): packed once, sent on every describe.
+        self._description = (state.served_model, pack_tokenizer(bundle.tokenizer))
         if state.faults is not None:
             state.faults.subscribe(self._push_faults)
 
@@ -152,9 +157,7 @@ class Engine:
                     router = self._state.router
                     reply("ok", call_id, (router.is_ready, router.is_alive, router.is_draining))
                 elif kind == "describe":
-                    bundle = self._state.bundle
-                    reply("ok", call_id, (self._state.model_description, bundle.fingerprint,
-                                          bundle.config.preprocess.identity()))
+                    reply("ok", call_id, self._description)
                 elif kind == "watch_faults":
                     self._fault_watchers.add(reply)
                     faults = self._state.faults

@@ -39,7 +39,11 @@ import msgpack
 import numpy as np
 
 from cache.keys import Modality, SegmentKey
+from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
+from models.loading.repository import ModelDescription
+from models.served_facts import ServedModelFacts
 from models.tokenizer import TokenizedText
+from models.tokenizer_files import TokenizerFiles
 from router.faults import FaultPlan
 from router.intake import IntakeItem, IntakeOutcome
 from router.item_facts import ItemFacts
@@ -57,6 +61,8 @@ MESSAGE_DATACLASSES: tuple[type, ...] = (
     BatchTrace,  # an outcome's batch, and the batch spans an API process asks the engine to export
     SegmentKey,  # a peek's keys
     FaultPlan,  # the engine's fault drills, copied to every API process
+    ServedModelFacts, ModelConfig, VisionConfig, TextConfig, FusionConfig, PreprocessConfig,  # a describe's
+    ModelDescription, TokenizerFiles,  # answer: all an API process knows of the model (it loads none)
 )
 MESSAGE_ENUMS: tuple[type[enum.Enum], ...] = (Priority, Route, Modality)
 

@@ -25,7 +25,7 @@ def test_traced_and_eager_servers_give_the_same_answers(live_server_factory):
     with live_server_factory(torchscript_encoders=True) as traced_server, \
             live_server_factory(bundle=eager_bundle, torchscript_encoders=False) as eager_server, \
             traced_server.client() as traced_client, eager_server.client() as eager_client:
-        traced_model = traced_server.app.state.mmserve.bundle.model
+        traced_model = traced_server.app.state.mmserve.router.bundle.model
         assert traced_model.vision.graph is not None and traced_model.text.graph is not None
         assert eager_bundle.model.vision.graph is None and eager_bundle.model.text.graph is None
         for body in BODIES:

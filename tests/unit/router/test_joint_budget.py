@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from models.served_facts import served_model_facts
 from models.tokenizer import TokenizedText
 from router.errors import JointTokensExceededError, TooManyImagesError
 from router.joint_budget import JointTokenBudget
@@ -50,8 +51,8 @@ def test_without_a_text_only_the_image_count_is_limited():
 
 
 def test_the_defaults_come_from_the_model(tiny_bundle):
-    budget = JointTokenBudget.for_model(tiny_bundle)
+    budget = JointTokenBudget.for_model(served_model_facts(tiny_bundle))
     assert budget.tokens_per_image == tiny_bundle.model.vision.num_tokens
     assert budget.max_joint_tokens == 4 * budget.tokens_per_image + tiny_bundle.tokenizer.max_tokens
     with pytest.raises(ValueError, match="must hold one image"):
-        JointTokenBudget.for_model(tiny_bundle, max_joint_tokens=budget.tokens_per_image - 1)
+        JointTokenBudget.for_model(served_model_facts(tiny_bundle), max_joint_tokens=budget.tokens_per_image - 1)

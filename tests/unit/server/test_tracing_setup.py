@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from models.served_facts import served_model_facts
 from server.runtime.tracing_setup import TracingSetupError, build_tracing, is_tracing_on
 from server.settings import Settings
 
@@ -31,7 +32,7 @@ def test_on_or_off(tracing, environ, is_on):
 
 
 def test_off_builds_nothing(tiny_bundle):
-    assert build_tracing(Settings(preset="tiny"), tiny_bundle, {}) is None
+    assert build_tracing(Settings(preset="tiny"), served_model_facts(tiny_bundle), {}) is None
 
 
 @pytest.mark.parametrize(("protocol", "module"), [
@@ -41,7 +42,7 @@ def test_off_builds_nothing(tiny_bundle):
 def test_the_protocol_picks_the_exporter(protocol, module, tiny_bundle, monkeypatch):
     importlib.import_module(module)  # the test extra installs both exporters
     monkeypatch.setenv("OTEL_SERVICE_NAME", "svc")
-    tracing = build_tracing(Settings(preset="tiny", tracing="on"), tiny_bundle,
+    tracing = build_tracing(Settings(preset="tiny", tracing="on"), served_model_facts(tiny_bundle),
                             {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol})
     try:
         assert type(tracing.processor.span_exporter).__module__ == module  # type: ignore[attr-defined]
@@ -54,7 +55,7 @@ def test_the_protocol_picks_the_exporter(protocol, module, tiny_bundle, monkeypa
 def test_the_service_is_named_mmserve_by_default(tiny_bundle, monkeypatch):
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
-    tracing = build_tracing(Settings(preset="tiny", tracing="on"), tiny_bundle, {})
+    tracing = build_tracing(Settings(preset="tiny", tracing="on"), served_model_facts(tiny_bundle), {})
     try:
         assert tracing.request_tracer._resource.attributes["service.name"] == "mmserve"
     finally:
@@ -63,7 +64,8 @@ def test_the_service_is_named_mmserve_by_default(tiny_bundle, monkeypatch):
 
 def test_an_unknown_protocol_is_refused_by_name(tiny_bundle):
     with pytest.raises(TracingSetupError, match="http/json"):
-        build_tracing(Settings(preset="tiny", tracing="on"), tiny_bundle, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+        build_tracing(Settings(preset="tiny", tracing="on"), served_model_facts(tiny_bundle),
+                      {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
 def test_tracing_off_loads_no_opentelemetry_sdk():

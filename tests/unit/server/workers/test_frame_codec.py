@@ -13,7 +13,11 @@ import pytest
 import torch
 
 from cache.keys import Modality, SegmentKey, encoded_image_key
+from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
+from models.loading.repository import ModelDescription
+from models.served_facts import ServedModelFacts
 from models.tokenizer import TokenizedText
+from models.tokenizer_files import TokenizerFiles
 from router.intake import IntakeItem, IntakeOutcome
 from router.item_facts import ItemFacts
 from router.joint_budget import JointTokens
@@ -121,8 +125,13 @@ MESSAGES = {
     "faults": ("faults", None, DRILLS),
     "faults_cleared": ("faults", None, ()),
     "ok_http": ("ok", 5, (200, [("content-type", "application/json"), ("x-request-id", "abc")], b'{"top": []}')),
-    "ok_describe": ("ok", 4, ({"name": "tiny", "fingerprint": "ab12", "embed_dim": 32, "normalize": True,
-                               "mean": (0.5, 0.5, 0.5), "score": None}, "ab12", "size=224;resize=256")),
+    "ok_describe": ("ok", 4, (ServedModelFacts(
+        ModelConfig("tiny", VisionConfig("vit_tiny", {"img_size": 32, "patch_size": 8}), TextConfig(hidden_size=32),
+                    FusionConfig(rank=4), PreprocessConfig(input_size=32, resize_size=36, mean=(0.48, 0.46, 0.41))),
+        ModelDescription("tiny", "ab12", "mmserve", None, True, "untrained"), "size=32;resize=36",
+        num_image_tokens=17, image_embedding_dim=64, image_token_width=64, text_embedding_dim=32, text_hidden_size=32,
+        max_text_tokens=16, device="cpu"),
+        TokenizerFiles("transformers", {"tokenizer.json": b"{}", "tokenizer_config.json": b"{}"}, "{}", 16, False))),
 }
 
 
