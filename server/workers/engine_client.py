@@ -73,7 +73,7 @@ from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
-from server.workers.frames import encode_frame, read_frame, read_frame_blocking
+from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_frame_blocking
 from server.workers.pixel_slots import PixelSlots
 from server.workers.readiness import ReadyMarks
 
@@ -140,7 +140,7 @@ class EngineClient:
         self._slots = slots
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: CorkedFrameWriter | None = None
         self._reader_task: asyncio.Task | None = None
         self._status_task: asyncio.Task | None = None
         self.engine_status = (False, True, False)  # ready, alive, draining
@@ -151,7 +151,8 @@ class EngineClient:
 
     async def connect(self, timeout_s: float) -> None:
         """Connect (the engine may still be loading its model: retry until ``timeout_s``)."""
-        reader, self._writer = await _open_engine_connection(self._socket_path, timeout_s)
+        reader, writer = await _open_engine_connection(self._socket_path, timeout_s)
+        self._writer = CorkedFrameWriter(writer)
         self._reader_task = asyncio.create_task(self._read_answers(reader))
         if self._faults is not None:
             await self._call("watch_faults")  # the drills now arrive before its answer, and after every change
@@ -191,13 +192,13 @@ class EngineClient:
         call_id = next(self._ids)
         future = asyncio.get_running_loop().create_future()
         self._waiting[call_id] = future
-        self._writer.write(encode_frame((message[0], call_id, *message[1:])))
+        self._writer.write((message[0], call_id, *message[1:]))
         return call_id, future
 
     def send_batch_spans(self, batches: Sequence[BatchTrace]) -> None:
         """Ask the engine to export these batches' spans (each once, whichever process asks first); no answer."""
         if self.fault is None and self._writer is not None:
-            self._writer.write(encode_frame(("batch_spans", next(self._ids), list(batches))))
+            self._writer.write(("batch_spans", next(self._ids), list(batches)))
 
     async def _call(self, *message: object) -> object:
         _, future = self._send(*message)

@@ -73,7 +73,7 @@ from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import answer_in_engine
-from server.workers.frames import encode_frame, read_frame
+from server.workers.frames import CorkedFrameWriter, read_frame
 from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment, supervisor_pid
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
@@ -126,9 +126,11 @@ class Engine:
         attached: dict[str, AttachedSlots] = {}
         calls: dict[int, asyncio.Task] = {}
 
+        corked = CorkedFrameWriter(writer)
+
         def reply(*message: object) -> None:
-            if not writer.is_closing():
-                writer.write(encode_frame(message))
+            if not corked.is_closing():
+                corked.write(message)
 
         try:
             while True:
@@ -178,7 +180,7 @@ class Engine:
                 task.cancel()  # the API process is gone: nobody reads these answers
             for block in attached.values():
                 block.close()
-            writer.close()
+            corked.close()
 
     async def _http(self, call_id: int, request: tuple, reply) -> None:  # noqa: ANN001
         try:
@@ -256,7 +258,18 @@ def main() -> int:
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
     exit_when_orphaned(parent_pid=supervisor_pid())
-    return asyncio.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
+    # The loop an API process's uvicorn runs (uvloop where installed): its socket reads and writes are the
+    # engine's per-request work besides the batch.
+    with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+        return runner.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
+
+
+def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 if __name__ == "__main__":

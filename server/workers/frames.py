@@ -49,6 +49,43 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple:
     return decode(await reader.readexactly(length))
 
 
+class CorkedFrameWriter:
+    """A connection's frames, those written during one turn of the event loop leaving in one write.
+
+    Each write to the Unix socket is a system call that, when the other process
+    sleeps in its event loop, also wakes it; on the development machine (a VM)
+    that made the API process's frame writes about a fifth of its CPU under load,
+    one per request. Under load one turn of the loop produces several requests'
+    frames (or several answers in the engine): they now leave together, at the
+    start of the next turn. Order is kept; nothing waits longer than that turn.
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._loop = asyncio.get_running_loop()
+        self._pending: list[bytes] = []
+
+    def write(self, message: tuple) -> None:
+        """Queue ``message`` (on the loop's thread); it leaves with the turn's others."""
+        if not self._pending:
+            self._loop.call_soon(self.flush)
+        self._pending.append(encode_frame(message))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        if not self._writer.is_closing():
+            self._writer.write(pending[0] if len(pending) == 1 else b"".join(pending))
+
+    def is_closing(self) -> bool:
+        return self._writer.is_closing()
+
+    def close(self) -> None:
+        self.flush()
+        self._writer.close()
+
+
 def read_frame_blocking(connection: socket.socket) -> tuple:
     """The next message from a blocking socket (one short admin call)."""
     (length,) = _LENGTH.unpack(_read_exactly(connection, _LENGTH.size))
