@@ -50,11 +50,11 @@ from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.log_output import TurnBufferedStreamHandler
-from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.tracing_setup import TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
+from server.workers.engine_monitor import EngineMonitor
 from server.workers.engine_client import EngineClient, EngineRouter, describe_engine
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
@@ -80,7 +80,6 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
     """``rate_buckets_path``: the table of token buckets every API process shares (with a rate limit)."""
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
-    monitor = build_monitor(settings, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -99,20 +98,17 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         marks = ReadyMarks(run_directory, settings.api_workers)
         router = EngineRouter(client, socket_path, marks)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
-        view = merged_registry(registry, monitor, run_directory, socket_path,  # /metrics: every process's
+        view = merged_registry(registry, run_directory, socket_path,  # /metrics: every process's
                                metrics.request_duration_seconds)
         state = ServerState(settings, facts, router, view, metrics, decode_pool,  # type: ignore[arg-type]
-                            monitor=monitor, intake=client,  # type: ignore[arg-type]
+                            monitor=EngineMonitor(client), intake=client,  # type: ignore[arg-type]
                             tracer=tracing.request_tracer if tracing is not None else None)
         app.state.mmserve = state
-        monitor.start()
-        baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
-        snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry, monitor,
+        snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry,
                                                                  metrics.request_duration_seconds))
         try:
             yield
         finally:
-            baseline_start.cancel()
             snapshots.cancel()
             marks.mark(False)
             await client.close()
@@ -120,7 +116,6 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
             slots.close()
             if rate_buckets is not None:
                 rate_buckets.close()
-            await asyncio.to_thread(monitor.stop)
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)
 

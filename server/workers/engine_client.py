@@ -56,11 +56,12 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
 
 import numpy as np
 
+from monitoring.inputs import RequestInputs
 from models.loading.config import PreprocessConfig
 from models.served_facts import ServedModelFacts
 from models.tokenizer_files import TokenizerFiles
@@ -199,6 +200,12 @@ class EngineClient:
         """Ask the engine to export these batches' spans (each once, whichever process asks first); no answer."""
         if self.fault is None and self._writer is not None:
             self._writer.write(("batch_spans", next(self._ids), list(batches)))
+
+    def send_record(self, route: str, stage_ns: Mapping[str, int], batch_size: int | None, cache_hit: bool | None,
+                    inputs: RequestInputs | None) -> None:
+        """One answered request's latency record, for the engine's monitor (``server.workers.engine_monitor``)."""
+        if self.fault is None and self._writer is not None:
+            self._writer.write(("record", next(self._ids), route, dict(stage_ns), batch_size, cache_hit, inputs))
 
     async def _call(self, *message: object) -> object:
         _, future = self._send(*message)

@@ -165,6 +165,10 @@ class Engine:
                     faults = self._state.faults
                     reply("faults", None, faults.entries() if faults is not None else ())
                     reply("ok", call_id, None)
+                elif kind == "record":  # an API process's answered request (server.workers.engine_monitor)
+                    route, stage_ns, batch_size, cache_hit, inputs = message[2:]
+                    self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
+                                               inputs=inputs)
                 elif kind == "batch_spans":
                     if self._state.tracer is not None:
                         self._state.tracer.emit_batches(message[2])

@@ -1,4 +1,5 @@
-"""Routes an API process hands whole to the engine: ``/v1/classify``, ``/v1/rank`` and ``/v1/admin/faults``.
+"""Routes an API process hands whole to the engine: ``/v1/classify``, ``/v1/rank``, ``/v1/admin/faults``
+and ``/v1/monitoring/*``.
 
 Zero-shot calls plan hundreds of label segments against the cache and
 score on the segments themselves (the engine's tensors), so they run where
@@ -9,7 +10,10 @@ errors, metrics and latency records), through the app's ASGI interface.
 Fault drills (``POST``/``DELETE /v1/admin/faults``) live in the engine too,
 which pushes every change to the API processes (``server.workers.engine_process``),
 so a drill set through any API process's connection holds for all of them,
-with the single process's answers, statuses and admin keys.
+with the single process's answers, statuses and admin keys. The latency
+monitor is the engine's alone (every API process sends it its requests'
+records, ``server.workers.engine_monitor``), so its drift state, digests and
+baseline are asked there.
 
     API process                                   engine
     ("http", id, method, path, headers, body, client)  ->  the app, in process (httpx.ASGITransport)
@@ -25,7 +29,8 @@ from fastapi import FastAPI
 from server.errors import ApiError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-ENGINE_PATHS = frozenset({"/v1/classify", "/v1/rank", "/v1/admin/faults"})
+ENGINE_PATHS = frozenset({"/v1/classify", "/v1/rank", "/v1/admin/faults",
+                          "/v1/monitoring/drift", "/v1/monitoring/digests", "/v1/monitoring/baseline"})
 
 
 class ForwardToEngine:

@@ -39,6 +39,7 @@ import msgpack
 import numpy as np
 
 from cache.keys import Modality, SegmentKey
+from monitoring.inputs import RequestInputs
 from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
 from models.loading.repository import ModelDescription
 from models.served_facts import ServedModelFacts
@@ -63,6 +64,7 @@ MESSAGE_DATACLASSES: tuple[type, ...] = (
     FaultPlan,  # the engine's fault drills, copied to every API process
     ServedModelFacts, ModelConfig, VisionConfig, TextConfig, FusionConfig, PreprocessConfig,  # a describe's
     ModelDescription, TokenizerFiles,  # answer: all an API process knows of the model (it loads none)
+    RequestInputs,  # a request's latency record, for the engine's one monitor
 )
 MESSAGE_ENUMS: tuple[type[enum.Enum], ...] = (Priority, Route, Modality)
 

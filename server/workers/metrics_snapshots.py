@@ -2,11 +2,12 @@
 
 The API process that answers ``/metrics`` merges every other API process's
 registry (``server.workers.metrics_view``); those live in other processes, so
-each writes a snapshot file (its exposition text, its monitor's digests
-document, its exemplars). Writing one costs tens of milliseconds of CPU under
-the GIL (thousands of digest centroids as JSON), so a snapshot is written only
-when asked, not on a clock: written every half second, snapshots took half of
-an API process's CPU under load, and their GIL holds stalled its event loop.
+each writes a snapshot file (its exposition text and its exemplars; the
+latency digests are the engine's alone, ``server.workers.engine_monitor``).
+A snapshot is written only when asked, not on a clock: written every half
+second (when they still held digests: thousands of centroids as JSON), they
+took half of an API process's CPU under load, and their GIL holds stalled its
+event loop.
 
     scraper (fresh_snapshots)                 every other API process (answer_snapshot_requests)
     -------------------------                 -------------------------------------------------
@@ -33,7 +34,6 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
-from monitoring import Monitor
 
 SNAPSHOT_DIRECTORY = "metrics"
 POLL_S = 0.05  # how often a process looks for a request: a scrape waits about this long
@@ -58,13 +58,13 @@ def exemplars_of(histogram: Collector) -> list[ExemplarRow]:
             for family in histogram.collect() for sample in family.samples if sample.exemplar is not None]
 
 
-def write_snapshot(run_directory: str, registry: CollectorRegistry, monitor: Monitor,
-                   exemplars_from: Collector, token: int = 0) -> None:
+def write_snapshot(run_directory: str, registry: CollectorRegistry, exemplars_from: Collector,
+                   token: int = 0) -> None:
     """This process's snapshot, then the request ``token`` it answers (so a reader never sees the token first)."""
     path = snapshot_path(run_directory, os.getpid())
     path.parent.mkdir(exist_ok=True)
     staging = path.with_suffix(".writing")
-    staging.write_text(json.dumps({"text": generate_latest(registry).decode(), "digests": monitor.digests_view(),
+    staging.write_text(json.dumps({"text": generate_latest(registry).decode(),
                                    "exemplars": exemplars_of(exemplars_from)}, allow_nan=False))
     os.replace(staging, path)
     answered = _answered_path(run_directory, os.getpid())
@@ -80,19 +80,19 @@ def _largest_wanted(directory: Path) -> int:
     return max((int(name.removeprefix(_WANTED_PREFIX)) for name in names), default=0)
 
 
-async def answer_snapshot_requests(run_directory: str, registry: CollectorRegistry, monitor: Monitor,
+async def answer_snapshot_requests(run_directory: str, registry: CollectorRegistry,
                                    exemplars_from: Collector) -> None:
     """Write a snapshot now and then whenever a scrape asks (off the event loop), until cancelled."""
     pid = os.getpid()
     directory = Path(run_directory) / SNAPSHOT_DIRECTORY
     answered = 0
     try:
-        await asyncio.to_thread(write_snapshot, run_directory, registry, monitor, exemplars_from)
+        await asyncio.to_thread(write_snapshot, run_directory, registry, exemplars_from)
         while True:
             await asyncio.sleep(POLL_S)
             wanted = _largest_wanted(directory)
             if wanted > answered:
-                await asyncio.to_thread(write_snapshot, run_directory, registry, monitor, exemplars_from, wanted)
+                await asyncio.to_thread(write_snapshot, run_directory, registry, exemplars_from, wanted)
                 answered = wanted
     finally:
         snapshot_path(run_directory, pid).unlink(missing_ok=True)

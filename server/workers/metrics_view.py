@@ -1,23 +1,25 @@
 """One ``/metrics`` for the whole server, whichever API process answers the scrape.
 
-Every process keeps its own registry: an API process counts its requests and
-records its stage latencies (the request layer runs there), the engine counts
-batches, queues and the cache. The answering API process merges:
+Every process keeps its own registry: an API process counts its requests
+(the request layer runs there), the engine counts batches, queues and the
+cache, and holds the one latency monitor, which every API process sends its
+requests' records to (``server.workers.engine_monitor``). The answering API
+process merges:
 
     its own registry            now
-    the other API processes'    their snapshots (exposition text + digests document), each written
+    the other API processes'    their snapshots (exposition text + exemplars), each written
                                 to the run directory by the process itself when this scrape asks
                                 (``server.workers.metrics_snapshots``)
-    the engine's registry       now, over a short connection (``("metrics", id)``), with its digests
-                                (the zero-shot routes run and record there: ``server.workers.engine_routes``)
+    the engine's registry       now, over a short connection (``("metrics", id)``), with its monitor's
+                                digests
 
 into the same families, series and labels as one process exports:
 
     counters, histograms, summary _count/_sum   summed over the processes
-    stage quantiles (the summary's quantiles)   from the T-Digests of every process merged
-                                                (``monitoring.fleet``, as ``mmserve quantiles`` merges a fleet)
+    stage quantiles (the summary's quantiles)   from the engine monitor's T-Digests (through
+                                                ``monitoring.fleet``, as ``mmserve quantiles`` merges a fleet)
     gauges                                       the largest (a queue depth or cache size is set by one
-                                                process; a drift flag is up if any process raised it)
+                                                process)
     *_created                                    the earliest
     mmserve_api_worker_restarts_total            the supervisor's count (``server.workers.restarts``)
     exemplars (request-duration buckets)         each bucket's most recent one, whichever process holds it
@@ -46,7 +48,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar, Sample
 
-from monitoring import Monitor
 from monitoring.collector import STAGE_LATENCY, SUMMARY_QUANTILES
 from monitoring.digest import quantiles_of
 from monitoring.fleet import DigestSource, merge_documents
@@ -147,11 +148,10 @@ def _grouped(samples: list[Sample]) -> list[Sample]:
 class MergedMetrics:
     """The collector of the answering API process's ``/metrics`` registry."""
 
-    def __init__(self, own: CollectorRegistry, monitor: Monitor, run_directory: str,
+    def __init__(self, own: CollectorRegistry, run_directory: str,
                  engine: Callable[[], tuple[str, dict, list[ExemplarRow]]], exemplars_from: Collector) -> None:
         self._own = own
         self._exemplars_from = exemplars_from
-        self._monitor = monitor
         self._run_directory = run_directory
         self._engine = engine
 
@@ -159,19 +159,19 @@ class MergedMetrics:
         others = list(fresh_snapshots(self._run_directory).values())
         engine_text, engine_digests, engine_exemplars = self._engine()
         texts = [generate_latest(self._own).decode(), engine_text, *(other["text"] for other in others)]
-        documents = [self._monitor.digests_view(), engine_digests, *(other["digests"] for other in others)]
+        documents = [engine_digests]  # the one monitor (server.workers.engine_monitor)
         exemplar_rows = [*exemplars_of(self._exemplars_from), *engine_exemplars,
                          *(row for other in others for row in other.get("exemplars", ()))]
         yield from merge_expositions(texts, documents, exemplar_rows)
 
 
-def merged_registry(own: CollectorRegistry, monitor: Monitor, run_directory: str, engine_socket: str,
+def merged_registry(own: CollectorRegistry, run_directory: str, engine_socket: str,
                     exemplars_from: Collector) -> CollectorRegistry:
     """What the API process's ``/metrics`` encodes: the merged view and the restart count.
 
     ``exemplars_from``: this process's request-duration histogram (the others' come with their snapshots).
     """
     view = CollectorRegistry(auto_describe=False)
-    view.register(MergedMetrics(own, monitor, run_directory, lambda: engine_metrics(engine_socket), exemplars_from))
+    view.register(MergedMetrics(own, run_directory, lambda: engine_metrics(engine_socket), exemplars_from))
     register_restart_count(view, run_directory)
     return view

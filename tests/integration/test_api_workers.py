@@ -197,7 +197,7 @@ def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, singl
     answering = decode_log.read_text().split()
     assert len(answering) == num_requests
     assert len(set(answering)) == 2, "both API processes answered some requests"
-    time.sleep(1.5)  # every process has written its snapshot since
+    time.sleep(1.5)  # the records have reached the engine's monitor and been folded
     for _ in range(4):  # whichever process answers the scrape, the sums are the whole server's
         text = httpx.get(f"{workers.url}/metrics", headers={"Connection": "close"}).text
         assert sample(text, 'mmserve_requests_total{code="200",route="vision"}') - before == num_requests
@@ -214,6 +214,32 @@ def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, singl
     single_text = httpx.get(f"{single.url}/metrics").text
     assert sample(single_text, "mmserve_api_worker_restarts_total") == 0  # exported at N=1 too
     assert {name for name, _ in series(text)} == {name for name, _ in series(single_text)}
+
+
+def lifetime_count(digests: dict, route: str, stage: str) -> int:
+    return next((series["lifetime"]["n_values"] for series in digests["series"]
+                 if series["route"] == route and series["stage"] == stage), 0)
+
+
+def test_one_latency_monitor_holds_every_api_process_requests(workers, decode_log):
+    """Drift is judged once, on all the traffic: the digests and drift state are the same from any process."""
+    before = lifetime_count(httpx.get(f"{workers.url}/v1/monitoring/digests").json(), "vision", "total")
+    decode_log.write_text("")
+    num_requests = 16
+    for seed in range(200, 200 + num_requests):
+        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(seed, (64, 48)))}},
+                            headers={"Connection": "close"}, timeout=60)
+        assert answer.status_code == 200
+    assert len(set(decode_log.read_text().split())) == 2, "both API processes answered some requests"
+    time.sleep(1.5)  # the records have reached the engine's monitor and been folded
+    drift_states = []
+    for _ in range(4):  # new connections: either API process answers
+        digests = httpx.get(f"{workers.url}/v1/monitoring/digests", headers={"Connection": "close"}).json()
+        assert lifetime_count(digests, "vision", "total") - before == num_requests
+        drift = httpx.get(f"{workers.url}/v1/monitoring/drift", headers={"Connection": "close"}).json()
+        drift_states.append((drift["baseline"]["started_unix_s"],  # each process's monitor started its own
+                             {route: (state["state"], state["since_unix_s"]) for route, state in drift["routes"].items()}))
+    assert all(state == drift_states[0] for state in drift_states)
 
 
 def test_classify_and_rank_answer_as_the_single_process(workers, single):

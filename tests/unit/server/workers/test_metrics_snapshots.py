@@ -20,7 +20,6 @@ from server.workers.metrics_snapshots import fresh_snapshots, snapshot_path
 ANSWERING_PROCESS = textwrap.dedent("""
     import asyncio, sys, threading, time
     from prometheus_client import CollectorRegistry, Gauge, Histogram
-    from monitoring import Monitor
     from server.workers.metrics_snapshots import answer_snapshot_requests
 
     registry = CollectorRegistry()
@@ -33,7 +32,7 @@ ANSWERING_PROCESS = textwrap.dedent("""
             time.sleep(0.01)
 
     threading.Thread(target=tick, daemon=True).start()
-    asyncio.run(answer_snapshot_requests(sys.argv[1], registry, Monitor(), histogram))
+    asyncio.run(answer_snapshot_requests(sys.argv[1], registry, histogram))
 """)
 
 
