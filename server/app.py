@@ -41,6 +41,7 @@ from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
 from server.http.rate_limit import TokenBucketStore
+from server.http.route_order import documented_routes, match_inference_routes_first
 from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
@@ -106,7 +107,7 @@ def _watch_cold_compiles(router: Router, metrics: ServingMetrics) -> CompileWatc
 def _openapi(app: FastAPI) -> dict:
     """FastAPI's schema plus ``InferRequest``, which the handler parses itself (JSON or multipart)."""
     if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+        schema = get_openapi(title=app.title, version=app.version, routes=documented_routes(app),
                              description=app.description)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for model in (InferRequest, ClassifyRequest, RankRequest):  # bodies the handlers parse themselves
@@ -239,4 +240,5 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
     add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
     for module in (infer, health, admin, v2, openai, zero_shot, monitoring):
         add_routes_of(app, module.router)
+    match_inference_routes_first(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
