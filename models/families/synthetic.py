@@ -9,6 +9,12 @@ and do next to no arithmetic (a pooled projection of the pixels, an
 embedding lookup), so neighbour CPU load barely moves their stage times,
 and the drill can run as the incident happened.
 
+What they compute is a few operations on tensors of a few thousand numbers:
+split over torch's intra-op threads, each operation costs more in OpenMP
+hand-offs (and spinning at its barrier, on a busy machine) than it saves, so
+the towers ask for one thread (``MAX_INTRA_OP_THREADS``), which the model
+passes on to the compute thread (``MultimodalModel.max_intra_op_threads``).
+
     distribution   a draw, in milliseconds
     constant       median
     lognormal      median * exp(spread * N(0, 1))      (spread is sigma of log)
@@ -38,6 +44,7 @@ from models.text import TextEncoder
 from models.vision import UInt8VisionEncoder
 
 SERVICE_TIME_DISTRIBUTIONS: tuple[str, ...] = ("constant", "lognormal", "uniform")
+MAX_INTRA_OP_THREADS = 1  # the towers' operations are too small to split over threads
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,8 @@ def _untraceable(encoder: str) -> TraceOutcome:
 class SyntheticVisionEncoder(UInt8VisionEncoder):
     """Patch tokens from average-pooled pixels through one linear map; then sleep."""
 
+    max_intra_op_threads = MAX_INTRA_OP_THREADS
+
     def __init__(self, preprocess: PreprocessConfig, width: int, grid: int, sampler: ServiceTimeSampler) -> None:
         super().__init__(preprocess, embed_dim=width, embedding_dim=width, num_tokens=grid * grid)
         self.grid = grid
@@ -113,6 +122,8 @@ class SyntheticVisionEncoder(UInt8VisionEncoder):
 
 class SyntheticTextEncoder(TextEncoder):
     """Token states from an embedding table, masked-mean pooled; then sleep."""
+
+    max_intra_op_threads = MAX_INTRA_OP_THREADS
 
     def __init__(self, config: TextConfig, vocab_size: int, sampler: ServiceTimeSampler) -> None:
         super().__init__(nn.Embedding(vocab_size, config.hidden_size), hidden_size=config.hidden_size,
