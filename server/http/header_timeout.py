@@ -38,6 +38,8 @@ import logging
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.http.disconnect_watch import DisconnectNotice
+
 logger = logging.getLogger(__name__)
 
 LINGER_S = 2.0  # after a 408, how long what the client still sends is read and dropped before closing
@@ -182,6 +184,7 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
 
 
 def header_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol]:
-    """The protocol class for ``uvicorn.Config(http=...)``: uvicorn's own parser, plus the header clock."""
+    """The protocol class for ``uvicorn.Config(http=...)``: uvicorn's own parser, plus the header clock
+    and the per-request disconnect notice (``server.http.disconnect_watch``)."""
     base = _httptools_protocol() or H11HeaderTimeoutProtocol
-    return type(base.__name__, (base,), {"header_timeout_s": timeout_s, "__doc__": base.__doc__})
+    return type(base.__name__, (DisconnectNotice, base), {"header_timeout_s": timeout_s, "__doc__": base.__doc__})
