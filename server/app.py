@@ -35,7 +35,6 @@ from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from router.zero_shot import ZeroShotEncoder
-from server.http.body_limit import BodySizeLimit
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
@@ -222,7 +221,7 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
     app.add_exception_handler(ApiError, lambda request, error: error.response())
 
-    def count_early_rejection(path: str, code: str = "413") -> None:
+    def count_early_rejection(path: str, code: str) -> None:
         if path == "/v1/infer":
             route = "invalid"
         elif path.startswith("/v2/"):
@@ -235,8 +234,6 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
             route = "other"  # not the raw path: anyone could mint label values
         metrics.requests_total.labels(route=route, code=code).inc()
 
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
-                       on_reject=count_early_rejection)
     add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
     for module in (infer, health, admin, v2, openai, zero_shot, monitoring):
         add_routes_of(app, module.router)

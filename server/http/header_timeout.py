@@ -5,7 +5,7 @@ the header block itself: a client that sends ``POST / HTTP/1.1`` and then one
 header byte every few seconds keeps its connection (a file descriptor, parser
 state, a slot in ``limit_concurrency``) for as long as it likes, and a few
 thousand such clients exhaust the server without sending a single request.
-``server.http.body_timeout`` cannot help: the app only sees a request once its
+``server.http.body_guard`` cannot help: the app only sees a request once its
 headers are complete. So the HTTP protocol itself keeps a header clock:
 
     connection made ──────────────> headers complete     within timeout_s: served as usual
