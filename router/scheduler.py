@@ -74,7 +74,7 @@ class Scheduler:
                 + self.estimator.estimate_ns(lane.route, lane.settings.padded_size(
                     min(pending.num_work_items, lane.settings.max_batch_size)))
             )
-            if now_ns + wait_ns > pending.request.deadline_ns:
+            if now_ns + wait_ns > pending.deadline_ns:
                 return Refusal("deadline", self._drain_s())
             lane.queue.append(pending)
             if self._is_asleep and self._changes_decision(lane, pending):
@@ -92,7 +92,7 @@ class Scheduler:
             return True
         # The earliest its deadline could close its batch: under the slowest estimate of any batch shape.
         service_ns = max(self.estimator.estimate_ns(lane.route, size) for size in settings.warm_batch_sizes)
-        return pending.request.deadline_ns - service_ns < self._asleep_until_ns
+        return pending.deadline_ns - service_ns < self._asleep_until_ns
 
     def depth(self, lane: Lane) -> int:
         with self._condition:
