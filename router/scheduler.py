@@ -90,8 +90,10 @@ class Scheduler:
             return True
         if pending.enqueued_ns + settings.max_queue_delay_ns < self._asleep_until_ns:
             return True
-        # The earliest its deadline could close its batch: under the slowest estimate of any batch shape.
-        service_ns = max(self.estimator.estimate_ns(lane.route, size) for size in settings.warm_batch_sizes)
+        # The earliest its deadline could close its batch: under the slowest batch measured. Warm-up measures
+        # the largest warmed size, so no estimate of a warmed shape exceeds it.
+        service_ns = max(self.estimator.slowest_ns(lane.route),
+                         self.estimator.estimate_ns(lane.route, settings.max_batch_size))
         return pending.deadline_ns - service_ns < self._asleep_until_ns
 
     def depth(self, lane: Lane) -> int:

@@ -129,3 +129,16 @@ def test_an_admission_with_a_shorter_queue_delay_wakes_the_thread():
     scheduler.close()
     assert sorted(thread.join() or []) == ["early", "late"]
     assert scheduler.next_batch() is None
+
+
+def test_the_slowest_measured_batch_bounds_the_estimate_of_every_warmed_size():
+    """What admission compares a deadline against: no warmed shape's estimate exceeds it."""
+    estimator = ServiceTimeEstimator(smoothing=1.0)
+    assert estimator.slowest_ns(Route.TEXT) == 0
+    settings = LaneSettings(max_batch_size=8)
+    for size, elapsed_ms in ((1, 30), (4, 20), (8, 50)):  # warm-up measures smallest, middle, largest
+        estimator.observe(Route.TEXT, size, elapsed_ms * MS)
+    assert estimator.slowest_ns(Route.TEXT) == 50 * MS
+    assert max(estimator.estimate_ns(Route.TEXT, size) for size in settings.warm_batch_sizes) <= 50 * MS
+    estimator.observe(Route.TEXT, 8, 10 * MS)  # the largest got faster: the bound follows
+    assert estimator.slowest_ns(Route.TEXT) == 30 * MS
