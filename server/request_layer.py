@@ -332,9 +332,9 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
     if trace is not None and tracer is not None:
         exemplar = answer_traced(tracer, trace, _traced(endpoint, metrics_route, response.status_code, ended_ns,
                                                          parsed, items, outcomes, answered, failure), response)
-    state.metrics.requests_total.labels(route=metrics_route, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=metrics_route).observe((ended_ns - started_ns) / 1e9,
-                                                                               exemplar)
+    requests_total, request_duration = state.metrics.request_series(metrics_route, str(response.status_code))
+    requests_total.inc()
+    request_duration.observe((ended_ns - started_ns) / 1e9, exemplar)
     response.headers["X-Request-ID"] = request_id
     if answered is not None and failure is None:
         # last: the answer is complete, and nothing comes back from monitoring
