@@ -260,10 +260,12 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
     """
     task = asyncio.current_task()
     assert task is not None
-    is_disconnected = False
+    is_disconnected = is_finished = False
 
     def on_disconnect() -> None:
         nonlocal is_disconnected
+        if is_finished:  # a watcher's done-callback runs a loop turn after it ended: too late to cancel
+            return
         is_disconnected = True
         task.cancel()
 
@@ -281,7 +283,8 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         task.uncancel()
         raise ClientDisconnectedError() from None
     finally:
-        stop_watching()  # a disconnect noticed from here on cancels nothing
+        is_finished = True  # a disconnect noticed from here on cancels nothing
+        stop_watching()
 
 
 def _watcher_task(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Future:
