@@ -11,11 +11,11 @@ thread decided when it went to sleep: the thread sleeps with no timeout
 own batch must close before the thread's timeout would wake it anyway:
 
     thread asleep until T (the earliest close of a queued batch)
-    admit p into lane L:  L full                                  -> wake
+    admit p into lane L:  L full                                       -> wake
                           min(p.enqueued + max_queue_delay,
-                              p.deadline - L's full-batch service) < T -> wake
-                          otherwise                               -> no wake: at T the thread decides
-                                                                     with p in the queue
+                              p.deadline - L's slowest batch) < T      -> wake
+                          otherwise                                    -> no wake: at T the thread decides
+                                                                          with p in the queue
 
 Waking the thread for every admission costs a futex wake and a GIL hand-off
 per request, and the thread would only decide to sleep again.
