@@ -122,6 +122,18 @@ class MultimodalModel(nn.Module):
             image_embedding_dim=vision.embedding_dim,
         )
 
+    @property
+    def max_intra_op_threads(self) -> int | None:
+        """The torch threads a call on this model should use at most: the towers' caps (``None``: no cap).
+
+        The fusion head is as small as the text it projects; the towers'
+        size decides. The compute thread applies it to itself
+        (the router's compute thread applies it to itself).
+        """
+        caps = [cap for cap in (self.vision.max_intra_op_threads, self.text.max_intra_op_threads)
+                if cap is not None]
+        return min(caps) if caps else None
+
     def _served(self, embedding: torch.Tensor) -> torch.Tensor:
         """(B, E) -> (B, E) float32, L2-normalised if this model serves normalised embeddings.
 

@@ -51,7 +51,11 @@ class TextEncoder(nn.Module):
     position; OpenCLIP adds a positional table of its full context): the
     batch runner then pads every text to it. Subclasses for pretrained
     families (``models.families.transformers_towers``) override ``encode``.
+    ``max_intra_op_threads``: a cap on the torch threads one call should use
+    (``None``: torch's own count); a tower too small to split sets it.
     """
+
+    max_intra_op_threads: int | None = None
 
     def __init__(self, model: nn.Module, *, hidden_size: int | None = None, embedding_dim: int | None = None,
                  max_tokens: int | None = None, fixed_length: int | None = None,

@@ -38,7 +38,11 @@ class UInt8VisionEncoder(nn.Module, abc.ABC):
     Subclasses hold the tower and say what it gives: ``features`` maps
     normalised pixels to every token (the cross-modal layer's keys and values)
     and the image embedding the tower's own library defines.
+    ``max_intra_op_threads``: a cap on the torch threads one call should use
+    (``None``: torch's own count); a tower too small to split sets it.
     """
+
+    max_intra_op_threads: int | None = None
 
     def __init__(self, preprocess: PreprocessConfig, embed_dim: int, embedding_dim: int, num_tokens: int) -> None:
         super().__init__()

@@ -33,6 +33,7 @@ class ServingMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._request_series: dict[tuple[str, str], tuple[Counter, Histogram]] = {}
         self.requests_total = Counter(
             "mmserve_requests_total",
             "Requests answered, by route and HTTP status code.",
@@ -101,3 +102,17 @@ class ServingMetrics:
             ("modality",),
             registry=registry,
         )
+
+    def request_series(self, route: str, code: str) -> tuple[Counter, Histogram]:
+        """``requests_total{route, code}`` and ``request_duration_seconds{route}``, labelled once per pair.
+
+        ``labels()`` checks and sorts the label names and takes a lock on
+        every call; the request layer updates both series for every request,
+        over a handful of fixed routes and status codes.
+        """
+        series = self._request_series.get((route, code))
+        if series is None:
+            series = (self.requests_total.labels(route=route, code=code),
+                      self.request_duration_seconds.labels(route=route))
+            self._request_series[(route, code)] = series
+        return series

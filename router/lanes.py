@@ -53,7 +53,9 @@ class Pending:
 
     ``urgency_ns`` orders service (smaller first): the deadline shifted by the
     priority class's offset. ``length_bucket`` groups texts for padding (0
-    for lanes without text).
+    for lanes without text). ``deadline_ns`` is the request's, or, for a
+    request that set none, the one the router gave it from its lane's default
+    timeout (kept here rather than in a copy of the frozen request).
     """
 
     request: InferenceRequest
@@ -63,6 +65,11 @@ class Pending:
     urgency_ns: int = 0
     length_bucket: int = 0
     plan: SegmentPlan | None = None  # cache claims to publish once computed
+    deadline_ns: int | None = None  # None given: the request's own
+
+    def __post_init__(self) -> None:
+        if self.deadline_ns is None:
+            self.deadline_ns = self.request.deadline_ns
 
     @property
     def is_cancelled(self) -> bool:

@@ -115,7 +115,7 @@ def _take_out_dead(lane: Lane, now_ns: int, expired: list[Pending]) -> None:
     for pending in lane.queue:
         if pending.is_cancelled:
             continue
-        if pending.request.deadline_ns <= now_ns:
+        if pending.deadline_ns <= now_ns:
             expired.append(pending)
         else:
             alive.append(pending)
@@ -171,7 +171,7 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
         service_ns = estimate_ns(lane.route, settings.padded_size(min(num_items, settings.max_batch_size)))
         close_ns = min(
             min(p.enqueued_ns for p in batch) + settings.max_queue_delay_ns,
-            min(p.request.deadline_ns for p in batch) - service_ns,
+            min(p.deadline_ns for p in batch) - service_ns,
         )
         is_full = num_items >= settings.max_batch_size or num_work_items(lane.queue) >= settings.max_batch_size
         if is_full or close_ns <= now_ns or is_draining:

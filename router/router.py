@@ -22,7 +22,6 @@ needs a restart), and every request still waiting is answered at once with
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import enum
 import functools
 import logging
@@ -234,9 +233,10 @@ class Router:
 
     def _pending(self, request: InferenceRequest, lane: Lane, loop: asyncio.AbstractEventLoop) -> Pending:
         now_ns = self._clock_ns()
-        if request.deadline_ns is None:
+        deadline_ns = request.deadline_ns
+        if deadline_ns is None:
             arrival_ns = now_ns if request.arrival_ns is None else request.arrival_ns
-            request = dataclasses.replace(request, deadline_ns=arrival_ns + lane.settings.default_timeout_ns)
+            deadline_ns = arrival_ns + lane.settings.default_timeout_ns
         runner = self._executor_of[lane.route].runner
         bucket = runner.length_bucket(len(request.token_ids)) if request.needs_text else 0
         return Pending(
@@ -244,8 +244,9 @@ class Router:
             enqueued_ns=now_ns,
             future=loop.create_future(),
             loop=loop,
-            urgency_ns=urgency_ns(request.deadline_ns, request.priority, self.priority_step_ns),
+            urgency_ns=urgency_ns(deadline_ns, request.priority, self.priority_step_ns),
             length_bucket=bucket,
+            deadline_ns=deadline_ns,
         )
 
     def _on_cold_shape(self, executor: str, shape: tuple) -> None:
@@ -282,7 +283,7 @@ class Router:
             raise ComputeUnavailableError(f"the {executor.plan.name} compute thread is not running")
         pending = self._pending(request, lane, asyncio.get_running_loop())
         pending.plan = plan
-        if pending.request.deadline_ns <= pending.enqueued_ns:
+        if pending.deadline_ns <= pending.enqueued_ns:
             raise DeadlineExceededError("the deadline passed before the request reached the queue")
         refusal = executor.scheduler.admit(lane, pending)
         if refusal is not None:

@@ -85,6 +85,22 @@ class BatchRunner:
         self.num_images_encoded = 0
         self.num_texts_encoded = 0
 
+    def limit_compute_threads(self) -> int | None:
+        """Cap the calling (compute) thread's torch threads at the model's ``max_intra_op_threads``.
+
+        Call it on the compute thread before its first torch call; returns the
+        cap applied (``None``: none). Under OpenMP the count is the calling
+        thread's own: threads that already ran torch work keep theirs, but
+        torch also keeps the last count as the default of threads that start
+        torch work later (decode threads). Only a model whose towers ask for
+        a cap (the ``synthetic`` preset) sets one.
+        """
+        cap = self.model.max_intra_op_threads
+        if cap is None or cap >= torch.get_num_threads():
+            return None
+        torch.set_num_threads(cap)
+        return cap
+
     # -- timing -------------------------------------------------------------
 
     def _stage_done(self, stage: str, started_ns: int, stage_ns: dict[str, int],

@@ -4,6 +4,21 @@ Admission happens on the event loop: a full lane, or an estimated wait that
 would already miss the request's deadline, refuses at once with a retry
 estimate (the time to drain what is queued). The compute thread blocks in
 ``next_batch`` until the policy closes a batch.
+
+An admission wakes the compute thread only when it can change what the
+thread decided when it went to sleep: the thread sleeps with no timeout
+(nothing queued), the admission fills its lane's batch, or the new request's
+own batch must close before the thread's timeout would wake it anyway:
+
+    thread asleep until T (the earliest close of a queued batch)
+    admit p into lane L:  L full                                       -> wake
+                          min(p.enqueued + max_queue_delay,
+                              p.deadline - L's slowest batch) < T      -> wake
+                          otherwise                                    -> no wake: at T the thread decides
+                                                                          with p in the queue
+
+Waking the thread for every admission costs a futex wake and a GIL hand-off
+per request, and the thread would only decide to sleep again.
 """
 
 from __future__ import annotations
@@ -39,6 +54,9 @@ class Scheduler:
         self._is_closed = False
         self._running_until_ns = 0  # expected end of the batch on the device
         self._last_route: Route | None = None  # the lane of the batch handed out last
+        # While the compute thread sleeps in next_batch: when its timeout wakes it (None: only a put does).
+        self._is_asleep = False
+        self._asleep_until_ns: int | None = None
 
     def _drain_s(self) -> float:
         remaining_ns = max(0, self._running_until_ns - self._clock_ns())
@@ -56,11 +74,27 @@ class Scheduler:
                 + self.estimator.estimate_ns(lane.route, lane.settings.padded_size(
                     min(pending.num_work_items, lane.settings.max_batch_size)))
             )
-            if now_ns + wait_ns > pending.request.deadline_ns:
+            if now_ns + wait_ns > pending.deadline_ns:
                 return Refusal("deadline", self._drain_s())
             lane.queue.append(pending)
-            self._condition.notify()
+            if self._is_asleep and self._changes_decision(lane, pending):
+                self._condition.notify()
             return None
+
+    def _changes_decision(self, lane: Lane, pending: Pending) -> bool:
+        """Whether the sleeping compute thread must decide again now that ``pending`` is queued (lock held)."""
+        if self._asleep_until_ns is None:
+            return True
+        settings = lane.settings
+        if sum(p.num_work_items for p in lane.queue) >= settings.max_batch_size:
+            return True
+        if pending.enqueued_ns + settings.max_queue_delay_ns < self._asleep_until_ns:
+            return True
+        # The earliest its deadline could close its batch: under the slowest batch measured. Warm-up measures
+        # the largest warmed size, so no estimate of a warmed shape exceeds it.
+        service_ns = max(self.estimator.slowest_ns(lane.route),
+                         self.estimator.estimate_ns(lane.route, settings.max_batch_size))
+        return pending.deadline_ns - service_ns < self._asleep_until_ns
 
     def depth(self, lane: Lane) -> int:
         with self._condition:
@@ -99,4 +133,9 @@ class Scheduler:
                 if self._is_closed:
                     return None  # nothing queued: a closed scheduler with work always decides to run it
                 timeout_s = None if decision.wait_ns is None else decision.wait_ns / 1e9
-                self._condition.wait(timeout=timeout_s)
+                self._asleep_until_ns = None if decision.wait_ns is None else self._clock_ns() + decision.wait_ns
+                self._is_asleep = True
+                try:
+                    self._condition.wait(timeout=timeout_s)
+                finally:
+                    self._is_asleep = False

@@ -20,6 +20,10 @@ class ServiceTimeEstimator:
             raise ValueError("smoothing must lie in (0, 1]")
         self._smoothing = smoothing
         self._mean_ns: dict[tuple[Route, int], float] = {}
+        # Each lane's (size, mean) pairs in size order, rebuilt on observe: admission estimates several
+        # times per request, a batch observes once.
+        self._known: dict[Route, tuple[tuple[int, float], ...]] = {}
+        self._slowest_ns: dict[Route, int] = {}
         self._lock = threading.Lock()
 
     def observe(self, route: Route, batch_size: int, elapsed_ns: int) -> None:
@@ -29,11 +33,18 @@ class ServiceTimeEstimator:
             self._mean_ns[key] = float(elapsed_ns) if previous is None else (
                 previous + self._smoothing * (elapsed_ns - previous)
             )
+            self._known[route] = tuple(sorted((size, mean) for (lane, size), mean in self._mean_ns.items()
+                                              if lane == route))
+            self._slowest_ns[route] = int(max(mean for _, mean in self._known[route]))
+
+    def slowest_ns(self, route: Route) -> int:
+        """The longest measured batch of ``route`` (0 when none was): a bound on the estimate of any batch
+        size up to the largest measured, where interpolation never exceeds its neighbours."""
+        return self._slowest_ns.get(route, 0)
 
     def estimate_ns(self, route: Route, batch_size: int) -> int:
         """Expected time of a batch; 0 when nothing of this lane was measured yet."""
-        with self._lock:
-            known = sorted((size, mean) for (lane, size), mean in self._mean_ns.items() if lane == route)
+        known = self._known.get(route)  # replaced whole under the lock, never changed in place
         if not known:
             return 0
         for size, mean in known:

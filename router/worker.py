@@ -117,6 +117,7 @@ class ComputeWorker:
         try:
             # Before the first torch call: the OpenMP workers it starts inherit the priority.
             lower_current_thread_priority(self.plan.nice)
+            self.runner.limit_compute_threads()
             with self.runner.device_work.stream(self.plan.high_priority_stream):
                 self._warm_up()
                 self.ready.set()

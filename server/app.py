@@ -36,12 +36,12 @@ from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from router.zero_shot import ZeroShotEncoder
-from server.http.body_limit import BodySizeLimit
 from server.errors import ApiError
 from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
 from server.http.rate_limit import TokenBucketStore
+from server.http.route_order import documented_routes, match_inference_routes_first
 from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
@@ -107,7 +107,7 @@ def _watch_cold_compiles(router: Router, metrics: ServingMetrics) -> CompileWatc
 def _openapi(app: FastAPI) -> dict:
     """FastAPI's schema plus ``InferRequest``, which the handler parses itself (JSON or multipart)."""
     if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+        schema = get_openapi(title=app.title, version=app.version, routes=documented_routes(app),
                              description=app.description)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for model in (InferRequest, ClassifyRequest, RankRequest):  # bodies the handlers parse themselves
@@ -223,7 +223,7 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
     app.add_exception_handler(ApiError, lambda request, error: error.response())
 
-    def count_early_rejection(path: str, code: str = "413") -> None:
+    def count_early_rejection(path: str, code: str) -> None:
         if path == "/v1/infer":
             route = "invalid"
         elif path.startswith("/v2/"):
@@ -236,9 +236,8 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
             route = "other"  # not the raw path: anyone could mint label values
         metrics.requests_total.labels(route=route, code=code).inc()
 
-    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_body_bytes,
-                       on_reject=count_early_rejection)
     add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
     for module in (infer, health, admin, v2, openai, zero_shot, monitoring):
         add_routes_of(app, module.router)
+    match_inference_routes_first(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

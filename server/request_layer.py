@@ -58,11 +58,12 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import os
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -74,6 +75,7 @@ from router.intake import IntakeItem
 from router.item_facts import ItemFacts
 from router.tracing import SpanIds
 from server.errors import ApiError
+from server.http.disconnect_watch import SCOPE_KEY as DISCONNECT_WATCH, DisconnectWatch
 from server.http.traced_answer import TracedAnswer, TracedItem, answer_traced
 from server.ingest.inputs import ParsedInput, intake_item
 from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows
@@ -251,23 +253,28 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
 
     Cancelling the intake cancels its queued items, so a request whose client
     disconnected never reaches the model. ``work`` runs in the request's own
-    task; only the watcher is a task of its own, and a disconnect cancels the
-    request's task, whose ``CancelledError`` becomes ``ClientDisconnectedError``
-    (no second task and no ``asyncio.wait`` per request).
+    task, and a disconnect cancels that task, whose ``CancelledError``
+    becomes ``ClientDisconnectedError``. The disconnect comes from the HTTP
+    protocol's ``DisconnectWatch`` in the scope (``server.http.disconnect_watch``:
+    a callback, no task); without one, from a watcher task awaiting ``receive()``.
     """
     task = asyncio.current_task()
     assert task is not None
     is_disconnected = is_finished = False
 
-    def on_disconnect(watcher: asyncio.Future) -> None:
+    def on_disconnect() -> None:
         nonlocal is_disconnected
-        if is_finished or watcher.cancelled() or watcher.exception() is not None:
+        if is_finished:  # a watcher's done-callback runs a loop turn after it ended: too late to cancel
             return
         is_disconnected = True
         task.cancel()
 
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    watcher.add_done_callback(on_disconnect)
+    watch: DisconnectWatch | None = request.scope.get(DISCONNECT_WATCH)
+    if watch is not None:
+        watch.add(on_disconnect)
+        stop_watching: Callable[[], object] = functools.partial(watch.remove, on_disconnect)
+    else:
+        stop_watching = _watcher_task(request, on_disconnect).cancel
     try:
         return await work
     except asyncio.CancelledError:
@@ -277,7 +284,18 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
         raise ClientDisconnectedError() from None
     finally:
         is_finished = True  # a disconnect noticed from here on cancels nothing
-        watcher.cancel()
+        stop_watching()
+
+
+def _watcher_task(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Future:
+    """A task that calls ``on_disconnect`` when ``receive()`` says the client went away (cancel it to stop)."""
+    def on_done(watcher: asyncio.Future) -> None:
+        if not watcher.cancelled() and watcher.exception() is None:
+            on_disconnect()
+
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    watcher.add_done_callback(on_done)
+    return watcher
 
 
 async def serve(request: Request, endpoint: Endpoint) -> Response:
@@ -317,9 +335,9 @@ async def serve(request: Request, endpoint: Endpoint) -> Response:
     if trace is not None and tracer is not None:
         exemplar = answer_traced(tracer, trace, _traced(endpoint, metrics_route, response.status_code, ended_ns,
                                                          parsed, items, outcomes, answered, failure), response)
-    state.metrics.requests_total.labels(route=metrics_route, code=str(response.status_code)).inc()
-    state.metrics.request_duration_seconds.labels(route=metrics_route).observe((ended_ns - started_ns) / 1e9,
-                                                                               exemplar)
+    requests_total, request_duration = state.metrics.request_series(metrics_route, str(response.status_code))
+    requests_total.inc()
+    request_duration.observe((ended_ns - started_ns) / 1e9, exemplar)
     response.headers["X-Request-ID"] = request_id
     if answered is not None and failure is None:
         # last: the answer is complete, and nothing comes back from monitoring

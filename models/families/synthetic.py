@@ -9,6 +9,12 @@ and do next to no arithmetic (a pooled projection of the pixels, an
 embedding lookup), so neighbour CPU load barely moves their stage times,
 and the drill can run as the incident happened.
 
+What they compute is a few operations on tensors of a few thousand numbers:
+split over torch's intra-op threads, each operation costs more in OpenMP
+hand-offs (and spinning at its barrier, on a busy machine) than it saves, so
+the towers ask for one thread (``MAX_INTRA_OP_THREADS``), which the model
+passes on to the compute thread (``MultimodalModel.max_intra_op_threads``).
+
     distribution   a draw, in milliseconds
     constant       median
     lognormal      median * exp(spread * N(0, 1))      (spread is sigma of log)
@@ -35,9 +41,10 @@ from torch import nn
 from models.loading.config import PreprocessConfig, TextConfig
 from models.graphs import TraceOutcome
 from models.text import TextEncoder
-from models.vision import UInt8VisionEncoder
+from models.vision import UInt8VisionEncoder, VisionOutput
 
 SERVICE_TIME_DISTRIBUTIONS: tuple[str, ...] = ("constant", "lognormal", "uniform")
+MAX_INTRA_OP_THREADS = 1  # the towers' operations are too small to split over threads
 
 
 @dataclass(frozen=True)
@@ -95,15 +102,40 @@ def _untraceable(encoder: str) -> TraceOutcome:
 class SyntheticVisionEncoder(UInt8VisionEncoder):
     """Patch tokens from average-pooled pixels through one linear map; then sleep."""
 
+    max_intra_op_threads = MAX_INTRA_OP_THREADS
+
     def __init__(self, preprocess: PreprocessConfig, width: int, grid: int, sampler: ServiceTimeSampler) -> None:
         super().__init__(preprocess, embed_dim=width, embedding_dim=width, num_tokens=grid * grid)
         self.grid = grid
         self.patch = nn.Linear(3, width)
         self.sampler = sampler
+        # Normalisation as one multiply-add per channel: (x / 255 - mean) / std = x * scale + shift.
+        std = torch.tensor(self.std, dtype=torch.float64)
+        self.register_buffer("scale", (1.0 / (255.0 * std)).float().view(1, 3, 1, 1), persistent=False)
+        self.register_buffer("shift", (-torch.tensor(self.mean, dtype=torch.float64) / std).float().view(1, 3, 1, 1),
+                             persistent=False)
+
+    def forward(self, images: torch.Tensor) -> VisionOutput:
+        """``features`` of the normalised pixels, normalising the g x g pooled values instead of every pixel.
+
+        Normalisation is an affine map per channel and pooling is a mean, so
+        pooling first gives the same patches (to float rounding) for a few
+        operations on 3 x g x g numbers instead of a dozen on every pixel.
+        """
+        if self.graph is not None:
+            return super().forward(images)
+        planar = images.permute(0, 3, 1, 2).float()  # (B, 3, S, S)
+        pooled = F.adaptive_avg_pool2d(planar, self.grid)  # (B, 3, g, g)
+        normalized = torch.addcmul(self.shift, pooled, self.scale).to(self.parameter_dtype())  # (B, 3, g, g)
+        tokens, pooled_tokens = self._encode_patches(normalized)
+        return VisionOutput(tokens=tokens, pooled=pooled_tokens)
 
     def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        patches = F.adaptive_avg_pool2d(pixels, self.grid).flatten(2).transpose(1, 2)  # (B, g*g, 3)
-        tokens = torch.tanh(self.patch(patches))  # (B, g*g, width)
+        return self._encode_patches(F.adaptive_avg_pool2d(pixels, self.grid))  # (B, 3, g, g)
+
+    def _encode_patches(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, 3, g, g) normalised patch means -> tokens (B, g*g, width) and their mean; then sleep."""
+        tokens = torch.tanh(self.patch(patches.flatten(2).transpose(1, 2)))  # (B, g*g, width)
         self.sampler.sleep()
         return tokens, tokens.mean(dim=1)
 
@@ -113,6 +145,8 @@ class SyntheticVisionEncoder(UInt8VisionEncoder):
 
 class SyntheticTextEncoder(TextEncoder):
     """Token states from an embedding table, masked-mean pooled; then sleep."""
+
+    max_intra_op_threads = MAX_INTRA_OP_THREADS
 
     def __init__(self, config: TextConfig, vocab_size: int, sampler: ServiceTimeSampler) -> None:
         super().__init__(nn.Embedding(vocab_size, config.hidden_size), hidden_size=config.hidden_size,

@@ -5,7 +5,7 @@ the header block itself: a client that sends ``POST / HTTP/1.1`` and then one
 header byte every few seconds keeps its connection (a file descriptor, parser
 state, a slot in ``limit_concurrency``) for as long as it likes, and a few
 thousand such clients exhaust the server without sending a single request.
-``server.http.body_timeout`` cannot help: the app only sees a request once its
+``server.http.body_guard`` cannot help: the app only sees a request once its
 headers are complete. So the HTTP protocol itself keeps a header clock:
 
     connection made ──────────────> headers complete     within timeout_s: served as usual
@@ -42,6 +42,8 @@ import select
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from server.http.disconnect_watch import DisconnectNotice
 
 logger = logging.getLogger(__name__)
 
@@ -213,6 +215,7 @@ def _httptools_protocol() -> type[asyncio.Protocol] | None:
 
 
 def header_timeout_protocol(timeout_s: float) -> type[asyncio.Protocol]:
-    """The protocol class for ``uvicorn.Config(http=...)``: uvicorn's own parser, plus the header clock."""
+    """The protocol class for ``uvicorn.Config(http=...)``: uvicorn's own parser, plus the header clock
+    and the per-request disconnect notice (``server.http.disconnect_watch``)."""
     base = _httptools_protocol() or H11HeaderTimeoutProtocol
-    return type(base.__name__, (base,), {"header_timeout_s": timeout_s, "__doc__": base.__doc__})
+    return type(base.__name__, (DisconnectNotice, base), {"header_timeout_s": timeout_s, "__doc__": base.__doc__})

@@ -5,12 +5,11 @@
     ApiKeyAuth        401/403 before a byte of the body is read; audits admin calls; puts the key id on the scope
     RateLimit         429 + Retry-After per key (per address without one), only when rate_limit is set
     ContentTypeCheck  415 for the protocol routes (/v1/infer checks its own)
-    BodyTimeout       408 for a body that trickles (499 for one cut off)
-    BodySizeLimit     413 for a body over the limit (added by ``create_app``, innermost)
+    BodyGuard         413 for a body over the limit, 408 for one that trickles (499 for one cut off)
 
 Starlette runs the middleware added last first, so ``add_request_guards`` adds
-them innermost-first, after ``BodySizeLimit``. Refusals made here use the JSON
-error shape of ``/v1/infer`` whatever the protocol, as ``BodySizeLimit`` does.
+them innermost-first. Refusals made here use the JSON error shape of
+``/v1/infer`` whatever the protocol.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from server.http.access_log import AccessLog
 from server.http.auth import ApiKeyAuth, access_policy, warn_about_open_routes
-from server.http.body_timeout import BodyTimeout
+from server.http.body_guard import BodyGuard
 from server.http.content_types import ContentTypeCheck
 from server.http.rate_limit import InProcessTokenBuckets, RateLimit, RateLimitMiddleware, TokenBucketStore
 from server.settings import Settings
@@ -43,13 +42,15 @@ def add_request_guards(app: FastAPI, settings: Settings,
                        count_rejection: Callable[[str, str], None] | None = None,
                        registry: CollectorRegistry | None = None,
                        rate_buckets: TokenBucketStore | None = None) -> None:
-    """Add the layers above; ``count_rejection(path, status)`` counts a 401, 403, 415 or 429 in the request metrics.
+    """Add the layers above; ``count_rejection(path, status)`` counts a 401, 403, 413, 415 or 429 in the request
+    metrics.
 
     ``registry``: where ``mmserve_rate_limited_total`` is exported (the app's own).
     ``rate_buckets``: where the buckets live when rate_limit is set; this process's memory unless given
     (API processes pass the table they share, ``server.workers.shared_rate_buckets``).
     """
-    app.add_middleware(BodyTimeout, timeout_s=settings.body_timeout_s)
+    app.add_middleware(BodyGuard, timeout_s=settings.body_timeout_s, max_body_bytes=settings.max_body_bytes,
+                       on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "413")))
     app.add_middleware(ContentTypeCheck,
                        on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "415")))
     if settings.rate_limit is not None:

@@ -45,3 +45,20 @@ def test_the_towers_sleep_their_draws_and_answer_deterministically():
     assert bundle.fingerprint == twin.fingerprint and bundle.has_random_weights
     with pytest.raises(ValueError, match="only 'synthetic'"):
         build_preset("tiny", service_times=times)
+
+
+def test_the_vision_tower_pools_before_normalising_and_gives_what_normalising_every_pixel_gives():
+    """The shortcut (normalise the pooled means) against the encoder's own path (normalise, then ``features``)."""
+    from models.vision import UInt8VisionEncoder
+
+    times = SyntheticServiceTimes(vision=ServiceTime(0.0, "constant", 0.0), text=ServiceTime(0.0, "constant", 0.0))
+    vision = build_preset("synthetic", service_times=times).model.vision
+    size = vision.input_size
+    images = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (3, size, size, 3), dtype=np.uint8))
+    with torch.inference_mode():
+        shortcut = vision(images)
+        general = UInt8VisionEncoder.forward(vision, images)
+    assert shortcut.tokens.shape == general.tokens.shape == (3, vision.num_tokens, vision.embed_dim)
+    torch.testing.assert_close(shortcut.tokens, general.tokens, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(shortcut.pooled, general.pooled, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(shortcut.tokens[0], shortcut.tokens[1])  # the images differ, and so do their tokens
