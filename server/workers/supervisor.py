@@ -13,6 +13,9 @@ Faults:
   an API process dies      started again at once (its own in-flight requests are lost, their
                            connections drop; the others keep answering), counted in
                            mmserve_api_worker_restarts_total
+  ... before it was ever   the server stops, exiting non-zero: its start-up fails (a setting, the
+      ready                engine's tokenizer not rebuilt the same), and starting it again would
+                           only fail again, for ever, while the server looked up
   the engine dies          every API process is stopped and the supervisor exits non-zero, so
                            whatever supervises it (systemd, k8s) restarts the server
   SIGTERM / SIGINT         every API process drains (readiness 503, accepted requests finish),
@@ -41,6 +44,7 @@ from server.workers.handoff import (
     SETTINGS_VARIABLE,
     settings_json,
 )
+from server.workers.readiness import READY_DIRECTORY
 from server.workers.restarts import write_restart_count
 from server.workers.shared_rate_buckets import SharedBucketTable
 
@@ -48,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 POLL_S = 0.05
 EXIT_ENGINE_DIED = 4
+EXIT_API_PROCESS_START_FAILED = 5
 
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:
@@ -83,6 +88,9 @@ class Supervisor:
     def _start_api_process(self) -> subprocess.Popen:
         return self._start("server.workers.api_process", str(self._listening.fileno()))
 
+    def _is_marked_ready(self, pid: int) -> bool:
+        return (Path(self._run_directory) / READY_DIRECTORY / str(pid)).exists()
+
     def _on_signal(self, sig: int, frame: object) -> None:
         self._stopping = True
 
@@ -95,6 +103,7 @@ class Supervisor:
         logger.info("serving on %s:%d with %d API processes (pids %s) and the engine (pid %d)",
                     self._settings.host, self._settings.port, len(api_processes),
                     [process.pid for process in api_processes], engine.pid)
+        ever_ready: set[int] = set()  # API processes seen ready (a start-up failure is not restarted)
         try:
             while not self._stopping:
                 time.sleep(POLL_S)
@@ -102,7 +111,15 @@ class Supervisor:
                     logger.critical("the engine process exited with status %d: stopping the server", engine.returncode)
                     self._stop(api_processes, signal.SIGKILL)
                     return engine.returncode if engine.returncode > 0 else EXIT_ENGINE_DIED  # a signal: < 0
+                ever_ready.update(process.pid for process in api_processes if self._is_marked_ready(process.pid))
                 for index, process in enumerate(api_processes):
+                    if process.poll() is not None and not self._stopping and process.pid not in ever_ready:
+                        logger.critical("API process %d exited with status %d before it was ever ready: its start-up "
+                                        "fails (its log above says why); stopping the server", process.pid,
+                                        process.returncode)
+                        self._stop([p for p in api_processes if p is not process], signal.SIGKILL)
+                        self._stop([engine], signal.SIGTERM)
+                        return EXIT_API_PROCESS_START_FAILED
                     if process.poll() is not None and not self._stopping:
                         self.num_restarts += 1
                         write_restart_count(self._run_directory, self.num_restarts)

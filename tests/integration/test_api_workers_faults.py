@@ -6,12 +6,15 @@ import asyncio
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import httpx
 
+from server.workers.supervisor import EXIT_API_PROCESS_START_FAILED
 from tests.conftest import run_serve_process
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--api-workers", "2"]
@@ -149,3 +152,22 @@ def test_sigterm_drains_every_process_and_loses_no_accepted_request():
         assert ready_status in (503, "refused")
         assert process.wait(timeout=60) == 0
         assert not run_directory.exists()  # the socket, snapshots and restart count go with the server
+
+
+def test_an_api_process_whose_start_up_fails_stops_the_server(tmp_path):
+    """Not a restart loop behind a port that looks up: the server exits non-zero, saying why."""
+    hooks = str(Path(__file__).parent / "api_workers_hooks")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", *TINY, "--port", "0"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([hooks, os.environ.get("PYTHONPATH", "")]),
+             "MMSERVE_TEST_TOKENIZER_REFUSED": "1", "MMSERVE_LOG_LEVEL": "warning"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == EXIT_API_PROCESS_START_FAILED, output[-3000:]
+    assert "before it was ever ready" in output
+    assert "build a different tokenizer here" in output  # the API process's own reason, in the log
+    assert "starting it again" not in output

@@ -9,6 +9,8 @@ test can find tokenizing in a stage's time) and ``MMSERVE_TEST_PIXELS_LOG``
 for each array turned into the model's input (raw uploads, arrays a decoder
 returned: ``models.preprocessing.pixels_to_model_input``), and
 ``MMSERVE_TEST_PEEK_LOG`` for each time an API process asks the engine which images it holds.
+``MMSERVE_TEST_TOKENIZER_REFUSED`` makes every API process's start-up fail as one whose
+tokenizer cannot be rebuilt as the engine's does.
 """
 
 import os
@@ -57,3 +59,11 @@ if os.environ.get("MMSERVE_TEST_PEEK_LOG"):  # asked from the API process (the e
         return (_logged_call if message[0] == "peek" else _real_call)(self, *message)
 
     _EngineClient._call = _call_logging_peeks
+
+if os.environ.get("MMSERVE_TEST_TOKENIZER_REFUSED"):  # only API processes rebuild the engine's tokenizer
+    import models.tokenizer_files as _tokenizer_files
+
+    def _refuse(files):  # noqa: ANN001, ANN202
+        raise RuntimeError("the engine's tokenizer files build a different tokenizer here")
+
+    _tokenizer_files.unpack_tokenizer = _refuse
