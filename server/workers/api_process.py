@@ -68,7 +68,7 @@ from server.workers.readiness import ReadyMarks
 from server.workers.metrics_snapshots import answer_snapshot_requests
 from server.workers.metrics_view import merged_registry
 from server.workers.orphan_guard import exit_when_orphaned
-from server.workers.shared_rate_buckets import SharedTokenBuckets
+from server.workers.shared_rate_buckets import SharedTokenBuckets, remove_table
 
 logger = logging.getLogger(__name__)
 
@@ -134,10 +134,11 @@ def main() -> int:
     settings = settings_from_environment()
     logging.basicConfig(level=settings.log_level.upper(), handlers=[TurnBufferedStreamHandler()],  # as one process
                         format=f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
-    exit_when_orphaned(parent_pid=supervisor_pid())
+    rate_buckets_path = os.environ.get(RATE_BUCKETS_VARIABLE)  # the supervisor's to remove, unless it was killed
+    exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=lambda: remove_table(rate_buckets_path))
     listening = socket.socket(fileno=int(sys.argv[1]))
     app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE],
-                         os.environ.get(RATE_BUCKETS_VARIABLE))
+                         rate_buckets_path)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run(sockets=[listening])
     return server.exit_code if server.started else 1

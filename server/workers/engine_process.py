@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -74,7 +75,12 @@ from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import CorkedFrameWriter, read_frame
-from server.workers.handoff import ENGINE_SOCKET_VARIABLE, settings_from_environment, supervisor_pid
+from server.workers.handoff import (
+    ENGINE_SOCKET_VARIABLE,
+    RUN_DIRECTORY_VARIABLE,
+    settings_from_environment,
+    supervisor_pid,
+)
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
 
@@ -261,7 +267,9 @@ def main() -> int:
     settings = settings_from_environment()
     logging.basicConfig(level=settings.log_level.upper(),
                         format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
-    exit_when_orphaned(parent_pid=supervisor_pid())
+    run_directory = os.environ[RUN_DIRECTORY_VARIABLE]  # the supervisor's to remove, unless it was killed
+    exit_when_orphaned(parent_pid=supervisor_pid(),
+                       on_orphaned=lambda: shutil.rmtree(run_directory, ignore_errors=True))
     # The loop an API process's uvicorn runs (uvloop where installed): its socket reads and writes are the
     # engine's per-request work besides the batch.
     with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:

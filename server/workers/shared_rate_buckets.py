@@ -5,7 +5,9 @@ would give a key N times ``MMSERVE_RATE_LIMIT``. Instead the supervisor creates
 this table once, a file in ``/dev/shm`` (memory that every process mapping it
 shares; mode 0600, so only the server's user can read or reset a bucket),
 hands its path to every API process it starts, restarted ones included (a
-restart forgets no caller's bucket), and removes it when the server stops.
+restart forgets no caller's bucket), and removes it when the server stops (a
+supervisor killed with SIGKILL cannot: its API processes, exiting as orphans,
+remove it, ``server.workers.orphan_guard``).
 Each API process maps it and takes tokens through ``SharedTokenBuckets.take``,
 the ``TokenBucketStore`` of ``server.http.rate_limit``, so the 429 answers,
 ``Retry-After`` and ``mmserve_rate_limited_total`` are the single process's.
@@ -109,7 +111,13 @@ class SharedBucketTable:
         return cls(path)
 
     def remove(self) -> None:
-        Path(self.path).unlink(missing_ok=True)
+        remove_table(self.path)
+
+
+def remove_table(path: str | None) -> None:
+    """Remove the table file (the supervisor when the server stops; its orphans if it was killed)."""
+    if path is not None:
+        Path(path).unlink(missing_ok=True)
 
 
 class SharedTokenBuckets:

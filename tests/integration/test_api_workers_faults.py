@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from server.workers.handoff import RATE_BUCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE
 from server.workers.supervisor import EXIT_API_PROCESS_START_FAILED
 from tests.conftest import run_serve_process
 
@@ -104,12 +105,21 @@ def is_gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
+def environment_entry(pid: int, name: str) -> str:
+    return next(entry.split("=", 1)[1] for entry in Path(f"/proc/{pid}/environ").read_text().split("\0")
+                if entry.startswith(f"{name}="))
+
+
 def test_the_children_exit_when_the_supervisor_is_killed(serve_process):
-    """A supervisor killed with SIGKILL runs no clean-up: the engine and API processes must notice alone."""
-    with serve_process(TINY) as served:
+    """A supervisor killed with SIGKILL runs no clean-up: the engine and API processes must notice alone,
+    and remove what it would have: the run directory and the shared rate-limit table."""
+    with serve_process(TINY, {"MMSERVE_RATE_LIMIT": "100/s"}) as served:
         supervisor = served.process
         children = children_of(supervisor.pid)
         assert len(children) == 3  # the engine and two API processes
+        run_directory = Path(environment_entry(children[0], RUN_DIRECTORY_VARIABLE))
+        bucket_table = Path(environment_entry(children[0], RATE_BUCKETS_VARIABLE))
+        assert run_directory.is_dir() and bucket_table.exists()
         os.kill(supervisor.pid, signal.SIGKILL)
         supervisor.wait(timeout=10)
         deadline = time.monotonic() + 15
@@ -119,6 +129,7 @@ def test_the_children_exit_when_the_supervisor_is_killed(serve_process):
         for pid in left:  # leave no process behind even when the assertion fails
             os.kill(pid, signal.SIGKILL)
         assert not left, f"still running after their supervisor was killed: {left}"
+        assert not run_directory.exists() and not bucket_table.exists()
 
 
 def test_sigterm_drains_every_process_and_loses_no_accepted_request():
