@@ -136,7 +136,6 @@ def test_kserve_v2_through_tritonclient_equals_the_single_process(workers, singl
 
 
 def test_an_open_clip_model_tokenizes_in_the_api_processes_as_in_one(tmp_path):
-    pytest.importorskip("open_clip")
     directory = write_open_clip(tmp_path / "tiny-open-clip")  # open_clip's own SimpleTokenizer, sent as its BPE
     bodies = ({"text": "a photo of a cat"}, {"text": "a red bicycle " * 60},  # cut to its context, as open_clip cuts
               {"image": {"b64": b64(encoded_image(5, (48, 40), "JPEG"))}, "text": "snow on the mountains"})

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 
+import open_clip.tokenizer as oc_tokenizer  # a test dependency (mmserve[openclip])
 import pytest
 
 from benchmarks.random_pretrained import write_clip, write_siglip
 from models.errors import ModelRepositoryError, TextTooLongError
+from models.families.open_clip_tokenizer import OpenClipTokenizer
 from models.families.pretrained import load_pretrained
 from models.served_facts import ServedModelFacts, served_model_facts
 from models.tokenizer_files import TokenizerFiles, pack_tokenizer, unpack_tokenizer
@@ -74,9 +76,6 @@ def test_the_tokenizer_built_from_the_files_tokenizes_as_the_engines(name, reque
 
 
 def test_an_open_clip_simple_tokenizer_with_its_own_special_token_travels():
-    oc_tokenizer = pytest.importorskip("open_clip.tokenizer")
-    from models.families.open_clip_tokenizer import OpenClipTokenizer
-
     engine = OpenClipTokenizer(oc_tokenizer.SimpleTokenizer(additional_special_tokens=["<mask>"],
                                                             clean="whitespace"), 77)
     files = decode(encode(pack_tokenizer(engine)))
@@ -87,9 +86,6 @@ def test_an_open_clip_simple_tokenizer_with_its_own_special_token_travels():
 
 
 def test_an_open_clip_hf_tokenizer_travels(tmp_path, clip_bundle):
-    oc_tokenizer = pytest.importorskip("open_clip.tokenizer")
-    from models.families.open_clip_tokenizer import OpenClipTokenizer
-
     clip_bundle.tokenizer.tokenizer.save_pretrained(str(tmp_path))
     engine = OpenClipTokenizer(oc_tokenizer.HFTokenizer(str(tmp_path), context_length=77, clean="lower"), 77)
     api = unpack_tokenizer(decode(encode(pack_tokenizer(engine))))
