@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import re
 import shutil
 import subprocess
@@ -20,6 +21,15 @@ def test_imports_point_the_way_design_md_draws_them():
     done = subprocess.run([lint_imports], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 broken" in done.stdout
+
+
+def test_no_other_installed_distribution_ships_our_top_level_packages():
+    """Two distributions with one import name overwrite each other's files and shadow each other's imports:
+    transformers 5.25 brought the `kernels` distribution, and `from kernels import ...` in transformers found ours."""
+    ours = ["server", "router", "models", "kernels", "cache", "monitoring", "benchmarks", "clients"]
+    owners = importlib.metadata.packages_distributions()
+    shared = {name: sorted(set(owners[name]) - {"mmserve"}) for name in ours if set(owners.get(name, [])) - {"mmserve"}}
+    assert not shared, f"installed distributions that ship an import package named like ours: {shared}"
 
 
 def test_every_setting_is_in_the_readme_table():
