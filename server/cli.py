@@ -188,8 +188,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from server.app import create_app
-    from server.runtime.lifecycle import DrainingServer, uvicorn_config
     from server.settings import load_settings
 
     settings = load_settings(
@@ -209,7 +207,10 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.api_workers > 1:
         from server.workers.supervisor import run_supervised
 
-        return run_supervised(settings, settings.api_workers)
+        return run_supervised(settings, settings.api_workers)  # the supervisor imports no torch and no model code
+    from server.app import create_app
+    from server.runtime.lifecycle import DrainingServer, uvicorn_config
+
     app = create_app(settings)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run()
@@ -218,11 +219,12 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _default_api_workers(settings: Settings) -> int:
     """``--api-workers`` when not given: from the usable CPUs and the device (server/workers/default_count.py)."""
-    from server.runtime.model_loading import resolve_device
-    from server.workers.default_count import default_api_workers, usable_cpus
+    from server.workers.default_count import default_api_workers, torch_device_in_subprocess, usable_cpus
 
     num_cpus = usable_cpus()
-    device = settings.device if settings.device != "auto" else resolve_device("auto")  # cuda unseen: loading says so
+    device = settings.device
+    if device == "auto":  # on <= 2 CPUs the answer is 1 whatever the device: no need to ask torch
+        device = "cpu" if num_cpus <= 2 else torch_device_in_subprocess()  # cuda unseen: loading says so
     count = default_api_workers(num_cpus, device)
     logging.getLogger(__name__).info("--api-workers not given: %d for %d usable CPUs and device %s "
                                      "(server/workers/default_count.py)", count, num_cpus, device)

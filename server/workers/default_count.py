@@ -16,12 +16,19 @@ beyond three the engine, not the front end, is what saturates. Hence:
 
 "CPUs" are the ones this process may run on (its affinity) within its
 cgroup's CPU quota (``cpu.max``: a container's limit), whichever is fewer.
+
+With ``--device auto`` on more than two CPUs the device decides, and only torch
+knows whether it sees a GPU; it is asked in a short-lived child process, so the
+supervisor of API processes never holds torch (about 500 MiB resident) for the
+server's whole life, at the cost of one torch import (a second or two) at start.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 MAX_DEFAULT_API_WORKERS = 3
@@ -53,3 +60,10 @@ def default_api_workers(num_cpus: int, device_type: str) -> int:
     if device_type == "cpu" or num_cpus <= 2:
         return 1
     return min(num_cpus - 1, MAX_DEFAULT_API_WORKERS)
+
+
+def torch_device_in_subprocess() -> str:
+    """``cuda`` if torch sees a GPU from this environment, else ``cpu``; asked in a child process (docstring)."""
+    probe = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
+    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    return answer.stdout.strip().splitlines()[-1]

@@ -48,6 +48,10 @@ def _serve(directory: Path, *args: str) -> Iterator[ServeProcess]:
         yield served
 
 
+def _maps_torch(process_id: int) -> bool:
+    return "libtorch" in Path(f"/proc/{process_id}/maps").read_text()
+
+
 @pytest.fixture(scope="module")
 def clip_dir(tmp_path_factory) -> Path:
     return write_clip(tmp_path_factory.mktemp("models") / "tiny-clip")
@@ -61,6 +65,14 @@ def workers(clip_dir) -> Iterator[ServeProcess]:
 @pytest.fixture(scope="module")
 def single(clip_dir) -> Iterator[ServeProcess]:
     yield from _serve(clip_dir)
+
+
+def test_the_supervisor_holds_no_torch_only_the_engine_does(workers):
+    """The supervisor starts processes and watches them: torch (about 500 MiB resident) is the engine's alone."""
+    supervisor = workers.process.pid
+    engine = {pid for pid in _children(supervisor) if b"engine_process" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    assert len(engine) == 1 and _maps_torch(engine.pop())
+    assert not _maps_torch(supervisor)
 
 
 def _infer(url: str, body: dict) -> httpx.Response:

@@ -7,8 +7,15 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from server.workers.default_count import MAX_DEFAULT_API_WORKERS, cpus_in_quota, default_api_workers, usable_cpus
+from server.workers.default_count import (
+    MAX_DEFAULT_API_WORKERS,
+    cpus_in_quota,
+    default_api_workers,
+    torch_device_in_subprocess,
+    usable_cpus,
+)
 
 
 @pytest.mark.parametrize(("num_cpus", "device", "expected"), [
@@ -34,3 +41,8 @@ def test_usable_cpus_follow_the_affinity_of_the_process():
     pinned = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert pinned.stdout.strip() == "1"
     assert 1 <= usable_cpus() <= len(os.sched_getaffinity(0))
+
+
+def test_the_device_probe_answers_what_torch_sees_here():
+    """The supervisor asks a child process; its answer is the one torch gives in this process."""
+    assert torch_device_in_subprocess() == ("cuda" if torch.cuda.is_available() else "cpu")
