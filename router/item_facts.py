@@ -77,7 +77,7 @@ class ItemFacts:
             priority=priority,
             image_encodings=encodings,
             image_pixels=pixels,
-            image_bytes=tuple(len(image.encoded or image.pixels or b"") for image in images),
+            image_bytes=tuple(image.num_bytes for image in images),
             raw_shapes=tuple(tuple(image.shape) for image in images if image.pixels is not None and image.shape),
             num_images=len(images),
             image_encoding=combined_encoding(encodings),

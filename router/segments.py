@@ -89,11 +89,30 @@ class SegmentSlot(Generic[Segment]):
 
 @dataclass(frozen=True)
 class ImageContent:
-    """An image as it arrived: encoded file bytes, or raw pixels with their shape."""
+    """An image as it arrived: encoded file bytes, or raw pixels with their shape.
+
+    Raw pixels that another process has already turned into the model's input
+    (an API process, into shared memory) need not travel again, whatever their
+    size: ``left_behind`` keeps their shape, the cache key their bytes give and
+    their length, so keys and facts (``num_bytes``) are the ones the bytes give.
+    """
 
     encoded: bytes | None = None
     pixels: bytes | None = None
     shape: tuple[int, ...] | None = None
+    pixels_key: SegmentKey | None = None  # left behind: the key of the pixels that did not travel
+    pixels_length: int | None = None  # left behind: their length in bytes
+
+    def left_behind(self, key: SegmentKey) -> ImageContent:
+        """These raw pixels as sent on once decoded elsewhere: shape, key and length, no bytes."""
+        return ImageContent(pixels=b"", shape=self.shape, pixels_key=key, pixels_length=len(self.pixels or b""))
+
+    @property
+    def num_bytes(self) -> int:
+        """The bytes it arrived as (encoded, or raw pixels), left-behind pixels included."""
+        if self.pixels_length is not None:
+            return self.pixels_length
+        return len(self.encoded or self.pixels or b"")
 
 
 @dataclass(frozen=True)
@@ -236,6 +255,8 @@ class SegmentCatalog:
         self.image_preprocess_id = image_preprocess_id
 
     def image_key(self, content: ImageContent) -> SegmentKey:
+        if content.pixels_key is not None:  # pixels left behind where they were decoded: their key came along
+            return content.pixels_key
         if content.encoded is not None:
             return encoded_image_key(self.model_fingerprint, self.image_preprocess_id, content.encoded)
         return pixels_key(self.model_fingerprint, self.image_preprocess_id, content.pixels, content.shape)

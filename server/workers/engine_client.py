@@ -10,8 +10,9 @@ protocol above it are unchanged:
     peek        ask the engine which images' segments it holds (no claim)
     decode      only the others, in this process's decode pool, to the model's
                 (S, S, 3) uint8 input, written into shared-memory slots
-    run         the items (token ids, the images' bytes for the cache keys, slot
-                numbers) -> the engine's intake
+    run         the items (token ids, encoded images' bytes for the cache keys, slot
+                numbers; raw pixels decoded here go as their key and length) -> the
+                engine's intake
     settle      the slots are free again when the engine answers; a cancelled
                 call (the client went away) is cancelled in the engine too
 
@@ -248,6 +249,7 @@ class EngineClient:
             slots = await self._decode_missing(items if refused is None else items[:refused], taken)
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
+            fitted = raw_pixels_left_behind(fitted, slots, self._catalog)  # type: ignore[arg-type]
             prepare_ns = time.perf_counter_ns() - started_ns
             call_id, future = self._send("run", fitted, arrival_ns, self._slots.name, slots)
             try:
@@ -318,6 +320,26 @@ class EngineClient:
         except Exception as e:
             error: Exception = ImageItemError(image_index, e) if item.images_as_list else e
             raise IntakeItemError(item_index, error) from e
+
+
+def raw_pixels_left_behind(items: list[IntakeItem], slots: list[list[int | None]],
+                            catalog: SegmentCatalog) -> list[IntakeItem]:
+    """The items as the engine gets them: raw pixels decoded into a slot stay here, their key and length go.
+
+    A raw ``uint8`` upload is as large as its pixels (2.4 MB for 1024x768),
+    and the engine needs only what they give: the model's input (in the slot),
+    the cache key (hashed here) and the facts (shape, length). An image the
+    engine may still decode (no slot: the peek said cached) keeps its bytes.
+    """
+    sent = items
+    for index, (item, item_slots) in enumerate(zip(items, slots)):
+        if any(slot is not None and content.pixels for content, slot in zip(item.images, item_slots)):
+            images = tuple(content.left_behind(catalog.image_key(content)) if slot is not None and content.pixels
+                           else content for content, slot in zip(item.images, item_slots))
+            if sent is items:
+                sent = list(items)
+            sent[index] = dataclasses.replace(item, images=images)
+    return sent
 
 
 def _counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:

@@ -23,8 +23,10 @@ plan, submit, settle), with the items' token ids the API process computed
 (``IntakeItem.tokens``: nothing is tokenized here, the budget is checked again)
 and the pixels it decoded taken from its shared-memory slots; an image it did
 not decode (the peek said cached, and the entry left the cache since) is
-decoded here. Every image keeps the bytes it was sent as, raw pixels included,
-so its cache key is the one a single process derives. Deadlines count from
+decoded here. An encoded image keeps the bytes it was sent as (the engine may
+decode it, and keys the cache by them); raw pixels the API process decoded into
+a slot arrive as their cache key and length only (``ImageContent.left_behind``),
+so every key and fact is the one a single process derives. Deadlines count from
 ``arrival_ns``, the API process's ``perf_counter_ns`` at arrival: on Linux that
 clock is CLOCK_MONOTONIC, one clock for every process of the machine.
 
@@ -224,8 +226,8 @@ class Engine:
     def _take_pixels(self, items: list[IntakeItem], block: AttachedSlots, slots: list[list[int | None]]) -> list[int]:
         """The slots' pixels copied out for the intake, by image (the slots are free once this call answers).
 
-        Each image stays as it was sent (encoded or raw bytes): its cache key
-        and facts are a single process's; only its decoding is done.
+        An image's cache key and facts are a single process's (its bytes, or
+        for raw pixels left behind their key and length); only its decoding is done.
         """
         prepared_ids: list[int] = []
         for item, item_slots in zip(items, slots):

@@ -8,6 +8,7 @@ import torch
 
 from cache import SegmentCache
 from models.multimodal import ImageSegment
+from router.item_facts import ItemFacts
 from router.segments import ImageContent, SegmentCatalog, SlotStatus
 
 
@@ -83,3 +84,20 @@ def test_a_plan_with_nothing_to_await_resolves_to_itself():
     plan = SegmentCatalog(cache, "fp", "size=32").plan((ImageContent(encoded=b"x"),), (2, 3), use_cache=True)
     assert asyncio.run(plan.resolved()) is plan
     plan.abandon()
+
+
+def test_raw_pixels_left_behind_key_the_cache_and_count_their_facts_as_the_bytes_do():
+    """What the engine gets for raw pixels an API process decoded: no bytes, the same key and facts."""
+    cache = SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20)
+    catalog = SegmentCatalog(cache, "fp", "size=32")
+    sent = ImageContent(pixels=bytes(range(24)) * 50, shape=(20, 20, 3))
+    behind = sent.left_behind(catalog.image_key(sent))
+    assert behind.pixels == b"" and behind.shape == sent.shape
+    assert catalog.image_key(behind) == catalog.image_key(sent)
+    assert behind.num_bytes == sent.num_bytes == 1200
+    facts = (ItemFacts.of_images((sent,), protocol="native", priority="normal"),
+             ItemFacts.of_images((behind,), protocol="native", priority="normal"))
+    assert facts[0] == facts[1]
+    plan = catalog.plan((sent,), None, use_cache=True)
+    plan.publish((_segment(),), None)
+    assert catalog.plan((behind,), None, use_cache=True).images[0].status == SlotStatus.HIT

@@ -16,10 +16,12 @@ from pydantic import SecretStr
 from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.intake import IntakeItem
-from router.segments import ImageContent
+from cache import SegmentCache
+from router.segments import ImageContent, SegmentCatalog
 from server.errors import ApiError
 from server.settings import Settings
 from server.workers import handoff
+from server.workers.engine_client import raw_pixels_left_behind
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.metrics_view import merge_expositions
@@ -40,6 +42,20 @@ def test_a_frame_carries_an_item_both_ways():
             return await read_frame(reader)
 
         assert asyncio.run(read_async()) == ("ok", 8, [1.5])
+
+
+def test_raw_pixels_decoded_into_a_slot_do_not_travel_to_the_engine():
+    """Only raw pixels with a slot stay behind (as key and length); the engine may still decode the others."""
+    catalog = SegmentCatalog(SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20), "fp", "size=32")
+    raw = ImageContent(pixels=bytes(300 * 400 * 3), shape=(300, 400, 3))
+    jpeg = ImageContent(encoded=b"\xff\xd8jpeg")
+    items = [IntakeItem("decoded", images=(raw, jpeg), images_as_list=True), IntakeItem("held", images=(raw,))]
+    sent = raw_pixels_left_behind(items, [[0, 1], [None]], catalog)
+    assert sent[0].images == (raw.left_behind(catalog.image_key(raw)), jpeg)
+    assert sent[0].images_as_list and sent[0].request_id == "decoded"
+    assert sent[1] is items[1], "no slot: the engine may decode it, so its bytes go"
+    assert len(encode_frame(("run", 1, sent[:1]))) < 1000 < raw.num_bytes
+    assert raw_pixels_left_behind(items[1:], [[None]], catalog) == items[1:]
 
 
 def test_pixel_slots_cross_to_an_attached_block_and_run_out_with_503():
