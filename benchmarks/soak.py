@@ -25,11 +25,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from collections.abc import Sequence
 
 from benchmarks.harness import (
     capacity_rps, latency_ms, mixed_load_config, mmserve_command, ruled, run_samples, running,
 )
 from benchmarks.harness.process_resources import ProcessSeries, ProcessTreeSampler, slope_per_minute
+from benchmarks.loadgen.runner import Sample
 
 SAMPLE_INTERVAL_S = 5.0
 WARM_UP_S = 60.0
@@ -69,7 +71,28 @@ def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cac
                f"{len(samples)} requests: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}; "
                f"latency p50 {latency_ms(samples, 50):.1f} ms, p99 {latency_ms(samples, 99):.1f} ms; "
                f"{len(sampler.series)} processes read every {interval_s:g} s")
-    return summary + "\n" + ruled(rows)
+    failures = failures_report(samples)
+    return summary + "\n" + ruled(rows) + ("\n" + failures if failures else "")
+
+
+MAX_FAILURE_KINDS = 20
+
+
+def failures_report(samples: Sequence[Sample]) -> str:
+    """Every failed request by outcome and detail: how many, and when the first and last ended (run seconds)."""
+    kinds: dict[tuple[str, str], list[float]] = {}
+    for sample in samples:
+        if not sample.is_ok:
+            kinds.setdefault((sample.outcome, sample.detail), []).append(sample.done_s)
+    if not kinds:
+        return ""
+    lines = ["failed requests (outcome, detail: count, first and last at run seconds):"]
+    ordered = sorted(kinds.items(), key=lambda kind: -len(kind[1]))
+    for (outcome, detail), times in ordered[:MAX_FAILURE_KINDS]:
+        lines.append(f"  {outcome}, {detail or '-'}: {len(times)}, at {min(times):.1f} .. {max(times):.1f} s")
+    if len(ordered) > MAX_FAILURE_KINDS:
+        lines.append(f"  ... {len(ordered) - MAX_FAILURE_KINDS} more kinds")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

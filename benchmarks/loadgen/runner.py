@@ -48,7 +48,10 @@ class Sample:
 
     ``sent_s`` is ``None`` when the request never reached the wire (e.g. the
     connection was refused). ``outcome`` is ``"ok"``, the HTTP status as text
-    (``"503"``), ``"client_timeout"`` or ``"transport_error"``.
+    (``"503"``), ``"client_timeout"`` or ``"transport_error"``. ``detail``
+    says why a request failed, so a rare failure in a long run can be
+    explained afterwards: the error answer's ``code``, or the exception
+    and what caused it (``ReadError <- ConnectionResetError: [Errno 104] ...``).
     """
 
     modality: Modality
@@ -58,6 +61,7 @@ class Sample:
     done_s: float
     status: int
     outcome: str
+    detail: str = ""
 
     @property
     def latency_s(self) -> float:
@@ -115,6 +119,7 @@ class Sender:
         probe = _SendTimeProbe()
         status = 0
         route = modality.value
+        detail = ""
         client = self._slots.acquire()
         try:
             async with asyncio.timeout(self._timeout_s):
@@ -129,10 +134,13 @@ class Sender:
                     route = match.group(1).decode("ascii")
             else:
                 outcome = str(status)
-        except (TimeoutError, httpx.TimeoutException):
+                detail = error_code_of(response.content)
+        except (TimeoutError, httpx.TimeoutException) as error:
             outcome = OUTCOME_CLIENT_TIMEOUT
-        except (httpx.HTTPError, OSError):
+            detail = exception_chain(error)
+        except (httpx.HTTPError, OSError) as error:
             outcome = OUTCOME_TRANSPORT_ERROR
+            detail = exception_chain(error)
         finally:
             self._slots.release(client)
         done_at_s = time.perf_counter()
@@ -146,8 +154,31 @@ class Sender:
                 done_s=done_at_s - origin_s,
                 status=status,
                 outcome=outcome,
+                detail=detail,
             )
         )
+
+
+_ERROR_CODE_PATTERN = re.compile(rb'"code"\s*:\s*"([A-Za-z0-9_.-]+)"')
+
+
+def error_code_of(body: bytes) -> str:
+    """The ``code`` of an error answer (``{"error": {"code": ...}}``), or ``""`` for a body without one."""
+    match = _ERROR_CODE_PATTERN.search(body[:4096])
+    return match.group(1).decode("ascii") if match is not None else ""
+
+
+def exception_chain(error: BaseException) -> str:
+    """An exception and the ones that caused it, outermost first: ``ReadError <- ConnectionResetError: ...``."""
+    links = []
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        message = str(current)
+        links.append(f"{type(current).__name__}: {message}" if message else type(current).__name__)
+        current = current.__cause__ or current.__context__
+    return " <- ".join(links)
 
 
 def _recorder(on_sample: Callable[[Sample], None]) -> tuple[list[Sample], Callable[[Sample], None]]:
