@@ -22,6 +22,7 @@ client never becomes the queue.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +51,7 @@ class Sample:
     connection was refused). ``outcome`` is ``"ok"``, the HTTP status as text
     (``"503"``), ``"client_timeout"`` or ``"transport_error"``. ``detail``
     says why a request failed, so a rare failure in a long run can be
-    explained afterwards: the error answer's ``code``, or the exception
+    explained afterwards: the error answer's code and message, or the exception
     and what caused it (``ReadError <- ConnectionResetError: [Errno 104] ...``).
     """
 
@@ -159,13 +160,15 @@ class Sender:
         )
 
 
-_ERROR_CODE_PATTERN = re.compile(rb'"code"\s*:\s*"([A-Za-z0-9_.-]+)"')
-
-
 def error_code_of(body: bytes) -> str:
-    """The ``code`` of an error answer (``{"error": {"code": ...}}``), or ``""`` for a body without one."""
-    match = _ERROR_CODE_PATTERN.search(body[:4096])
-    return match.group(1).decode("ascii") if match is not None else ""
+    """``code: message`` of an error answer (``{"error": {"code", "message"}}``), or ``""`` for any other body."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(error, dict) or "code" not in error:
+        return ""
+    return f"{error['code']}: {error.get('message', '')}".rstrip(": ")
 
 
 def exception_chain(error: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""A failed request says why: the error answer's code, or the exception chain of a broken connection.
+"""A failed request says why: the error answer's code and message, or the exception chain of a broken connection.
 
 A soak of half a million requests that ends with two transport errors is only
 worth something if the two can be explained afterwards, so each sample keeps
@@ -21,8 +21,9 @@ from benchmarks.loadgen.request_spec import Modality
 from benchmarks.loadgen.runner import OUTCOME_TRANSPORT_ERROR, Sample, Sender, error_code_of, exception_chain
 from benchmarks.soak import failures_report
 
-OVERLOADED = (b'HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: 76\r\n'
-              b'retry-after: 1\r\n\r\n{"error": {"code": "overloaded", "message": "the vision lane is full (64)"}}  ')
+OVERLOADED_BODY = b'{"error": {"code": "overloaded", "message": "the vision lane is full (64)"}}'
+OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
+              b"content-length: %d\r\n\r\n%s" % (len(OVERLOADED_BODY), OVERLOADED_BODY))
 
 
 def _answer_with(payload: bytes) -> Callable[[socket.socket], None]:
@@ -69,10 +70,10 @@ def _one_sample(url: str) -> Sample:
     return samples[0]
 
 
-def test_an_error_answer_keeps_its_code():
+def test_an_error_answer_keeps_its_code_and_message():
     with _raw_server(_answer_with(OVERLOADED)) as url:
         sample = _one_sample(url)
-    assert (sample.outcome, sample.status, sample.detail) == ("503", 503, "overloaded")
+    assert (sample.outcome, sample.status, sample.detail) == ("503", 503, "overloaded: the vision lane is full (64)")
 
 
 def test_a_reset_connection_keeps_the_exception_chain():
@@ -90,7 +91,8 @@ def test_the_chain_goes_outermost_first_and_an_answer_without_a_code_has_none():
             raise OSError("read failed") from inner
     except OSError as outer:
         assert exception_chain(outer) == "OSError: read failed <- ConnectionResetError: [Errno 104] Connection reset by peer"
-    assert error_code_of(b'{"detail": "Not Found"}') == ""
+    assert error_code_of(b'{"detail": "Not Found"}') == error_code_of(b"<html>bad gateway</html>") == ""
+    assert error_code_of(b'{"error": {"code": "not_ready"}}') == "not_ready"
 
 
 def test_the_soak_groups_failures_by_outcome_and_detail_most_first():
