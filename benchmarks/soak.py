@@ -23,6 +23,7 @@ The server process, the /proc readings and the load come from
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -76,39 +77,23 @@ def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cac
 
 
 MAX_FAILURE_KINDS = 20
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
 
 
 def failures_report(samples: Sequence[Sample]) -> str:
-    """Every failed request by outcome and detail: how many, and when the first and last ended (run seconds)."""
-    kinds: dict[tuple[str, str], list[float]] = {}
+    """Failed requests grouped by outcome and detail (its numbers aside), most first: how many, when, an example."""
+    kinds: dict[tuple[str, str], list[Sample]] = {}
     for sample in samples:
         if not sample.is_ok:
-            kinds.setdefault((sample.outcome, sample.detail), []).append(sample.done_s)
+            kinds.setdefault((sample.outcome, _NUMBERS.sub("N", sample.detail)), []).append(sample)
     if not kinds:
         return ""
-    lines = ["failed requests (outcome, detail: count, first and last at run seconds):"]
-    ordered = sorted(kinds.items(), key=lambda kind: -len(kind[1]))
-    for (outcome, detail), times in ordered[:MAX_FAILURE_KINDS]:
-        lines.append(f"  {outcome}, {detail or '-'}: {len(times)}, at {min(times):.1f} .. {max(times):.1f} s")
+    lines = ["failed requests (outcome: count, first and last at run seconds; the first one's detail):"]
+    ordered = sorted(kinds.values(), key=lambda kind: -len(kind))
+    for kind in ordered[:MAX_FAILURE_KINDS]:
+        times = [sample.done_s for sample in kind]
+        lines.append(f"  {kind[0].outcome}: {len(kind)}, at {min(times):.1f} .. {max(times):.1f} s; "
+                     f"{kind[0].detail or '-'}")
     if len(ordered) > MAX_FAILURE_KINDS:
         lines.append(f"  ... {len(ordered) - MAX_FAILURE_KINDS} more kinds")
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--rate", type=float, default=0.0, help="requests/s; 0: half of the measured capacity")
-    parser.add_argument("--preset", default="tiny")
-    parser.add_argument("--interval-s", type=float, default=SAMPLE_INTERVAL_S)
-    parser.add_argument("--cache-off", action="store_true",
-                        help="turn the segment cache off, to tell a leak from caches filling")
-    parser.add_argument("--api-workers", type=int, default=1, help="mmserve serve --api-workers N (default 1)")
-    args = parser.parse_args(argv)
-    print(soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off,
-               num_api_workers=args.api_workers))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

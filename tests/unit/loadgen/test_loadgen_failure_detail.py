@@ -95,15 +95,16 @@ def test_the_chain_goes_outermost_first_and_an_answer_without_a_code_has_none():
     assert error_code_of(b'{"error": {"code": "not_ready"}}') == "not_ready"
 
 
-def test_the_soak_groups_failures_by_outcome_and_detail_most_first():
+def test_the_soak_groups_failures_by_outcome_and_detail_numbers_aside_most_first():
     def sample(outcome: str, detail: str, done_s: float) -> Sample:
         return Sample(Modality.TEXT, "text", 0.0, 0.0, done_s, 0 if outcome == "transport_error" else 503, outcome,
                       detail)
 
-    samples = [sample("ok", "", 1.0), sample("503", "overloaded", 4.0), sample("503", "overloaded", 9.5),
+    samples = [sample("ok", "", 1.0), sample("503", "overloaded: 64 wait; retry in 0.3 s", 4.0),
+               sample("503", "overloaded: 64 wait; retry in 1.2 s", 9.5),
                sample("transport_error", "ReadError <- ConnectionResetError", 7.0)]
     assert failures_report(samples).splitlines()[1:] == [
-        "  503, overloaded: 2, at 4.0 .. 9.5 s",
-        "  transport_error, ReadError <- ConnectionResetError: 1, at 7.0 .. 7.0 s",
+        "  503: 2, at 4.0 .. 9.5 s; overloaded: 64 wait; retry in 0.3 s",
+        "  transport_error: 1, at 7.0 .. 7.0 s; ReadError <- ConnectionResetError",
     ]
     assert failures_report(samples[:1]) == ""
