@@ -34,9 +34,14 @@ Before any of this, ``describe_engine`` asks the engine (on a connection of
 its own) for what the API process builds its side from: the model's facts
 and its tokenizer's files. An API process loads no model.
 
-``EngineRouter`` is what the routes and the drain read from ``state.router``:
-ready, alive, draining, in flight, a fault (the engine is gone: the API
-process exits, and the supervisor with it).
+``EngineRouter`` (``server.workers.engine_router``) is what the routes and the
+drain read from ``state.router``: ready, alive, draining, in flight, a fault
+(the engine is gone: the API process exits, and the supervisor with it).
+
+``/v1/classify`` and ``/v1/rank`` prepare their own call
+(``server.workers.zero_shot_client``) with the same two steps: images into
+slots (``decode_into_slots``: the drill, the peek, the decode) and one call
+that holds the slots until the engine answers (``call_holding_slots``).
 
 Refusals are the single process's, item for item: that intake prepares every
 item at once and answers with the first refused one by index, each item's
@@ -74,9 +79,8 @@ from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
-from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_frame_blocking
+from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame
 from server.workers.pixel_slots import PixelSlots
-from server.workers.readiness import ReadyMarks
 
 logger = logging.getLogger(__name__)
 
@@ -249,24 +253,57 @@ class EngineClient:
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
             prepare_ns = time.perf_counter_ns() - started_ns
-            call_id, future = self._send("run", fitted, arrival_ns, self._slots.name, slots)
+            kind, fields = await self.call_holding_slots(taken, "run", fitted, arrival_ns, self._slots.name, slots)
+        finally:
+            self.give_back_slots(taken)  # refused before the call (the call gives its own back)
+            self.num_in_flight -= 1
+        if kind == "ok":
+            return [counting_this_process(outcome, started_ns, prepare_ns) for outcome in fields[0]]
+        row, (status, code, message, field, retry_after_s) = fields
+        error = ApiError(status, code, message, field, retry_after_s)
+        raise IntakeItemError(row, error) if row is not None else error
+
+    @property
+    def slots_name(self) -> str:
+        """The shared-memory block of this process's pixel slots (the engine attaches it by name)."""
+        return self._slots.name
+
+    async def decode_into_slots(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
+        """A ``decode`` drill's delay, then every image the engine does not hold decoded into a slot.
+
+        The slot numbers per item and image (``None``: held by the engine);
+        every slot taken is appended to ``taken`` as it is taken, so the caller
+        gives them all back (``call_holding_slots``) whatever is raised.
+        """
+        await self._drill_decode(items)
+        return await self._decode_missing(items, taken)
+
+    def give_back_slots(self, taken: list[int]) -> None:
+        """Slots taken for a call that is not sent (an item was refused first); ``taken`` is emptied."""
+        self._slots.give_back(taken)
+        taken.clear()
+
+    async def call_holding_slots(self, taken: list[int], *message: object) -> tuple[str, list]:
+        """Send ``message``, await the engine's ``ok`` or ``error``, and give ``taken``'s slots back after.
+
+        A caller cancelled meanwhile (its client went away) cancels the call in
+        the engine; the slots are free once the engine answers ``cancelled``.
+        """
+        try:
+            call_id, future = self._send(*message)
             try:
                 kind, fields = await asyncio.shield(future)
             except asyncio.CancelledError:
                 self._send("cancel", call_id)  # the answer ("cancelled") frees the slots
-                future.add_done_callback(lambda _: self._slots.give_back(taken))
-                taken = []
+                held = list(taken)
+                future.add_done_callback(lambda _: self._slots.give_back(held))
+                taken.clear()
                 raise
         finally:
-            self._slots.give_back(taken)
-            self.num_in_flight -= 1
-        if kind == "ok":
-            return [_counting_this_process(outcome, started_ns, prepare_ns) for outcome in fields[0]]
-        if kind == "error":
-            row, (status, code, message, field, retry_after_s) = fields
-            error = ApiError(status, code, message, field, retry_after_s)
-            raise IntakeItemError(row, error) if row is not None else error
-        raise asyncio.CancelledError()
+            self.give_back_slots(taken)
+        if kind == "cancelled":
+            raise asyncio.CancelledError()
+        return kind, fields
 
     async def _drill_decode(self, items: Sequence[IntakeItem]) -> None:
         """A ``decode`` drill's delay for each item, in the decode pool (the module's docstring)."""
@@ -320,70 +357,6 @@ class EngineClient:
             raise IntakeItemError(item_index, error) from e
 
 
-def _counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:
+def counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:
     """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
     return dataclasses.replace(outcome, decode_ns=prepare_ns + outcome.decode_ns, decode_started_ns=started_ns)
-
-
-class EngineRouter:
-    """What ``state.router`` answers in an API process: the engine's state as last polled, and this process's.
-
-    Ready: this process serves (the engine ready, its connection up, not
-    draining) and so does every other API process (``server.workers.readiness``).
-    """
-
-    def __init__(self, client: EngineClient, socket_path: str, marks: ReadyMarks) -> None:
-        self._client = client
-        self._marks = marks
-        self.cache = EngineCache(socket_path)
-
-    @property
-    def is_serving(self) -> bool:
-        ready, alive, draining = self._client.engine_status
-        return ready and alive and not draining and self.fault is None and not self._client.is_draining
-
-    @property
-    def is_ready(self) -> bool:
-        is_serving = self.is_serving
-        self._marks.mark(is_serving)
-        return is_serving and self._marks.all_ready()
-
-    @property
-    def is_alive(self) -> bool:
-        return self._client.engine_status[1] and self.fault is None
-
-    @property
-    def is_draining(self) -> bool:
-        return self._client.is_draining
-
-    @property
-    def fault(self) -> EngineGone | None:
-        return self._client.fault
-
-    @property
-    def num_in_flight(self) -> int:
-        return self._client.num_in_flight
-
-    def begin_drain(self) -> None:
-        self._client.is_draining = True
-        self._marks.mark(False)
-
-
-class EngineCache:
-    """``state.router.cache`` in an API process: ``clear()`` empties the engine's cache (``DELETE /v1/cache``).
-
-    A blocking round trip on its own short connection: an operator's call,
-    rare, and well under a millisecond, so the admin route stays as it is.
-    """
-
-    def __init__(self, socket_path: str) -> None:
-        self._socket_path = socket_path
-
-    def clear(self) -> int:
-        import socket
-
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(10.0)
-            connection.connect(self._socket_path)
-            connection.sendall(encode_frame(("clear_cache", 0)))
-            return read_frame_blocking(connection)[2]
