@@ -26,8 +26,10 @@ import pytest
 
 from benchmarks.random_pretrained import write_clip
 from encoded_images import b64, encoded_image
+from otlp_receiver import OtlpReceiver, otlp_receiver
 from tests.conftest import ServeProcess, run_serve_process
 from tests.integration.same_answers import assert_same
+from tests.integration.test_api_workers_drills_and_traces import CALLER_SPAN_ID, as_int, trace_shape
 from tests.integration.test_zero_shot_api import LIMIT_CASES
 
 HOOKS = str(Path(__file__).parent / "api_workers_hooks")
@@ -61,16 +63,24 @@ class Logged:
                                    ("pixels", self.pixels_log))}
 
 
-def _serve(tmp_path_factory, model_dir: Path, args: list[str]) -> Iterator[Logged]:
+def _serve(tmp_path_factory, model_dir: Path, receiver: OtlpReceiver, args: list[str]) -> Iterator[Logged]:
     directory = tmp_path_factory.mktemp("logs")
     logs = [directory / f"{name}.log" for name in ("tokenize", "decode", "pixels")]
     for log in logs:
         log.write_text("")
     env = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]), **LIMITS,
            "MMSERVE_TEST_TOKENIZE_LOG": str(logs[0]), "MMSERVE_TEST_DECODE_LOG": str(logs[1]),
-           "MMSERVE_TEST_PIXELS_LOG": str(logs[2])}
+           "MMSERVE_TEST_PIXELS_LOG": str(logs[2]),
+           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url, "OTEL_BSP_SCHEDULE_DELAY": "50",
+           "MMSERVE_TRACE_SAMPLE_RATIO": "1.0", "MMSERVE_TRACE_SLOW_MS": "0"}
     with run_serve_process(["--model", str(model_dir), "--device", "cpu", *args], env) as served:
         yield Logged(served, *logs)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[OtlpReceiver]:
+    with otlp_receiver() as receiver:
+        yield receiver
 
 
 @pytest.fixture(scope="module")
@@ -79,13 +89,13 @@ def clip_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory, clip_dir) -> Iterator[Logged]:
-    yield from _serve(tmp_path_factory, clip_dir, ["--api-workers", "2"])
+def workers(tmp_path_factory, clip_dir, receiver) -> Iterator[Logged]:
+    yield from _serve(tmp_path_factory, clip_dir, receiver, ["--api-workers", "2"])
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, clip_dir) -> Iterator[Logged]:
-    yield from _serve(tmp_path_factory, clip_dir, [])
+def single(tmp_path_factory, clip_dir, receiver) -> Iterator[Logged]:
+    yield from _serve(tmp_path_factory, clip_dir, receiver, [])
 
 
 def image(seed: int, size=(48, 40), fmt="JPEG") -> dict:
@@ -171,6 +181,28 @@ def test_the_api_process_tokenizes_and_decodes_and_a_repeat_runs_nothing_anywher
     assert second.json()["cache"] == {"images": ["hit", "hit"],
                                       "texts": {"hit": 6, "miss": 0, "coalesced": 0, "bypass": 0}}
     assert_same(second.json()["results"], first.json()["results"])
+
+
+def test_a_classify_trace_has_the_single_process_structure_its_batches_from_the_engine(workers, single, receiver):
+    body = {"images": [image(61), image(62)], "labels": ["traced cat", "traced dog"], "use_cache": False}
+    trace_ids = {}
+    for name, served in (("single", single), ("workers", workers)):
+        trace_id = int.from_bytes(os.urandom(16), "big") | 1
+        answer = httpx.post(f"{served.url}/v1/classify", json=body, timeout=60,
+                            headers={"traceparent": f"00-{trace_id:032x}-{CALLER_SPAN_ID:016x}-01"})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["traceparent"].split("-")[1] == f"{trace_id:032x}"
+        trace_ids[name] = trace_id
+    expected = trace_shape(receiver.wait_for_spans(lambda spans: trace_shape(spans, trace_ids["single"]) is not None),
+                           trace_ids["single"])
+    assert expected[0] == "POST /v1/classify" and expected[1] and expected[3]  # under the caller; linked batches
+    spans = receiver.wait_for_spans(lambda spans: trace_shape(spans, trace_ids["workers"]) == expected)
+    request_spans = [span for span in spans if as_int(span.span.trace_id) == trace_ids["workers"]]
+    assert {span.resource["mmserve.process"] for span in request_spans} == {"api"}
+    root = next(span for span in request_spans if span.name == "POST /v1/classify")
+    assert root.attributes["mmserve.route"] == "classify" and root.attributes["mmserve.rows"] == 2
+    links = {as_int(link.span_id) for span in request_spans for link in span.span.links}
+    assert {span.resource["mmserve.process"] for span in spans if as_int(span.span.span_id) in links} == {"engine"}
 
 
 def test_requests_count_and_time_under_their_routes_in_the_one_metrics(workers):
