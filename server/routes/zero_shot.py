@@ -35,6 +35,7 @@ from models.zero_shot import best_first
 from monitoring import RequestInputs
 from router.image_header import images_encoding, largest_image_pixels
 from router.request import Priority
+from router.segments import ImageContent
 from router.zero_shot import ZeroShotEncoder, ZeroShotOptions
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
 from server.ingest import json_body
@@ -116,7 +117,7 @@ class _Call:
     body: ClassifyRequest | RankRequest
     checked: ClassifyInput | RankInput
     pairing: Pairing
-    images: tuple
+    images: tuple[ImageContent, ...]
     texts: tuple[str, ...]
     image_field: str  # image i's field in errors, a template (``images[{}]``, ``query``)
     text_field: str

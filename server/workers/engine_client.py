@@ -273,7 +273,8 @@ class EngineClient:
 
         The slot numbers per item and image (``None``: held by the engine);
         every slot taken is appended to ``taken`` as it is taken, so the caller
-        gives them all back (``call_holding_slots``) whatever is raised.
+        gives them all back whatever is raised: ``call_holding_slots`` for a
+        call it sends, ``give_back_slots`` when it sends none.
         """
         await self._drill_decode(items)
         return await self._decode_missing(items, taken)
