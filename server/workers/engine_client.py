@@ -62,7 +62,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 
 import numpy as np
 
@@ -334,12 +334,25 @@ class EngineClient:
                 work.append((item_index, item, image_index, content, slot))
             slots.append(item_slots)
         if work:
-            futures = [asyncio.wrap_future(self._executor.submit(self._decode_into, *job)) for job in work]
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            jobs: list[Future] = []
+            try:
+                for job in work:
+                    jobs.append(self._executor.submit(self._decode_into, *job))
+                outcomes = await asyncio.gather(*map(asyncio.wrap_future, jobs), return_exceptions=True)
+            except BaseException:  # cancelled (the client left), or the pool refused a job
+                self._hold_slots_being_written(jobs, [job[4] for job in work], taken)
+                raise
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
         return slots
+
+    def _hold_slots_being_written(self, jobs: list[Future], job_slots: list[int], taken: list[int]) -> None:
+        """A decode still running when its call ends writes into its slot: that slot goes back after it, not now."""
+        for job, slot in zip(jobs, job_slots):
+            if not job.cancel() and not job.done():
+                taken.remove(slot)
+                job.add_done_callback(lambda _, slot=slot: self._slots.give_back([slot]))
 
     def _decode_into(self, item_index: int, item: IntakeItem, image_index: int, content: ImageContent,
                      slot: int) -> None:
