@@ -8,6 +8,10 @@
     images ──intake.run──> one vision item each (the image cache and decode pool as for /v1/infer)
     scores ──pool──> one matrix product (``models.zero_shot``)
 
+``tokenize_texts`` is the first step on its own, for a process in front of
+the one with the model (``server.workers``): it tokenizes and keys the texts
+where they arrive, and ``encode_tokenized`` takes it from there.
+
 So a label set that many requests share is encoded once, and a request
 whose labels are all cached costs its image encode and one matrix product.
 Every plan this module makes is settled here (``finally``: abandon what is
@@ -36,12 +40,12 @@ import numpy as np
 
 from cache import SegmentKey
 from models.multimodal import ImageSegment, TextSegment
-from models.tokenizer import TokenizedText
+from models.tokenizer import TextTokenizer, TokenizedText
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeOutcome, RequestIntake
 from router.request import InferenceRequest, Priority, Route
 from router.router import Router
-from router.segments import ImageContent, SegmentPlan, SlotStatus
+from router.segments import ImageContent, SegmentCatalog, SegmentPlan, SlotStatus
 from router.tracing import SpanIds
 
 T = TypeVar("T")
@@ -136,6 +140,36 @@ class TokenMemo:
                 self._entries.popitem(last=False)
 
 
+@dataclass(frozen=True)
+class TokenizedTexts:
+    """A call's texts as token ids and their segment keys, in the call's order (``tokenize_texts``)."""
+
+    tokens: tuple[TokenizedText, ...]
+    keys: tuple[SegmentKey, ...]
+
+
+def tokenize_texts(tokenizer: TextTokenizer, catalog: SegmentCatalog, memo: TokenMemo, texts: Sequence[str],
+                   truncate: bool) -> TokenizedTexts:
+    """Every text's tokens and key, remembered in ``memo``; ``IntakeItemError`` names a text that is refused.
+
+    Runs where the texts arrive: in the process with the model, or in an API
+    process (``server.workers``), whose catalog makes keys only.
+    """
+    tokens, keys = [], []
+    for index, text in enumerate(texts):
+        memoized = memo.get(text, truncate)
+        if memoized is None:
+            try:
+                tokenized = tokenizer.encode(text, truncate=truncate)
+            except Exception as e:
+                raise IntakeItemError(index, e) from e
+            memoized = (tokenized, catalog.text_key(tokenized.token_ids))
+            memo.put(text, truncate, memoized)
+        tokens.append(memoized[0])
+        keys.append(memoized[1])
+    return TokenizedTexts(tuple(tokens), tuple(keys))
+
+
 def _abandon_landed_plans(future: Future) -> None:
     """Done-callback for a planning job whose caller was cancelled: nobody will submit its plans."""
     if not future.cancelled() and future.exception() is None:
@@ -173,8 +207,17 @@ class ZeroShotEncoder:
 
     async def encode_texts(self, texts: Sequence[str], options: ZeroShotOptions, arrival_ns: int) -> EncodedTexts:
         """Every text's segment: from the cache, from another request, or computed in the text lane."""
+        return await self._encode_planned(self._plan_texts, tuple(texts), options, arrival_ns)
+
+    async def encode_tokenized(self, tokenized: TokenizedTexts, options: ZeroShotOptions,
+                               arrival_ns: int) -> EncodedTexts:
+        """``encode_texts`` for texts tokenized and keyed already (``tokenize_texts`` in an API process)."""
+        return await self._encode_planned(self._plan_tokenized, tokenized, options, arrival_ns)
+
+    async def _encode_planned(self, plan: Callable[[Any, ZeroShotOptions], _PlannedTexts], texts: Any,
+                              options: ZeroShotOptions, arrival_ns: int) -> EncodedTexts:
         started_ns = self._clock_ns()
-        future = self._executor.submit(self._plan_texts, tuple(texts), options)
+        future = self._executor.submit(plan, texts, options)
         try:
             planned = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -205,19 +248,13 @@ class ZeroShotEncoder:
 
     def _plan_texts(self, texts: tuple[str, ...], options: ZeroShotOptions) -> _PlannedTexts:
         """Tokenize every text (or remember its tokens) and plan each distinct one once (a pool thread)."""
-        tokenizer, catalog = self._router.bundle.tokenizer, self._router.segments
-        tokens, keys = [], []
-        for index, text in enumerate(texts):
-            memoized = self.token_memo.get(text, options.truncate)
-            if memoized is None:
-                try:
-                    tokenized = tokenizer.encode(text, truncate=options.truncate)
-                except Exception as e:
-                    raise IntakeItemError(index, e) from e
-                memoized = (tokenized, catalog.text_key(tokenized.token_ids))
-                self.token_memo.put(text, options.truncate, memoized)
-            tokens.append(memoized[0])
-            keys.append(memoized[1])
+        tokenized = tokenize_texts(self._router.bundle.tokenizer, self._router.segments, self.token_memo, texts,
+                                   options.truncate)
+        return self._plan_tokenized(tokenized, options)
+
+    def _plan_tokenized(self, tokenized: TokenizedTexts, options: ZeroShotOptions) -> _PlannedTexts:
+        """Plan each distinct token sequence once, against the cache (a pool thread)."""
+        keys = tokenized.keys
         distinct: dict[SegmentKey, int] = {}
         distinct_of, first_text = [], []
         for index, key in enumerate(keys):
@@ -225,8 +262,8 @@ class ZeroShotEncoder:
                 distinct[key] = len(first_text)
                 first_text.append(index)
             distinct_of.append(distinct[key])
-        plans = catalog.plan_texts([keys[index] for index in first_text], options.use_cache)
-        return _PlannedTexts(tuple(tokens), tuple(distinct_of), plans, tuple(first_text))
+        plans = self._router.segments.plan_texts([keys[index] for index in first_text], options.use_cache)
+        return _PlannedTexts(tokenized.tokens, tuple(distinct_of), plans, tuple(first_text))
 
     async def _segment(self, planned: _PlannedTexts, j: int, options: ZeroShotOptions, arrival_ns: int,
                        window: asyncio.Semaphore, first_submit_ns: list[int]) -> TextSegment:
@@ -274,8 +311,8 @@ class ZeroShotEncoder:
 
     # -- a model whose only image-text score is its trained fusion head ----------------
 
-    async def head_scores(self, images: Sequence[ImageContent], texts: Sequence[str], options: ZeroShotOptions,
-                          arrival_ns: int) -> np.ndarray:
+    async def head_scores(self, images: Sequence[ImageContent], texts: Sequence[str | TokenizedText],
+                          options: ZeroShotOptions, arrival_ns: int) -> np.ndarray:
         """(N, L) float64: the trained fusion head's ``match_score`` of image i with text j, every pair fused.
 
         Call it after ``encode_images`` and ``encode_texts``: every pair's
@@ -287,7 +324,8 @@ class ZeroShotEncoder:
         scores = np.empty((len(images), len(texts)), dtype=np.float64)  # (N, L)
         for start in range(0, len(pairs), self._window):
             chunk = pairs[start:start + self._window]
-            items = [IntakeItem(request_id=f"{options.request_id}-pair-{i}-{j}", text=texts[j], images=(images[i],),
+            items = [IntakeItem(request_id=f"{options.request_id}-pair-{i}-{j}", images=(images[i],),
+                                **_text_fields(texts[j]),
                                 priority=options.priority, timeout_ms=options.timeout_ms, truncate=options.truncate,
                                 use_cache=options.use_cache, trace=options.trace)
                      for i, j in chunk]
@@ -300,3 +338,8 @@ class ZeroShotEncoder:
                     raise RuntimeError("the fusion head served no match_score: it is not trained")
                 scores[i, j] = outcome.result.match_score
         return scores
+
+
+def _text_fields(text: str | TokenizedText) -> dict[str, Any]:
+    """An item's text as sent, or as an API process tokenized it (``IntakeItem.tokens``)."""
+    return {"text": text} if isinstance(text, str) else {"tokens": text}

@@ -48,6 +48,7 @@ from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
 from server.runtime.tracing_setup import TracedProcess, build_tracing
 from server.routes import admin, health, infer, monitoring, openai, v2, zero_shot
+from server.protocols.zero_shot_run import LocalZeroShot
 from server.protocols.zero_shot_schemas import ClassifyRequest, RankRequest
 from server.schemas import InferRequest
 from server.settings import Settings
@@ -169,7 +170,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         app.state.mmserve = ServerState(settings, facts, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,
-                                        zero_shot=ZeroShotEncoder(router, intake, decode_pool))
+                                        zero_shot=LocalZeroShot(ZeroShotEncoder(router, intake, decode_pool),
+                                                                model.model.score))
         num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
         compile_watch = _watch_cold_compiles(router, metrics)

@@ -45,7 +45,8 @@ defaults. An endpoint whose middle is not one intake call (``/v1/classify``
 and ``/v1/rank``: labels through the segment cache, images through the intake,
 one matrix product; ``server.routes.zero_shot``) overrides ``run``: it gets
 the request's ``Arrival`` (id, arrival clock, trace ids, the items as the
-intake takes them), times its own stages with ``Arrival.timed`` and returns a
+intake takes them), times its own stages (``Arrival.timed``, or in what it
+calls: zero-shot's scorer, ``server.protocols.zero_shot_run``) and returns a
 ``Ran``: the items' outcomes (traced as rows), its own result for ``render``
 and, if the request is one latency record rather than one per item, a
 ``RequestRecord`` with its stages, which this layer records (``total`` added).

@@ -16,12 +16,12 @@ from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
 from router.intake import RequestIntake
 from router.router import Router
-from router.zero_shot import ZeroShotEncoder
 from server.protocols.model_names import ServedModelNames, served_model_names
 from server.settings import Settings
 
 if TYPE_CHECKING:
     from server.http.tracing import RequestTracer
+    from server.protocols.zero_shot_run import ZeroShotScorer
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ServerState:
     intake: RequestIntake  # every protocol's way in: tokenize, plan, decode, submit, settle
     faults: FaultInjector | None = None  # only with enable_fault_injection
     tracer: RequestTracer | None = None  # only while tracing is on (server.runtime.tracing_setup)
-    zero_shot: ZeroShotEncoder | None = None  # /v1/classify and /v1/rank: labels as cached text segments
+    zero_shot: ZeroShotScorer | None = None  # /v1/classify and /v1/rank's middle: this model's, or the engine's
 
     @functools.cached_property
     def served_names(self) -> ServedModelNames:

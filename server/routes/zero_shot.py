@@ -1,8 +1,7 @@
 """``POST /v1/classify`` and ``POST /v1/rank``: zero-shot scores over cached label embeddings.
 
-    body ──check (counts first)──> images: vision items (intake)      ─┐
-                                   texts:  cached text segments,       ├─> one matrix product (pool) ──> best first
-                                           misses through the text lane ┘
+    body ──check (counts first, the model can score)──> ZeroShotWork ──state.zero_shot.score──> best first
+                                                           images, texts, field names   (server.protocols.zero_shot_run)
 
 Scores are the model's own (``models.zero_shot``): classify gives what
 transformers' ``zero-shot-image-classification`` pipeline gives (SigLIP's
@@ -14,15 +13,17 @@ number. Requests count under ``route="classify"`` / ``route="rank"``.
 
 Both are endpoints of the request layer (``server.request_layer``), which
 owns the request's id, clock, trace, metrics and monitor record; their own
-``run`` step replaces the layer's one intake call with the middle above and
-times its ``score`` stage on the layer's clock.
+``run`` step replaces the layer's one intake call with the scorer's middle:
+in one process the model's own (``LocalZeroShot``); in an API process of
+``--api-workers N`` the engine's, after this process tokenized the texts and
+decoded the images (``server.workers.zero_shot_client``). Whether the model
+can score is decided from its facts (``state.served_model``), which both
+kinds of process hold.
 """
 
 from __future__ import annotations
 
 import abc
-import asyncio
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,19 +31,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from models.scores import CalibratedScore
-from models.zero_shot import best_first, classify_score_kind, classify_scores, pair_scores, stack_embeddings
+from models.zero_shot import best_first
 from monitoring import RequestInputs
-from router.errors import IntakeItemError
 from router.image_header import images_encoding, largest_image_pixels
 from router.request import Priority
 from router.segments import ImageContent
-from router.zero_shot import EncodedImages, EncodedTexts, ZeroShotEncoder, ZeroShotOptions
+from router.zero_shot import ZeroShotEncoder, ZeroShotOptions
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
-from server.http.error_mapping import api_error_from
 from server.ingest import json_body
 from server.ingest.inputs import ParsedInput
 from server.protocols.rows import RowOutcome
+from server.protocols.zero_shot_run import LocalZeroShot, Pairing, ZeroShotScorer, ZeroShotScores, ZeroShotWork
 from server.protocols.zero_shot_schemas import (
     ClassifyInput,
     ClassifyRequest,
@@ -89,46 +88,55 @@ def _validated(model: type[BaseModel], body: bytes) -> BaseModel:
         raise ApiError(422, "invalid_request", f"{location}: {first['msg']}", location) from e
 
 
-@dataclass(frozen=True)
-class _Scoring:
-    """How this model scores a pair: its calibrated score, or (``score`` None) its trained fusion head."""
-
-    score: CalibratedScore | None
-
-
-def _scoring(state: ServerState) -> _Scoring:
-    """The model's zero-shot score; 422 when it has none this endpoint may answer with."""
-    model = state.router.bundle.model  # answered where the model is (server.workers.engine_routes)
-    if getattr(model, "text", None) is None:
+def _check_can_score(state: ServerState) -> None:
+    """422 unless the model has a score this endpoint may answer with (its facts say: any process holds them)."""
+    model = getattr(getattr(state.router, "bundle", None), "model", None)  # None in an API process
+    if model is not None and getattr(model, "text", None) is None:  # an API process's facts imply a text tower
         raise ApiError(422, "no_text_tower", f"model {state.served_model.name!r} has no text encoder to embed "
                                              "labels with", "model")
-    if model.score is not None:
-        return _Scoring(model.score)
-    if state.model_description["fusion_head"] == "trained":
-        return _Scoring(None)
+    description = state.served_model.description
+    if description.score is not None or description.fusion_head == "trained":
+        return
     raise ApiError(422, "no_calibrated_score",
                    f"model {state.served_model.name!r} has no calibrated image-text score (family "
-                   f"{state.model_description['family']!r}) and its fusion head is untrained; train one "
+                   f"{description.family!r}) and its fusion head is untrained; train one "
                    "(mmserve train-fusion) to classify and rank with its match_score", "model")
 
 
-def _encoder(state: ServerState) -> ZeroShotEncoder:
+def _scorer(state: ServerState) -> ZeroShotScorer:
     if state.zero_shot is None:  # a state built without one (tests): the server's own parts
-        state.zero_shot = ZeroShotEncoder(state.router, state.intake, state.decode_pool)
+        state.zero_shot = LocalZeroShot(ZeroShotEncoder(state.router, state.intake, state.decode_pool),
+                                        state.router.bundle.model.score)
     return state.zero_shot
 
 
 @dataclass(frozen=True)
 class _Call:
-    """A checked classify or rank request as both run it: its images against its texts, each side's field names."""
+    """A checked classify or rank request: its body, its checked input and its middle's work (no options yet)."""
 
     body: ClassifyRequest | RankRequest
     checked: ClassifyInput | RankInput
-    scoring: _Scoring
+    pairing: Pairing
     images: tuple[ImageContent, ...]
     texts: tuple[str, ...]
-    image_field: Callable[[int], str]  # image i's field in errors (``images[2]``, ``query``)
-    text_field: Callable[[int], str]
+    image_field: str  # image i's field in errors, a template (``images[{}]``, ``query``)
+    text_field: str
+
+    def work(self, options: ZeroShotOptions) -> ZeroShotWork:
+        return ZeroShotWork(self.images, self.texts, None, self.pairing, self.image_field, self.text_field, options)
+
+
+def _request_record(call: _Call, scores: ZeroShotScores) -> tuple[dict[str, object], RequestRecord]:
+    """The answer's ``cache`` field, and the request's latency record (its stages and facts) for the monitor."""
+    image_statuses = list(scores.image_statuses)
+    text_statuses = [status for status, num in scores.text_statuses.items() for _ in range(num)]
+    inputs = RequestInputs.of(
+        largest_image_pixels=largest_image_pixels(call.images), image_encoding=images_encoding(call.images),
+        num_text_tokens=scores.num_text_tokens, num_images=len(call.images),
+        priority=call.body.priority, protocol="native")
+    record = RequestRecord(scores.stage_ns, batch_size=scores.outcomes[0].result.batch_size,
+                           cache_hit=cache_hit_of({"images": image_statuses, "texts": text_statuses}), inputs=inputs)
+    return {"images": image_statuses, "texts": dict(scores.text_statuses)}, record
 
 
 @dataclass(frozen=True)
@@ -140,62 +148,10 @@ class _Scored:
     cache: dict[str, object]
 
 
-def _named(error: IntakeItemError, field_of: Callable[[int], str]) -> ApiError | IntakeItemError:
-    """An item's failure as its own answer, its field the item's (``labels[3]``); 503/504 keep theirs."""
-    inner = api_error_from(error.error)
-    if inner is None:
-        return error
-    if inner.status in (503, 504):
-        return inner
-    name = field_of(error.item_index)
-    return ApiError(inner.status, inner.code, f"{name}: {inner.message}", name, inner.retry_after_s)
-
-
-async def _encode(encoder: ZeroShotEncoder, call: _Call, options: ZeroShotOptions,
-                  arrival_ns: int) -> tuple[EncodedImages, EncodedTexts]:
-    """Images and texts at once; a failure names its item; the other side is cancelled."""
-    image_task = asyncio.ensure_future(encoder.encode_images(call.images, options, arrival_ns))
-    text_task = asyncio.ensure_future(encoder.encode_texts(call.texts, options, arrival_ns))
-    tasks = {image_task: call.image_field, text_task: call.text_field}
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    finally:  # one side failed, or the request was cancelled: the other side stops and settles its plans
-        if not all(task.done() for task in tasks):
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-    for task, field_of in tasks.items():
-        error = None if task.cancelled() else task.exception()
-        if error is not None:
-            raise (_named(error, field_of) if isinstance(error, IntakeItemError) else error) from error
-    return image_task.result(), text_task.result()
-
-
-def _request_record(call: _Call, encoded_images: EncodedImages, encoded_texts: EncodedTexts,
-                    score_ns: int) -> tuple[dict[str, object], RequestRecord]:
-    """The answer's ``cache`` field, and the request's latency record (its stages and facts) for the monitor."""
-    first = encoded_images.outcomes[0]
-    stage_ns = dict(first.result.stage_ns)
-    stage_ns["decode"] = max([encoded_texts.prepare_ns, *(o.decode_ns for o in encoded_images.outcomes)])
-    if encoded_texts.text_ns:
-        stage_ns["text"] = encoded_texts.text_ns
-    stage_ns["score"] = score_ns
-    image_statuses = [outcome.plan.image_statuses()[0] for outcome in encoded_images.outcomes]
-    counts = encoded_texts.status_counts()
-    text_statuses = [status for status, num in counts.items() for _ in range(num)]
-    inputs = RequestInputs.of(
-        largest_image_pixels=largest_image_pixels(call.images), image_encoding=images_encoding(call.images),
-        num_text_tokens=max(len(tokens.token_ids) for tokens in encoded_texts.tokens), num_images=len(call.images),
-        priority=call.body.priority, protocol="native")
-    record = RequestRecord(stage_ns, batch_size=first.result.batch_size,
-                           cache_hit=cache_hit_of({"images": image_statuses, "texts": text_statuses}), inputs=inputs)
-    return {"images": image_statuses, "texts": counts}, record
-
-
 class _ZeroShot(Endpoint[_Call]):
     """Classify and rank through the request layer, which owns id, clock, trace, metrics and the monitor record.
 
-    Their middle is their own (``run``): images through the intake, texts
+    Their middle is the scorer's (``run``): images through the intake, texts
     through the segment cache and the text lane, then one matrix product
     (the ``score`` stage). Each image is a row of the trace; the request is
     one latency record under its route label (``classify`` / ``rank``).
@@ -208,14 +164,6 @@ class _ZeroShot(Endpoint[_Call]):
         """The checked request (counts first, then the model's score); raises ``ApiError`` naming the field."""
 
     @abc.abstractmethod
-    def pair_matrix(self, score: CalibratedScore, images: list, texts: list) -> np.ndarray:
-        """(N, L) scores of the calibrated kind, on the host (runs in the pool: torch stays off the event loop)."""
-
-    @abc.abstractmethod
-    def score_kind(self, score: CalibratedScore) -> str:
-        """The answer's ``score_kind`` for a calibrated score."""
-
-    @abc.abstractmethod
     def results(self, call: _Call, matrix: np.ndarray) -> list[dict]:
         """The answer's ``results``, best first."""
 
@@ -226,26 +174,14 @@ class _ZeroShot(Endpoint[_Call]):
                                         body.use_cache) for content in call.images), call)
 
     async def run(self, parsed: Parsed[_Call], state: ServerState, arrival: Arrival) -> Ran:
-        call, encoder = parsed.context, _encoder(state)
+        call = parsed.context
         options = ZeroShotOptions(request_id=arrival.request_id, priority=Priority(call.body.priority),
                                   timeout_ms=call.body.timeout_ms, truncate=call.body.truncate,
                                   use_cache=call.body.use_cache, trace=arrival.trace)
-        images, texts = await _encode(encoder, call, options, arrival.started_ns)
-        (matrix, score_kind), score_ns = await arrival.timed(
-            self._scores(encoder, call, images, texts, options, arrival.started_ns))
-        cache, record = _request_record(call, images, texts, score_ns)
-        outcomes = tuple(RowOutcome(outcome, outcome.result) for outcome in images.outcomes)
-        return Ran(outcomes, _Scored(matrix, score_kind, cache), record)
-
-    async def _scores(self, encoder: ZeroShotEncoder, call: _Call, images: EncodedImages, texts: EncodedTexts,
-                      options: ZeroShotOptions, arrival_ns: int) -> tuple[np.ndarray, str]:
-        """(N, L) scores and their kind: the model's calibrated score, or its trained fusion head's."""
-        score = call.scoring.score
-        if score is None:
-            return await encoder.head_scores(call.images, call.texts, options, arrival_ns), "match_score"
-        matrix = await encoder.off_loop(self.pair_matrix, score, [s.pooled for s in images.segments],
-                                        [s.pooled for s in texts.segments])
-        return matrix, self.score_kind(score)
+        scores = await _scorer(state).score(call.work(options), arrival.started_ns)
+        cache, record = _request_record(call, scores)
+        outcomes = tuple(RowOutcome(outcome, outcome.result) for outcome in scores.outcomes)
+        return Ran(outcomes, _Scored(scores.matrix, scores.score_kind, cache), record)
 
     def render(self, parsed: Parsed[_Call], answered: Answered, state: ServerState) -> Response:
         scored: _Scored = answered.value
@@ -266,15 +202,9 @@ class Classify(_ZeroShot):
     def call_of(self, body: bytes, state: ServerState) -> _Call:
         request = _validated(ClassifyRequest, body)
         checked = classify_input(request, state.settings)  # type: ignore[arg-type]
-        image_field = (lambda i: f"images[{i}]") if checked.images_as_list else (lambda i: "image")
-        return _Call(request, checked, _scoring(state), checked.images, checked.texts,  # type: ignore[arg-type]
-                     image_field, lambda i: f"labels[{i}]")
-
-    def pair_matrix(self, score: CalibratedScore, images: list, texts: list) -> np.ndarray:
-        return classify_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
-
-    def score_kind(self, score: CalibratedScore) -> str:
-        return classify_score_kind(score.kind).value
+        _check_can_score(state)
+        return _Call(request, checked, Pairing.CLASSIFY, checked.images, checked.texts,  # type: ignore[arg-type]
+                     "images[{}]" if checked.images_as_list else "image", "labels[{}]")
 
     def results(self, call: _Call, matrix: np.ndarray) -> list[dict]:
         labels = call.checked.labels  # type: ignore[union-attr]
@@ -310,18 +240,12 @@ class Rank(_ZeroShot):
     def call_of(self, body: bytes, state: ServerState) -> _Call:
         request = _validated(RankRequest, body)
         checked = rank_input(request, state.settings)  # type: ignore[arg-type]
-        scoring = _scoring(state)
+        _check_can_score(state)
         if checked.query_text is not None:
-            return _Call(request, checked, scoring, checked.candidate_images,  # type: ignore[arg-type]
-                         (checked.query_text,), lambda i: f"candidates[{i}]", lambda i: "query")
-        return _Call(request, checked, scoring, (checked.query_image,),  # type: ignore[arg-type]
-                     checked.candidate_texts, lambda i: "query", lambda i: f"candidates[{i}]")
-
-    def pair_matrix(self, score: CalibratedScore, images: list, texts: list) -> np.ndarray:
-        return pair_scores(score, stack_embeddings(images), stack_embeddings(texts)).numpy()
-
-    def score_kind(self, score: CalibratedScore) -> str:
-        return score.kind.value
+            return _Call(request, checked, Pairing.RANK, checked.candidate_images,  # type: ignore[arg-type]
+                         (checked.query_text,), "candidates[{}]", "query")
+        return _Call(request, checked, Pairing.RANK, (checked.query_image,),  # type: ignore[arg-type]
+                     checked.candidate_texts, "query", "candidates[{}]")
 
     def results(self, call: _Call, matrix: np.ndarray) -> list[dict]:
         is_text_query = call.checked.query_text is not None  # type: ignore[union-attr]

@@ -7,6 +7,8 @@ state as polled. It serves on the listening socket the supervisor bound and
 passed down (every API process accepts from the same socket), and drains
 like the single process on SIGTERM (``server.runtime.lifecycle``).
 
+``/v1/classify`` and ``/v1/rank`` tokenize their texts and decode their images
+here too, and the engine scores them (``server.workers.zero_shot_client``).
 Fault drills are the engine's (``/v1/admin/faults`` is answered there,
 ``server.workers.engine_routes``); this process holds a copy for the
 ``decode`` stage it runs (``server.workers.engine_client``). Tracing is set up
@@ -55,7 +57,8 @@ from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
 from server.workers.engine_monitor import EngineMonitor
-from server.workers.engine_client import EngineClient, EngineRouter, describe_engine
+from server.workers.engine_client import EngineClient, describe_engine
+from server.workers.engine_router import EngineRouter
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
     RATE_BUCKETS_VARIABLE,
@@ -69,6 +72,7 @@ from server.workers.metrics_snapshots import answer_snapshot_requests
 from server.workers.metrics_view import merged_registry
 from server.workers.orphan_guard import exit_when_orphaned
 from server.workers.shared_rate_buckets import SharedTokenBuckets, remove_table
+from server.workers.zero_shot_client import ZeroShotClient
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +106,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
                                metrics.request_duration_seconds)
         state = ServerState(settings, facts, router, view, metrics, decode_pool,  # type: ignore[arg-type]
                             monitor=EngineMonitor(client), intake=client,  # type: ignore[arg-type]
-                            tracer=tracing.request_tracer if tracing is not None else None)
+                            tracer=tracing.request_tracer if tracing is not None else None,
+                            zero_shot=ZeroShotClient(client, tokenizer, keys, decode_pool))
         app.state.mmserve = state
         snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry,
                                                                  metrics.request_duration_seconds))

@@ -35,9 +35,14 @@ Before any of this, ``describe_engine`` asks the engine (on a connection of
 its own) for what the API process builds its side from: the model's facts
 and its tokenizer's files. An API process loads no model.
 
-``EngineRouter`` is what the routes and the drain read from ``state.router``:
-ready, alive, draining, in flight, a fault (the engine is gone: the API
-process exits, and the supervisor with it).
+``EngineRouter`` (``server.workers.engine_router``) is what the routes and the
+drain read from ``state.router``: ready, alive, draining, in flight, a fault
+(the engine is gone: the API process exits, and the supervisor with it).
+
+``/v1/classify`` and ``/v1/rank`` prepare their own call
+(``server.workers.zero_shot_client``) with the same two steps: images into
+slots (``decode_into_slots``: the drill, the peek, the decode) and one call
+that holds the slots until the engine answers (``call_holding_slots``).
 
 Refusals are the single process's, item for item: that intake prepares every
 item at once and answers with the first refused one by index, each item's
@@ -58,7 +63,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 
 import numpy as np
 
@@ -75,9 +80,8 @@ from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
-from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_frame_blocking
+from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame
 from server.workers.pixel_slots import PixelSlots
-from server.workers.readiness import ReadyMarks
 
 logger = logging.getLogger(__name__)
 
@@ -251,24 +255,58 @@ class EngineClient:
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
             fitted = raw_pixels_left_behind(fitted, slots, self._catalog)  # type: ignore[arg-type]
             prepare_ns = time.perf_counter_ns() - started_ns
-            call_id, future = self._send("run", fitted, arrival_ns, self._slots.name, slots)
+            kind, fields = await self.call_holding_slots(taken, "run", fitted, arrival_ns, self._slots.name, slots)
+        finally:
+            self.give_back_slots(taken)  # refused before the call (the call gives its own back)
+            self.num_in_flight -= 1
+        if kind == "ok":
+            return [counting_this_process(outcome, started_ns, prepare_ns) for outcome in fields[0]]
+        row, (status, code, message, field, retry_after_s) = fields
+        error = ApiError(status, code, message, field, retry_after_s)
+        raise IntakeItemError(row, error) if row is not None else error
+
+    @property
+    def slots_name(self) -> str:
+        """The shared-memory block of this process's pixel slots (the engine attaches it by name)."""
+        return self._slots.name
+
+    async def decode_into_slots(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
+        """A ``decode`` drill's delay, then every image the engine does not hold decoded into a slot.
+
+        The slot numbers per item and image (``None``: held by the engine);
+        every slot taken is appended to ``taken`` as it is taken, so the caller
+        gives them all back whatever is raised: ``call_holding_slots`` for a
+        call it sends, ``give_back_slots`` when it sends none.
+        """
+        await self._drill_decode(items)
+        return await self._decode_missing(items, taken)
+
+    def give_back_slots(self, taken: list[int]) -> None:
+        """Slots taken for a call that is not sent (an item was refused first); ``taken`` is emptied."""
+        self._slots.give_back(taken)
+        taken.clear()
+
+    async def call_holding_slots(self, taken: list[int], *message: object) -> tuple[str, list]:
+        """Send ``message``, await the engine's ``ok`` or ``error``, and give ``taken``'s slots back after.
+
+        A caller cancelled meanwhile (its client went away) cancels the call in
+        the engine; the slots are free once the engine answers ``cancelled``.
+        """
+        try:
+            call_id, future = self._send(*message)
             try:
                 kind, fields = await asyncio.shield(future)
             except asyncio.CancelledError:
                 self._send("cancel", call_id)  # the answer ("cancelled") frees the slots
-                future.add_done_callback(lambda _: self._slots.give_back(taken))
-                taken = []
+                held = list(taken)
+                future.add_done_callback(lambda _: self._slots.give_back(held))
+                taken.clear()
                 raise
         finally:
-            self._slots.give_back(taken)
-            self.num_in_flight -= 1
-        if kind == "ok":
-            return [_counting_this_process(outcome, started_ns, prepare_ns) for outcome in fields[0]]
-        if kind == "error":
-            row, (status, code, message, field, retry_after_s) = fields
-            error = ApiError(status, code, message, field, retry_after_s)
-            raise IntakeItemError(row, error) if row is not None else error
-        raise asyncio.CancelledError()
+            self.give_back_slots(taken)
+        if kind == "cancelled":
+            raise asyncio.CancelledError()
+        return kind, fields
 
     async def _drill_decode(self, items: Sequence[IntakeItem]) -> None:
         """A ``decode`` drill's delay for each item, in the decode pool (the module's docstring)."""
@@ -298,12 +336,25 @@ class EngineClient:
                 work.append((item_index, item, image_index, content, slot))
             slots.append(item_slots)
         if work:
-            futures = [asyncio.wrap_future(self._executor.submit(self._decode_into, *job)) for job in work]
-            outcomes = await asyncio.gather(*futures, return_exceptions=True)
+            jobs: list[Future] = []
+            try:
+                for job in work:
+                    jobs.append(self._executor.submit(self._decode_into, *job))
+                outcomes = await asyncio.gather(*map(asyncio.wrap_future, jobs), return_exceptions=True)
+            except BaseException:  # cancelled (the client left), or the pool refused a job
+                self._hold_slots_being_written(jobs, [job[4] for job in work], taken)
+                raise
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
         return slots
+
+    def _hold_slots_being_written(self, jobs: list[Future], job_slots: list[int], taken: list[int]) -> None:
+        """A decode still running when its call ends writes into its slot: that slot goes back after it, not now."""
+        for job, slot in zip(jobs, job_slots):
+            if not job.cancel() and not job.done():
+                taken.remove(slot)
+                job.add_done_callback(lambda _, slot=slot: self._slots.give_back([slot]))
 
     def _decode_into(self, item_index: int, item: IntakeItem, image_index: int, content: ImageContent,
                      slot: int) -> None:
@@ -323,7 +374,7 @@ class EngineClient:
 
 
 def raw_pixels_left_behind(items: list[IntakeItem], slots: list[list[int | None]],
-                            catalog: SegmentCatalog) -> list[IntakeItem]:
+                           catalog: SegmentCatalog) -> list[IntakeItem]:
     """The items as the engine gets them: raw pixels decoded into a slot stay here, their key and length go.
 
     A raw ``uint8`` upload is as large as its pixels (2.4 MB for 1024x768),
@@ -333,79 +384,24 @@ def raw_pixels_left_behind(items: list[IntakeItem], slots: list[list[int | None]
     """
     sent = items
     for index, (item, item_slots) in enumerate(zip(items, slots)):
-        if any(slot is not None and content.pixels for content, slot in zip(item.images, item_slots)):
-            images = tuple(content.left_behind(catalog.image_key(content)) if slot is not None and content.pixels
-                           else content for content, slot in zip(item.images, item_slots))
+        images = images_left_behind(item.images, item_slots, catalog)
+        if images is not item.images:
             if sent is items:
                 sent = list(items)
             sent[index] = dataclasses.replace(item, images=images)
     return sent
 
 
-def _counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:
+def images_left_behind(images: tuple[ImageContent, ...], slots: Sequence[int | None],
+                       catalog: SegmentCatalog) -> tuple[ImageContent, ...]:
+    """``images`` with each raw one that has a slot as its key and length (``raw_pixels_left_behind``); the
+    same tuple when there is none."""
+    if not any(slot is not None and content.pixels for content, slot in zip(images, slots)):
+        return images
+    return tuple(content.left_behind(catalog.image_key(content)) if slot is not None and content.pixels else content
+                 for content, slot in zip(images, slots))
+
+
+def counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:
     """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
     return dataclasses.replace(outcome, decode_ns=prepare_ns + outcome.decode_ns, decode_started_ns=started_ns)
-
-
-class EngineRouter:
-    """What ``state.router`` answers in an API process: the engine's state as last polled, and this process's.
-
-    Ready: this process serves (the engine ready, its connection up, not
-    draining) and so does every other API process (``server.workers.readiness``).
-    """
-
-    def __init__(self, client: EngineClient, socket_path: str, marks: ReadyMarks) -> None:
-        self._client = client
-        self._marks = marks
-        self.cache = EngineCache(socket_path)
-
-    @property
-    def is_serving(self) -> bool:
-        ready, alive, draining = self._client.engine_status
-        return ready and alive and not draining and self.fault is None and not self._client.is_draining
-
-    @property
-    def is_ready(self) -> bool:
-        is_serving = self.is_serving
-        self._marks.mark(is_serving)
-        return is_serving and self._marks.all_ready()
-
-    @property
-    def is_alive(self) -> bool:
-        return self._client.engine_status[1] and self.fault is None
-
-    @property
-    def is_draining(self) -> bool:
-        return self._client.is_draining
-
-    @property
-    def fault(self) -> EngineGone | None:
-        return self._client.fault
-
-    @property
-    def num_in_flight(self) -> int:
-        return self._client.num_in_flight
-
-    def begin_drain(self) -> None:
-        self._client.is_draining = True
-        self._marks.mark(False)
-
-
-class EngineCache:
-    """``state.router.cache`` in an API process: ``clear()`` empties the engine's cache (``DELETE /v1/cache``).
-
-    A blocking round trip on its own short connection: an operator's call,
-    rare, and well under a millisecond, so the admin route stays as it is.
-    """
-
-    def __init__(self, socket_path: str) -> None:
-        self._socket_path = socket_path
-
-    def clear(self) -> int:
-        import socket
-
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.settimeout(10.0)
-            connection.connect(self._socket_path)
-            connection.sendall(encode_frame(("clear_cache", 0)))
-            return read_frame_blocking(connection)[2]

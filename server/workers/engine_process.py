@@ -10,8 +10,12 @@ socket (``server.workers.frames``):
     ("status", id)                         -> ("ok", id, (ready, alive, draining))
     ("clear_cache", id)                    -> ("ok", id, segments dropped)
     ("metrics", id)                        -> ("ok", id, (the engine registry's exposition, its digests))
+    ("zero_shot", id, work, arrival_ns, block, slots) -> ("ok", id, ZeroShotScores) | ("error", id, None, fields)
+                                           /v1/classify or /v1/rank, tokenized and decoded by the API process
+                                           (server.workers.zero_shot_engine)
     ("http", id, method, path, headers, body, client) -> ("ok", id, (status, headers, body))
-                                           a zero-shot route, answered by the app (server.workers.engine_routes)
+                                           an admin or monitoring route, answered by the app
+                                           (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (ServedModelFacts, TokenizerFiles)): the model's
                                            facts and its tokenizer's files, all an API process loads
     ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
@@ -51,7 +55,6 @@ The engine exits non-zero when a compute thread dies or hangs
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import shutil
 import signal
@@ -64,17 +67,16 @@ from prometheus_client import generate_latest
 
 from models.tokenizer_files import pack_tokenizer
 from router.errors import IntakeItemError
-from router.intake import IntakeItem, IntakeOutcome, IntakeTools, RequestIntake
+from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey
 from server.app import create_app
-from server.errors import ApiError
-from server.http.error_mapping import api_error_from
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.workers.orphan_guard import exit_when_orphaned
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
 from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
+from server.workers.engine_answers import error_fields, portable
 from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import CorkedFrameWriter, read_frame
 from server.workers.handoff import (
@@ -85,23 +87,9 @@ from server.workers.handoff import (
 )
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
+from server.workers.zero_shot_engine import ZeroShotEngine
 
 logger = logging.getLogger(__name__)
-
-
-def error_fields(error: Exception, call_id: int) -> tuple:
-    """An error as plain fields (frames carry no exceptions: ``server.workers.frame_codec``)."""
-    api_error = api_error_from(error)
-    if api_error is None:
-        logger.error("unexpected error in engine call %d", call_id, exc_info=error)
-        api_error = ApiError(500, "internal_error", "internal error in the engine")
-    return api_error.status, api_error.code, api_error.message, api_error.field, api_error.retry_after_s
-
-
-def portable(outcome: IntakeOutcome) -> IntakeOutcome:
-    """An outcome without what only the engine can hold: the plan (cache claims) and segments."""
-    result = dataclasses.replace(outcome.result, image_segments=(), text_segment=None)
-    return dataclasses.replace(outcome, result=result, plan=None)  # type: ignore[arg-type]
 
 
 class Engine:
@@ -118,6 +106,7 @@ class Engine:
                                      image_decoder(settings, bundle.config.preprocess), state.decode_pool,
                                      device_decoder=device_jpeg_decoder(settings, bundle),
                                      prepared_pixels=lambda content: self._prepared.get(id(content)))
+        self._zero_shot = ZeroShotEngine(state, self._intake, self._prepared)
         self._fault_watchers: set[Callable[..., None]] = set()  # the replies of connections that watch the drills
         # What an API process builds its side from (it loads no weights): packed once, sent on every describe.
         self._description = (state.served_model, pack_tokenizer(bundle.tokenizer))
@@ -152,6 +141,14 @@ class Engine:
                     if block not in attached:
                         attached[block] = AttachedSlots(block, self._input_shape)
                     task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, attached[block], slots, reply))
+                    calls[call_id] = task
+                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
+                    work, arrival_ns, block, slots = message[2:]
+                    if block not in attached:
+                        attached[block] = AttachedSlots(block, self._input_shape)
+                    task = asyncio.ensure_future(self._zero_shot.answer(call_id, work, arrival_ns, attached[block],
+                                                                        slots, reply))
                     calls[call_id] = task
                     task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
                 elif kind == "http":

@@ -1,19 +1,19 @@
-"""Routes an API process hands whole to the engine: ``/v1/classify``, ``/v1/rank``, ``/v1/admin/faults``
-and ``/v1/monitoring/*``.
+"""Routes an API process hands whole to the engine: ``/v1/admin/faults`` and ``/v1/monitoring/*``.
 
-Zero-shot calls plan hundreds of label segments against the cache and
-score on the segments themselves (the engine's tensors), so they run where
-the cache is: the API process reads the body (up to ``max_body_bytes``;
-a larger one goes to its own app, which answers 413 as always) and the
-engine answers it with the single process's app (same keys, limits, answer,
-errors, metrics and latency records), through the app's ASGI interface.
-Fault drills (``POST``/``DELETE /v1/admin/faults``) live in the engine too,
+Fault drills (``POST``/``DELETE /v1/admin/faults``) live in the engine,
 which pushes every change to the API processes (``server.workers.engine_process``),
 so a drill set through any API process's connection holds for all of them,
 with the single process's answers, statuses and admin keys. The latency
 monitor is the engine's alone (every API process sends it its requests'
 records, ``server.workers.engine_monitor``), so its drift state, digests and
-baseline are asked there.
+baseline are asked there. The API process reads the body (up to
+``max_body_bytes``; a larger one goes to its own app, which answers 413 as
+always) and the engine answers it with the single process's app (same keys,
+limits, answers and errors), through the app's ASGI interface.
+
+Inference routes are never forwarded: ``/v1/classify`` and ``/v1/rank`` are
+parsed, tokenized and decoded in the API process like every other one, and
+only their scoring is the engine's (``server.workers.zero_shot_client``).
 
     API process                                   engine
     ("http", id, method, path, headers, body, client)  ->  the app, in process (httpx.ASGITransport)
@@ -29,8 +29,8 @@ from fastapi import FastAPI
 from server.errors import ApiError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-ENGINE_PATHS = frozenset({"/v1/classify", "/v1/rank", "/v1/admin/faults",
-                          "/v1/monitoring/drift", "/v1/monitoring/digests", "/v1/monitoring/baseline"})
+ENGINE_PATHS = frozenset({"/v1/admin/faults", "/v1/monitoring/drift", "/v1/monitoring/digests",
+                          "/v1/monitoring/baseline"})
 
 
 class ForwardToEngine:

@@ -22,7 +22,7 @@ values, whatever its bytes. A dataclass must arrive with exactly the init
 fields the receiver's class has: a field added on one side only fails loudly
 (``FrameDecodeError``) instead of filling in a default. Encoding refuses
 every other type (``TypeError``), torch tensors included: outcomes leave the
-engine as numpy (``server.workers.engine_process.portable``). Packing is
+engine as numpy (``server.workers.engine_answers.portable``). Packing is
 strict about types, so a str-valued enum or an int subclass never passes as
 its base type.
 """
@@ -52,6 +52,8 @@ from router.joint_budget import JointTokens
 from router.request import InferenceResult, Priority, Route
 from router.segments import ImageContent
 from router.tracing import BatchTrace, SpanIds
+from router.zero_shot import TokenizedTexts, ZeroShotOptions
+from server.protocols.zero_shot_run import Pairing, ZeroShotScores, ZeroShotWork
 
 TUPLE, DATACLASS, ENUM, NDARRAY, NUMPY_SCALAR, BIG_INT = 1, 2, 3, 4, 5, 6
 NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: raw bytes say all of them
@@ -65,8 +67,9 @@ MESSAGE_DATACLASSES: tuple[type, ...] = (
     ServedModelFacts, ModelConfig, VisionConfig, TextConfig, FusionConfig, PreprocessConfig,  # a describe's
     ModelDescription, TokenizerFiles,  # answer: all an API process knows of the model (it loads none)
     RequestInputs,  # a request's latency record, for the engine's one monitor
+    ZeroShotWork, ZeroShotOptions, TokenizedTexts, ZeroShotScores,  # a classify or rank call, and its scores
 )
-MESSAGE_ENUMS: tuple[type[enum.Enum], ...] = (Priority, Route, Modality)
+MESSAGE_ENUMS: tuple[type[enum.Enum], ...] = (Priority, Route, Modality, Pairing)
 
 
 def _name(cls: type) -> str:

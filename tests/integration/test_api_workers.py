@@ -243,7 +243,9 @@ def test_one_latency_monitor_holds_every_api_process_requests(workers, decode_lo
 
 
 def test_classify_and_rank_answer_as_the_single_process(workers, single):
-    """The engine answers them whole; the tiny model has no image-text score, so these are its refusals."""
+    """The tiny model has no image-text score: the API process refuses as one process does, from the model's facts.
+
+    (Answers with scores: ``test_api_workers_zero_shot``.)"""
     images = [{"b64": b64(jpeg(seed, (48, 40)))} for seed in (31, 32)]
     for path, body in (("/v1/classify", {"images": images, "labels": ["a cat", "a dog"]}),
                        ("/v1/rank", {"query": "a cat", "candidates": images}),
@@ -255,7 +257,7 @@ def test_classify_and_rank_answer_as_the_single_process(workers, single):
         ours_json, theirs_json = ours.json(), theirs.json()
         ours_json.pop("id", None), theirs_json.pop("id", None)
         assert_same(ours_json, theirs_json)
-    assert zero_shot_requests_counted(workers) == 4  # answered by the engine, counted in the one /metrics
+    assert zero_shot_requests_counted(workers) == 4  # counted in the one /metrics
 
 
 def zero_shot_requests_counted(served) -> float:

@@ -25,6 +25,8 @@ from router.request import InferenceResult, Priority, Route
 from router.segments import ImageContent
 from router.faults import FaultPlan
 from router.tracing import BatchTrace, SpanIds
+from router.zero_shot import TokenizedTexts, ZeroShotOptions
+from server.protocols.zero_shot_run import Pairing, ZeroShotScores, ZeroShotWork
 from server.workers import frame_codec
 from server.workers.frame_codec import DATACLASS, ENUM, NDARRAY, TUPLE, FrameDecodeError, decode, encode
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
@@ -106,14 +108,24 @@ MESSAGES = {
     "describe": ("describe", 4),
     "watch_faults": ("watch_faults", 6),
     "batch_spans": ("batch_spans", 7, [_batch_of(_outcomes()[2])]),
-    "http": ("http", 5, "POST", "/v1/classify?top_k=2", [("content-type", "application/json"), ("x-api-key", "k")],
-             b'{"labels": ["a cat"]}', ("127.0.0.1", 51234)),
+    "zero_shot": ("zero_shot", 8, ZeroShotWork(
+        (ImageContent(encoded=b"\xff\xd8jpeg"), ImageContent(pixels=bytes(range(12)), shape=(2, 2, 3))), (),
+        TokenizedTexts((TokenizedText((2, 70, 3), False, 3), TokenizedText((2, 71, 3), True, 90)),
+                       (SegmentKey(Modality.TEXT, b"\x02" * 32), SegmentKey(Modality.TEXT, b"\x03" * 32))),
+        Pairing.CLASSIFY, "images[{}]", "labels[{}]",
+        ZeroShotOptions("r-9", Priority.HIGH, 500, True, False, SpanIds(2**127 + 5, 2**63 + 7))),
+        1_234_567_890_123, "psm_mmserve_1", [4, None]),
+    "http": ("http", 5, "POST", "/v1/admin/faults", [("content-type", "application/json"), ("x-api-key", "k")],
+             b'{"stage": "vision", "delay_ms": 50}', ("127.0.0.1", 51234)),
     # engine -> API process
     "ok_peek": ("ok", 1, [True, False, False]),
     "ok_run": ("ok", 2, _outcomes()),
     "error_row": ("error", 2, 1, ERROR),
     "error_call": ("error", 2, None, (503, "shutting_down", "the server is draining", None, 1.0)),
     "cancelled": ("cancelled", 2),
+    "ok_zero_shot": ("ok", 8, ZeroShotScores(
+        np.array([[0.25, 0.75]], np.float32), "softmax", tuple(_outcomes()[2:]), ("miss",),
+        {"hit": 1, "miss": 1, "coalesced": 0, "bypass": 0}, 3, {"decode": 40_000, "vision": 9_000, "score": 700})),
     "ok_status": ("ok", 3, (True, True, False)),
     "ok_clear_cache": ("ok", 0, 17),
     "ok_metrics": ("ok", 0, ("# HELP mmserve_requests_total ...\nmmserve_requests_total 3.0\n",

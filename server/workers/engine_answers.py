@@ -1,0 +1,33 @@
+"""What the engine answers with: errors as plain fields, outcomes without what only the engine can hold.
+
+Frames carry no exceptions and no torch tensors (``server.workers.frame_codec``):
+an error goes back as the fields of its ``ApiError`` (status, code, message,
+field, Retry-After), which the API process raises again as the same answer;
+an outcome goes back without its plan (cache claims) and segments (tensors).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from router.intake import IntakeOutcome
+from server.errors import ApiError
+from server.http.error_mapping import api_error_from
+
+logger = logging.getLogger(__name__)
+
+
+def error_fields(error: Exception, call_id: int) -> tuple:
+    """An error as plain fields (frames carry no exceptions: ``server.workers.frame_codec``)."""
+    api_error = api_error_from(error)
+    if api_error is None:
+        logger.error("unexpected error in engine call %d", call_id, exc_info=error)
+        api_error = ApiError(500, "internal_error", "internal error in the engine")
+    return api_error.status, api_error.code, api_error.message, api_error.field, api_error.retry_after_s
+
+
+def portable(outcome: IntakeOutcome) -> IntakeOutcome:
+    """An outcome without what only the engine can hold: the plan (cache claims) and segments."""
+    result = dataclasses.replace(outcome.result, image_segments=(), text_segment=None)
+    return dataclasses.replace(outcome, result=result, plan=None)  # type: ignore[arg-type]

@@ -1,0 +1,109 @@
+"""``state.zero_shot`` in an API process: classify and rank prepared here, scored by the engine.
+
+    texts      tokenized and keyed in this process's decode pool, remembered in a
+               ``TokenMemo`` (``router.zero_shot.tokenize_texts``): the engine tokenizes nothing
+    images     the engine's cache peeked, the others decoded into pixel slots
+               (``EngineClient.decode_into_slots``: a cached image is not decoded)
+    ── both at once; a refused text or image is answered here, named by its field ──
+    zero_shot  ("zero_shot", id, work with tokens and keys, arrival_ns, block, slots; raw pixels
+               decoded here go as their key and length, ``engine_client.raw_pixels_left_behind``)
+               -> the engine plans the texts against its segment cache, encodes the
+                  misses in its text lane, runs the images through its intake with
+                  these pixels, and scores (server.workers.zero_shot_engine)
+               <- ("ok", id, ZeroShotScores): the (N, L) matrix, never the label embeddings
+
+The answer, its errors, its ``cache`` field and its stages are the single
+process's (``server.protocols.zero_shot_run``): the route renders and records
+them as it does there. ``decode`` counts this process's preparing (tokenize,
+peek, decode) plus the engine's (plans, pixels out of their slots), as
+``EngineClient.run`` counts it for every other route. Deadlines count from
+arrival here (``arrival_ns``, one monotonic clock for the machine); a client
+that goes away cancels the call in the engine, and the slots are free once the
+engine has let go of them.
+
+A label's segment key is made here with the engine's fingerprint (the
+catalog of ``describe``), beside its tokens, so the engine neither tokenizes
+nor hashes a label set: both sides key with the same ``router.segments`` code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from concurrent.futures import Executor
+
+from models.tokenizer import TextTokenizer
+from router.errors import IntakeItemError, ShuttingDownError
+from router.intake import IntakeItem
+from router.segments import SegmentCatalog
+from router.zero_shot import MAX_MEMOIZED_TEXTS, TokenizedTexts, TokenMemo, tokenize_texts
+from server.errors import ApiError
+from server.protocols.zero_shot_run import ZeroShotScores, ZeroShotWork, named
+from server.workers.engine_client import EngineClient, counting_this_process, images_left_behind
+
+
+class ZeroShotClient:
+    """Classify and rank for an API process: texts and images prepared here, the rest in the engine.
+
+    Args:
+        client: This process's connection to the engine (slots, drills, in-flight count).
+        tokenizer: The engine's tokenizer, rebuilt here from its files.
+        catalog: Keys only, with the engine's fingerprint (the cache is the engine's).
+        executor: Where texts are tokenized (the decode pool, as for every route).
+    """
+
+    def __init__(self, client: EngineClient, tokenizer: TextTokenizer, catalog: SegmentCatalog, executor: Executor,
+                 *, max_memoized_texts: int = MAX_MEMOIZED_TEXTS) -> None:
+        self._client = client
+        self._tokenizer = tokenizer
+        self._catalog = catalog
+        self._executor = executor
+        self.token_memo = TokenMemo(max_memoized_texts)
+
+    async def score(self, work: ZeroShotWork, arrival_ns: int) -> ZeroShotScores:
+        """The engine's scores for ``work``; a refused item raises here, as one process names it."""
+        client = self._client
+        if client.is_draining:
+            raise ShuttingDownError()
+        client.num_in_flight += 1
+        started_ns = time.perf_counter_ns()
+        taken: list[int] = []
+        try:
+            tokenized, slots = await self._prepare(work, taken)
+            prepare_ns = time.perf_counter_ns() - started_ns
+            sent = work.with_tokens(tokenized, images_left_behind(work.images, slots, self._catalog))
+            kind, fields = await client.call_holding_slots(taken, "zero_shot", sent, arrival_ns, client.slots_name,
+                                                           slots)
+        finally:
+            client.give_back_slots(taken)  # refused before the call (the call gives its own back)
+            client.num_in_flight -= 1
+        if kind != "ok":
+            _, (status, code, message, field, retry_after_s) = fields
+            raise ApiError(status, code, message, field, retry_after_s)
+        scores: ZeroShotScores = fields[0]
+        stage_ns = {**scores.stage_ns, "decode": prepare_ns + scores.stage_ns["decode"]}
+        return dataclasses.replace(
+            scores, stage_ns=stage_ns,
+            outcomes=tuple(counting_this_process(outcome, started_ns, prepare_ns) for outcome in scores.outcomes))
+
+    async def _prepare(self, work: ZeroShotWork, taken: list[int]) -> tuple[TokenizedTexts, list[int | None]]:
+        """Texts tokenized and images in slots, at once; the first refused image, else text, named by its field.
+
+        Each image is its own item, as the single process's intake runs it
+        (``ZeroShotEncoder.encode_images``), so a drill delays it and a bad one
+        is refused as there. Returns each image's slot (``None``: the engine holds it).
+        """
+        options = work.options
+        items = [IntakeItem(request_id=f"{options.request_id}-image-{index}", images=(content,),
+                            priority=options.priority, timeout_ms=options.timeout_ms, use_cache=options.use_cache,
+                            trace=options.trace)
+                 for index, content in enumerate(work.images)]
+        texts = asyncio.wrap_future(self._executor.submit(
+            tokenize_texts, self._tokenizer, self._catalog, self.token_memo, work.texts, options.truncate))
+        images = asyncio.ensure_future(self._client.decode_into_slots(items, taken))
+        decoded, tokenized = await asyncio.gather(images, texts, return_exceptions=True)
+        for outcome, field in ((decoded, work.image_field), (tokenized, work.text_field)):
+            if isinstance(outcome, BaseException):
+                raise (named(outcome, field) if isinstance(outcome, IntakeItemError) else outcome) from outcome
+        return tokenized, [item_slots[0] for item_slots in decoded]  # type: ignore[return-value,union-attr]
