@@ -82,6 +82,7 @@ from router.tracing import BatchTrace
 from server.errors import ApiError
 from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame
 from server.workers.pixel_slots import PixelSlots
+from server.workers.raw_pixels_sent import raw_pixels_left_behind
 
 logger = logging.getLogger(__name__)
 
@@ -371,35 +372,6 @@ class EngineClient:
         except Exception as e:
             error: Exception = ImageItemError(image_index, e) if item.images_as_list else e
             raise IntakeItemError(item_index, error) from e
-
-
-def raw_pixels_left_behind(items: list[IntakeItem], slots: list[list[int | None]],
-                           catalog: SegmentCatalog) -> list[IntakeItem]:
-    """The items as the engine gets them: raw pixels decoded into a slot stay here, their key and length go.
-
-    A raw ``uint8`` upload is as large as its pixels (2.4 MB for 1024x768),
-    and the engine needs only what they give: the model's input (in the slot),
-    the cache key (hashed here) and the facts (shape, length). An image the
-    engine may still decode (no slot: the peek said cached) keeps its bytes.
-    """
-    sent = items
-    for index, (item, item_slots) in enumerate(zip(items, slots)):
-        images = images_left_behind(item.images, item_slots, catalog)
-        if images is not item.images:
-            if sent is items:
-                sent = list(items)
-            sent[index] = dataclasses.replace(item, images=images)
-    return sent
-
-
-def images_left_behind(images: tuple[ImageContent, ...], slots: Sequence[int | None],
-                       catalog: SegmentCatalog) -> tuple[ImageContent, ...]:
-    """``images`` with each raw one that has a slot as its key and length (``raw_pixels_left_behind``); the
-    same tuple when there is none."""
-    if not any(slot is not None and content.pixels for content, slot in zip(images, slots)):
-        return images
-    return tuple(content.left_behind(catalog.image_key(content)) if slot is not None and content.pixels else content
-                 for content, slot in zip(images, slots))
 
 
 def counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:

@@ -6,7 +6,7 @@
                (``EngineClient.decode_into_slots``: a cached image is not decoded)
     ── both at once; a refused text or image is answered here, named by its field ──
     zero_shot  ("zero_shot", id, work with tokens and keys, arrival_ns, block, slots; raw pixels
-               decoded here go as their key and length, ``engine_client.raw_pixels_left_behind``)
+               decoded here go as their key and length, ``server.workers.raw_pixels_sent``)
                -> the engine plans the texts against its segment cache, encodes the
                   misses in its text lane, runs the images through its intake with
                   these pixels, and scores (server.workers.zero_shot_engine)
@@ -40,7 +40,8 @@ from router.segments import SegmentCatalog
 from router.zero_shot import MAX_MEMOIZED_TEXTS, TokenizedTexts, TokenMemo, tokenize_texts
 from server.errors import ApiError
 from server.protocols.zero_shot_run import ZeroShotScores, ZeroShotWork, named
-from server.workers.engine_client import EngineClient, counting_this_process, images_left_behind
+from server.workers.engine_client import EngineClient, counting_this_process
+from server.workers.raw_pixels_sent import images_left_behind
 
 
 class ZeroShotClient:

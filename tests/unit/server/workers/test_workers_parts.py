@@ -21,7 +21,7 @@ from router.segments import ImageContent, SegmentCatalog
 from server.errors import ApiError
 from server.settings import Settings
 from server.workers import handoff
-from server.workers.engine_client import raw_pixels_left_behind
+from server.workers.raw_pixels_sent import raw_pixels_left_behind
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.metrics_view import merge_expositions
