@@ -44,7 +44,6 @@ from server.errors import ApiError
 from server.http.error_mapping import api_error_from
 
 
-
 class Pairing(enum.Enum):
     """Which scores a call wants: classify's (the pipeline's normalisation) or rank's (per pair)."""
 
