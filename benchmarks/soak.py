@@ -97,3 +97,22 @@ def failures_report(samples: Sequence[Sample]) -> str:
     if len(ordered) > MAX_FAILURE_KINDS:
         lines.append(f"  ... {len(ordered) - MAX_FAILURE_KINDS} more kinds")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=0.0, help="requests/s; 0: half of the measured capacity")
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--interval-s", type=float, default=SAMPLE_INTERVAL_S)
+    parser.add_argument("--cache-off", action="store_true",
+                        help="turn the segment cache off, to tell a leak from caches filling")
+    parser.add_argument("--api-workers", type=int, default=1, help="mmserve serve --api-workers N (default 1)")
+    args = parser.parse_args(argv)
+    print(soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off,
+               num_api_workers=args.api_workers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

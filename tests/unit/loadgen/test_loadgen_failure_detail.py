@@ -16,10 +16,13 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
+
 from benchmarks.loadgen.connection_slots import ConnectionSlots
 from benchmarks.loadgen.request_spec import Modality
 from benchmarks.loadgen.runner import OUTCOME_TRANSPORT_ERROR, Sample, Sender, error_code_of, exception_chain
 from benchmarks.soak import failures_report
+from benchmarks.soak import main as soak_main
 
 OVERLOADED_BODY = b'{"error": {"code": "overloaded", "message": "the vision lane is full (64)"}}'
 OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n"
@@ -108,3 +111,11 @@ def test_the_soak_groups_failures_by_outcome_and_detail_numbers_aside_most_first
         "  transport_error: 1, at 7.0 .. 7.0 s; ReadError <- ConnectionResetError",
     ]
     assert failures_report(samples[:1]) == ""
+
+
+def test_the_soak_still_has_its_command_line(capsys):
+    """``python -m benchmarks.soak`` is how BENCHMARKS.md's soaks are run: its entry point must stay."""
+    with pytest.raises(SystemExit) as exited:
+        soak_main(["--help"])
+    assert exited.value.code == 0
+    assert "--api-workers" in capsys.readouterr().out
