@@ -11,56 +11,26 @@ status at N=2 is compared with the single process's for the same request.
 from __future__ import annotations
 
 import base64
-import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
 from encoded_images import b64, encoded_image
-from tests.conftest import ServeProcess, run_serve_process
 from tests.integration.same_answers import assert_same
+from tests.integration.work_logs import Logged, serve_logged
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
-HOOKS = str(Path(__file__).parent / "api_workers_hooks")
 MAX_JOINT_TOKENS = 60
 TOKENIZE_DELAY_S = 0.05
 
 
-@dataclass
-class Logged:
-    """A running server and the files its processes log their work to (one process id a line)."""
-
-    served: ServeProcess
-    tokenize_log: Path
-    pixels_log: Path
-    decode_log: Path
-
-    @property
-    def url(self) -> str:
-        return self.served.url
-
-    def children(self, kind: str) -> set[int]:
-        """The supervisor's children whose command line names ``kind`` (``api_process``, ``engine_process``)."""
-        pids = Path(f"/proc/{self.served.process.pid}/task/{self.served.process.pid}/children").read_text().split()
-        return {int(pid) for pid in pids if kind in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")}
-
-
 def _serve_logged(tmp_path_factory, args: list[str]) -> Iterator[Logged]:
-    directory = tmp_path_factory.mktemp("work")
-    logs = [directory / f"{name}.log" for name in ("tokenize", "pixels", "decode")]
-    for log in logs:
-        log.write_text("")
-    env = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]),
-           "MMSERVE_MAX_JOINT_TOKENS": str(MAX_JOINT_TOKENS), "MMSERVE_TEST_TOKENIZE_DELAY_S": str(TOKENIZE_DELAY_S),
-           "MMSERVE_TEST_TOKENIZE_LOG": str(logs[0]), "MMSERVE_TEST_PIXELS_LOG": str(logs[1]),
-           "MMSERVE_TEST_DECODE_LOG": str(logs[2])}
-    with run_serve_process([*TINY, *args], env) as served:
-        yield Logged(served, *logs)
+    env = {"MMSERVE_MAX_JOINT_TOKENS": str(MAX_JOINT_TOKENS), "MMSERVE_TEST_TOKENIZE_DELAY_S": str(TOKENIZE_DELAY_S)}
+    with serve_logged(tmp_path_factory.mktemp("work"), [*TINY, *args], env) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,54 +25,22 @@ import pytest
 from benchmarks.random_pretrained import write_clip
 from encoded_images import b64, encoded_image
 from otlp_receiver import OtlpReceiver, otlp_receiver
-from tests.conftest import ServeProcess, run_serve_process
+from tests.conftest import run_serve_process
 from tests.integration.same_answers import assert_same
 from tests.integration.test_api_workers_drills_and_traces import CALLER_SPAN_ID, as_int, trace_shape
 from tests.integration.test_zero_shot_api import LIMIT_CASES
+from tests.integration.trained_head_repository import write_tiny_with_a_trained_head
+from tests.integration.work_logs import Logged, serve_logged
 
-HOOKS = str(Path(__file__).parent / "api_workers_hooks")
 LIMITS = {"MMSERVE_MAX_LABELS_PER_REQUEST": "8", "MMSERVE_MAX_CANDIDATES_PER_REQUEST": "4"}
 
 
-@dataclass
-class Logged:
-    """A running server and the files its processes log their work to (one process id a line)."""
-
-    served: ServeProcess
-    tokenize_log: Path
-    decode_log: Path
-    pixels_log: Path
-
-    @property
-    def url(self) -> str:
-        return self.served.url
-
-    def children(self, kind: str) -> set[int]:
-        """The supervisor's children whose command line names ``kind`` (``api_process``, ``engine_process``)."""
-        pid = self.served.process.pid
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-        return {int(child) for child in children
-                if kind in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")}
-
-    def counts(self) -> dict[str, Counter]:
-        """Per log, how many lines each process id wrote so far."""
-        return {name: Counter(int(line) for line in path.read_text().split())
-                for name, path in (("tokenize", self.tokenize_log), ("decode", self.decode_log),
-                                   ("pixels", self.pixels_log))}
-
-
 def _serve(tmp_path_factory, model_dir: Path, receiver: OtlpReceiver, args: list[str]) -> Iterator[Logged]:
-    directory = tmp_path_factory.mktemp("logs")
-    logs = [directory / f"{name}.log" for name in ("tokenize", "decode", "pixels")]
-    for log in logs:
-        log.write_text("")
-    env = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]), **LIMITS,
-           "MMSERVE_TEST_TOKENIZE_LOG": str(logs[0]), "MMSERVE_TEST_DECODE_LOG": str(logs[1]),
-           "MMSERVE_TEST_PIXELS_LOG": str(logs[2]),
-           "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url, "OTEL_BSP_SCHEDULE_DELAY": "50",
+    env = {**LIMITS, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url, "OTEL_BSP_SCHEDULE_DELAY": "50",
            "MMSERVE_TRACE_SAMPLE_RATIO": "1.0", "MMSERVE_TRACE_SLOW_MS": "0"}
-    with run_serve_process(["--model", str(model_dir), "--device", "cpu", *args], env) as served:
-        yield Logged(served, *logs)
+    with serve_logged(tmp_path_factory.mktemp("logs"), ["--model", str(model_dir), "--device", "cpu", *args],
+                      env) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -239,16 +205,7 @@ def test_a_request_that_ends_early_leaves_its_labels_servable(workers, exit_path
 
 
 def test_a_trained_fusion_head_scores_in_the_engine_as_in_one_process(tmp_path):
-    from models.fusion_head_file import FUSION_HEAD_FILE, save_fusion_head
-    from models.loading.repository import build_preset, fingerprint, load_repository, write_repository
-    from models.training.loop import fresh_head
-
-    repository = tmp_path / "tiny"
-    write_repository(repository, build_preset("tiny", seed=0))
-    bundle = load_repository(repository)
-    towers = fingerprint(bundle.model, bundle.tokenizer, bundle.config, skip_prefix="fusion.")
-    save_fusion_head(repository / FUSION_HEAD_FILE, fresh_head(bundle.model.fusion, 7), towers_fingerprint=towers,
-                     is_trained=True)
+    repository = write_tiny_with_a_trained_head(tmp_path / "tiny")
     bodies = [("/v1/classify", {"images": [image(51), image(52)], "labels": ["cat", "a dog", "bicycle"],
                                 "template": "a {}"}),
               ("/v1/rank", {"query": image(51), "candidates": ["cat", "a dog", "bicycle"]}),

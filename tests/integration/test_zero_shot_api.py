@@ -26,6 +26,7 @@ from transformers import (
 from benchmarks.random_pretrained import write_clip, write_siglip
 from server.settings import Settings
 from tests.encoded_images import encoded_image
+from tests.integration.trained_head_repository import write_tiny_with_a_trained_head
 
 TOLERANCE = 1e-5
 LABELS = ["cat", "two dogs", "a red bicycle", "bowl of fruit", "city at night", "一只猫"]
@@ -254,17 +255,9 @@ def test_a_model_without_a_calibrated_score_or_trained_head_is_refused(tiny_serv
 def test_a_trained_fusion_head_answers_with_the_match_score_infer_gives(tmp_path: Path):
     """A tiny mmserve repository with a trained head beside it: classify's and rank's scores are
     ``/v1/infer``'s ``match_score`` of each image with each templated label."""
-    from models.fusion_head_file import FUSION_HEAD_FILE, save_fusion_head
-    from models.loading.repository import build_preset, fingerprint, load_repository, write_repository
-    from models.training.loop import fresh_head
     from tests.conftest import run_live_server
 
-    repository = tmp_path / "tiny"
-    write_repository(repository, build_preset("tiny", seed=0))
-    bundle = load_repository(repository)
-    towers = fingerprint(bundle.model, bundle.tokenizer, bundle.config, skip_prefix="fusion.")
-    save_fusion_head(repository / FUSION_HEAD_FILE, fresh_head(bundle.model.fusion, 7), towers_fingerprint=towers,
-                     is_trained=True)
+    repository = write_tiny_with_a_trained_head(tmp_path / "tiny")
     image, labels = _b64(encoded_image(9)), ["cat", "a dog", "bicycle"]
     with run_live_server(Settings(model=str(repository), device="cpu")) as server, server.client() as client:
         classified = client.post("/v1/classify", json={"image": image, "labels": labels, "template": "a {}"})
