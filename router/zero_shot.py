@@ -31,7 +31,7 @@ import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -202,6 +202,13 @@ class ZeroShotEncoder:
     async def off_loop(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` in the executor (torch and tokenizing never run on the event loop)."""
         return await asyncio.wrap_future(self._executor.submit(work, *args))
+
+    async def timed(self, work: Awaitable[T]) -> tuple[T, int]:
+        """``work``'s result and how long it took (ns), on the clock of this call's other stages (the ``score``
+        stage: wherever the call runs, one process or the engine, its stages are timed here)."""
+        started_ns = self._clock_ns()
+        value = await work
+        return value, self._clock_ns() - started_ns
 
     # -- texts ------------------------------------------------------------------
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -124,9 +123,7 @@ class LocalZeroShot:
 
     async def score(self, work: ZeroShotWork, arrival_ns: int) -> ZeroShotScores:
         images, texts = await self._encode(work, arrival_ns)
-        started_ns = time.perf_counter_ns()
-        matrix, score_kind = await self._matrix(work, images, texts, arrival_ns)
-        score_ns = time.perf_counter_ns() - started_ns
+        (matrix, score_kind), score_ns = await self.encoder.timed(self._matrix(work, images, texts, arrival_ns))
         first = images.outcomes[0]
         stage_ns = dict(first.result.stage_ns)
         stage_ns["decode"] = max([texts.prepare_ns, *(outcome.decode_ns for outcome in images.outcomes)])

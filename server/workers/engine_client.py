@@ -42,7 +42,7 @@ drain read from ``state.router``: ready, alive, draining, in flight, a fault
 ``/v1/classify`` and ``/v1/rank`` prepare their own call
 (``server.workers.zero_shot_client``) with the same two steps: images into
 slots (``decode_into_slots``: the drill, the peek, the decode) and one call
-that holds the slots until the engine answers (``call_holding_slots``).
+that holds the slots until the engine answers, both inside a ``CallInFlight``.
 
 Refusals are the single process's, item for item: that intake prepares every
 item at once and answers with the first refused one by index, each item's
@@ -242,26 +242,17 @@ class EngineClient:
 
     async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list:
         """What ``RequestIntake.run`` answers, computed by the engine; raises what it would raise."""
-        if self.is_draining:
-            raise ShuttingDownError()
-        self.num_in_flight += 1
-        started_ns = time.perf_counter_ns()
-        taken: list[int] = []
-        try:
+        with CallInFlight(self) as call:
             await self._drill_decode(items)
             fitted = await self._texts.fit_all(items)
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
-            slots = await self._decode_missing(items if refused is None else items[:refused], taken)
+            slots = await self._decode_missing(items if refused is None else items[:refused], call.taken)
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
             fitted = raw_pixels_left_behind(fitted, slots, self._catalog)  # type: ignore[arg-type]
-            prepare_ns = time.perf_counter_ns() - started_ns
-            kind, fields = await self.call_holding_slots(taken, "run", fitted, arrival_ns, self._slots.name, slots)
-        finally:
-            self.give_back_slots(taken)  # refused before the call (the call gives its own back)
-            self.num_in_flight -= 1
+            kind, fields = await call.send("run", fitted, arrival_ns, self._slots.name, slots)
         if kind == "ok":
-            return [counting_this_process(outcome, started_ns, prepare_ns) for outcome in fields[0]]
+            return [call.counted(outcome) for outcome in fields[0]]
         row, (status, code, message, field, retry_after_s) = fields
         error = ApiError(status, code, message, field, retry_after_s)
         raise IntakeItemError(row, error) if row is not None else error
@@ -275,9 +266,7 @@ class EngineClient:
         """A ``decode`` drill's delay, then every image the engine does not hold decoded into a slot.
 
         The slot numbers per item and image (``None``: held by the engine);
-        every slot taken is appended to ``taken`` as it is taken, so the caller
-        gives them all back whatever is raised: ``call_holding_slots`` for a
-        call it sends, ``give_back_slots`` when it sends none.
+        each slot is appended to ``taken`` (a ``CallInFlight``'s) as it is taken.
         """
         await self._drill_decode(items)
         return await self._decode_missing(items, taken)
@@ -374,6 +363,36 @@ class EngineClient:
             raise IntakeItemError(item_index, error) from e
 
 
-def counting_this_process(outcome: IntakeOutcome, started_ns: int, prepare_ns: int) -> IntakeOutcome:
-    """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
-    return dataclasses.replace(outcome, decode_ns=prepare_ns + outcome.decode_ns, decode_started_ns=started_ns)
+class CallInFlight:
+    """One call to the engine, from its first preparing step to its answer (a ``with`` block): refused while
+    draining, counted in flight, its preparing here timed (this process's part of ``decode``), and every
+    pixel slot it took (``taken``) given back whatever is raised."""
+
+    __slots__ = ("_client", "started_ns", "prepare_ns", "taken")
+
+    def __init__(self, client: EngineClient) -> None:
+        self._client = client
+        self.started_ns = 0
+        self.prepare_ns = 0
+        self.taken: list[int] = []
+
+    def __enter__(self) -> CallInFlight:
+        if self._client.is_draining:
+            raise ShuttingDownError()
+        self._client.num_in_flight += 1
+        self.started_ns = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._client.give_back_slots(self.taken)  # refused before the call (the call gives its own back)
+        self._client.num_in_flight -= 1
+
+    async def send(self, *message: object) -> tuple[str, list]:
+        """The call, once everything is prepared: the engine's ``ok`` or ``error`` (``call_holding_slots``)."""
+        self.prepare_ns = time.perf_counter_ns() - self.started_ns
+        return await self._client.call_holding_slots(self.taken, *message)
+
+    def counted(self, outcome: IntakeOutcome) -> IntakeOutcome:
+        """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
+        return dataclasses.replace(outcome, decode_ns=self.prepare_ns + outcome.decode_ns,
+                                   decode_started_ns=self.started_ns)

@@ -30,17 +30,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import time
 from concurrent.futures import Executor
 
 from models.tokenizer import TextTokenizer
-from router.errors import IntakeItemError, ShuttingDownError
+from router.errors import IntakeItemError
 from router.intake import IntakeItem
 from router.segments import SegmentCatalog
 from router.zero_shot import MAX_MEMOIZED_TEXTS, TokenizedTexts, TokenMemo, tokenize_texts
 from server.errors import ApiError
 from server.protocols.zero_shot_run import ZeroShotScores, ZeroShotWork, named
-from server.workers.engine_client import EngineClient, counting_this_process
+from server.workers.engine_client import CallInFlight, EngineClient
 from server.workers.raw_pixels_sent import images_left_behind
 
 
@@ -65,28 +64,16 @@ class ZeroShotClient:
     async def score(self, work: ZeroShotWork, arrival_ns: int) -> ZeroShotScores:
         """The engine's scores for ``work``; a refused item raises here, as one process names it."""
         client = self._client
-        if client.is_draining:
-            raise ShuttingDownError()
-        client.num_in_flight += 1
-        started_ns = time.perf_counter_ns()
-        taken: list[int] = []
-        try:
-            tokenized, slots = await self._prepare(work, taken)
-            prepare_ns = time.perf_counter_ns() - started_ns
+        with CallInFlight(client) as call:
+            tokenized, slots = await self._prepare(work, call.taken)
             sent = work.with_tokens(tokenized, images_left_behind(work.images, slots, self._catalog))
-            kind, fields = await client.call_holding_slots(taken, "zero_shot", sent, arrival_ns, client.slots_name,
-                                                           slots)
-        finally:
-            client.give_back_slots(taken)  # refused before the call (the call gives its own back)
-            client.num_in_flight -= 1
+            kind, fields = await call.send("zero_shot", sent, arrival_ns, client.slots_name, slots)
         if kind != "ok":
             _, (status, code, message, field, retry_after_s) = fields
             raise ApiError(status, code, message, field, retry_after_s)
         scores: ZeroShotScores = fields[0]
-        stage_ns = {**scores.stage_ns, "decode": prepare_ns + scores.stage_ns["decode"]}
-        return dataclasses.replace(
-            scores, stage_ns=stage_ns,
-            outcomes=tuple(counting_this_process(outcome, started_ns, prepare_ns) for outcome in scores.outcomes))
+        stage_ns = {**scores.stage_ns, "decode": call.prepare_ns + scores.stage_ns["decode"]}
+        return dataclasses.replace(scores, stage_ns=stage_ns, outcomes=tuple(map(call.counted, scores.outcomes)))
 
     async def _prepare(self, work: ZeroShotWork, taken: list[int]) -> tuple[TokenizedTexts, list[int | None]]:
         """Texts tokenized and images in slots, at once; the first refused image, else text, named by its field.
