@@ -1,7 +1,11 @@
 """Runs one batch of one lane through the model; runs only on the compute thread.
 
 Batches are padded to a warmed shape (batch size, and for text a length
-bucket) so nothing after start-up meets a shape it has not run. The runner
+bucket) so nothing after start-up meets a shape it has not run. On the CPU
+nothing is compiled or captured per shape, so a text batch there is padded
+only to its longest text: padding every text to a power-of-two bucket (a
+35-token text to 64) nearly doubled the text tower's work. The bucket still
+groups texts in the batcher and names the shape the warm-up ran. The runner
 keeps the shapes its warm-up ran; once ``mark_ready`` is called, a batch
 that meets another one reports it through ``on_cold_shape`` (the router
 counts it in ``mmserve_cold_compiles_total{kind="shape"}``), so "nothing
@@ -75,6 +79,8 @@ class BatchRunner:
         self.lane_settings = lane_settings
         fixed_length = self.model.text.fixed_length  # a tower trained on one padded length sees only it
         self.text_buckets = (fixed_length,) if fixed_length else text_length_buckets(bundle.tokenizer.max_tokens)
+        # Shapes cost nothing new on the CPU; a fixed-length tower is padded to its length everywhere.
+        self._pads_texts_to_bucket = self.model.device.type != "cpu" or bool(fixed_length)
         self._serves_match_score = bundle.fusion_head.is_trained
         self.pad_token_id = bundle.tokenizer.pad_token_id
         # Fault drills delay here (StageHook).
@@ -144,9 +150,9 @@ class BatchRunner:
         started = time.perf_counter_ns()
         token_ids = [r.token_ids for r in requests]
         token_ids += [token_ids[-1]] * (padded - len(requests))
-        pad_to = self._bucket(max(len(ids) for ids in token_ids))
-        self._check_shape(("text", padded, pad_to))
-        segments = self.model.encode_texts(token_ids, pad_to=pad_to, pad_token_id=self.pad_token_id)
+        longest = max(len(ids) for ids in token_ids)
+        self._check_shape(("text", padded, self._bucket(longest)))
+        segments = self.model.encode_texts(token_ids, pad_to=self.text_width(longest), pad_token_id=self.pad_token_id)
         self._stage_done("text", started, stage_ns, requests)
         self.num_texts_encoded += len(requests)
         return segments[: len(requests)]
@@ -163,8 +169,12 @@ class BatchRunner:
         self._is_ready = True
 
     def length_bucket(self, num_tokens: int) -> int:
-        """The padded length a text of ``num_tokens`` runs at (the batcher groups by it)."""
+        """The warmed length bucket of a text of ``num_tokens`` (the batcher groups texts by it)."""
         return self._bucket(num_tokens)
+
+    def text_width(self, longest: int) -> int:
+        """The length a text batch whose longest text has ``longest`` tokens is padded to and runs at."""
+        return self._bucket(longest) if self._pads_texts_to_bucket else longest
 
     def run_batch(self, lane: Route, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
         """Compute what each request still needs (segments it lacks, then fusion); raises on failure."""

@@ -182,9 +182,10 @@ class ComputeWorker:
         assert self._batch_tracer is not None
         requests = [p.request for p in runnable]
         results = [o for o in outcomes if not isinstance(o, Exception)]
-        bucket = max((p.length_bucket for p in runnable if p.request.needs_text), default=0)
+        longest = max((len(p.request.token_ids) for p in runnable if p.request.needs_text), default=0)
         trace = self._batch_tracer.record(
             lane.route, lane.settings, self.plan.name, requests, [r.stage_ns for r in results],
-            num_work_items=num_items, padded_size=padded, text_length_bucket=bucket,
+            num_work_items=num_items, padded_size=padded,
+            text_width=self.runner.text_width(longest) if longest else 0,
             started_ns=started_ns, elapsed_ns=elapsed_ns, num_failed=len(outcomes) - len(results))
         return [o if isinstance(o, Exception) else dataclasses.replace(o, batch_trace=trace) for o in outcomes]

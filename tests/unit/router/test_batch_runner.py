@@ -130,3 +130,25 @@ def test_a_mixed_batch_comes_back_in_one_copy_with_the_models_own_answers(tiny_b
             assert result.score is None
         else:
             assert result.score == pytest.approx(float(fused.score), abs=1e-5)
+
+
+def test_on_the_cpu_a_text_batch_runs_at_its_longest_text_and_answers_as_at_its_bucket(tiny_bundle):
+    cold: list[tuple] = []
+    lanes = {route: LaneSettings(max_batch_size=4) for route in Route}
+    runner = BatchRunner(tiny_bundle, lanes, on_cold_shape=cold.append)
+    runner.warm_up()
+    runner.mark_ready()
+    widths: list[int] = []
+    hook = tiny_bundle.model.text.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    try:
+        requests = [InferenceRequest(f"r{n}", token_ids=(2, *range(10, 10 + n), 3), deadline_ns=10**18)
+                    for n in (9, 3)]  # 11 and 5 tokens: bucket 16
+        outcomes = runner.run(Route.TEXT, requests)
+        assert widths == [11]  # not 16
+        assert runner.length_bucket(11) == 16 and cold == []  # the warmed bucket's shape, not a cold one
+        at_bucket = tiny_bundle.model.encode_texts([r.token_ids for r in requests], pad_to=16,
+                                                    pad_token_id=runner.pad_token_id)
+    finally:
+        hook.remove()
+    for outcome, segment in zip(outcomes, at_bucket):
+        np.testing.assert_allclose(outcome.text_embedding, segment.pooled.float().numpy(), atol=1e-5)
