@@ -122,6 +122,11 @@ class TextEncoder(nn.Module):
         self.graph = outcome.graph
         return outcome
 
+    @property
+    def runs_captured_shapes(self) -> bool:
+        """Each shape replays a captured graph: batches must come in the shapes warm-up captured."""
+        return isinstance(self.graph, CapturedForward)
+
     def capture_graphs(self, backend: GraphBackend) -> CapturedForward:
         """Run ``encode`` from a CUDA graph per (batch size, length) from now on (``models.cuda_graphs``).
 

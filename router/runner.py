@@ -2,10 +2,11 @@
 
 Batches are padded to a warmed shape (batch size, and for text a length
 bucket) so nothing after start-up meets a shape it has not run. On the CPU
-nothing is compiled or captured per shape, so a text batch there is padded
-only to its longest text: padding every text to a power-of-two bucket (a
-35-token text to 64) nearly doubled the text tower's work. The bucket still
-groups texts in the batcher and names the shape the warm-up ran. The runner
+nothing is compiled per shape, so a text batch there is padded only to its
+longest text (unless its encoder replays captured graphs): padding every
+text to a power-of-two bucket (a 35-token text to 64) nearly doubled the
+text tower's work. The bucket still groups texts in the batcher and names
+the shape the warm-up ran. The runner
 keeps the shapes its warm-up ran; once ``mark_ready`` is called, a batch
 that meets another one reports it through ``on_cold_shape`` (the router
 counts it in ``mmserve_cold_compiles_total{kind="shape"}``), so "nothing
@@ -79,8 +80,6 @@ class BatchRunner:
         self.lane_settings = lane_settings
         fixed_length = self.model.text.fixed_length  # a tower trained on one padded length sees only it
         self.text_buckets = (fixed_length,) if fixed_length else text_length_buckets(bundle.tokenizer.max_tokens)
-        # Shapes cost nothing new on the CPU; a fixed-length tower is padded to its length everywhere.
-        self._pads_texts_to_bucket = self.model.device.type != "cpu" or bool(fixed_length)
         self._serves_match_score = bundle.fusion_head.is_trained
         self.pad_token_id = bundle.tokenizer.pad_token_id
         # Fault drills delay here (StageHook).
@@ -174,7 +173,11 @@ class BatchRunner:
 
     def text_width(self, longest: int) -> int:
         """The length a text batch whose longest text has ``longest`` tokens is padded to and runs at."""
-        return self._bucket(longest) if self._pads_texts_to_bucket else longest
+        text = self.model.text
+        # A new shape costs nothing on the CPU unless it replays captured graphs; fixed-length towers always pad.
+        if self.model.device.type == "cpu" and not text.runs_captured_shapes and not text.fixed_length:
+            return longest
+        return self._bucket(longest)
 
     def run_batch(self, lane: Route, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
         """Compute what each request still needs (segments it lacks, then fusion); raises on failure."""
