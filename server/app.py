@@ -41,7 +41,8 @@ from server.runtime.garbage_collection import freeze_start_up_objects
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
 from server.http.rate_limit import TokenBucketStore
-from server.http.route_order import documented_routes, match_inference_routes_first
+from server.http.direct_routes import DirectRoutes, DirectRouteTable
+from server.http.route_order import INFERENCE_ROUTES, documented_routes, match_inference_routes_first
 from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
@@ -238,8 +239,11 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
             route = "other"  # not the raw path: anyone could mint label values
         metrics.requests_total.labels(route=route, code=code).inc()
 
+    direct_routes = DirectRouteTable()
+    app.add_middleware(DirectRoutes, table=direct_routes)  # added first: the innermost layer, below every guard
     add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
     for module in (infer, health, admin, v2, openai, zero_shot, monitoring):
         add_routes_of(app, module.router)
     match_inference_routes_first(app)
+    direct_routes.take(app.router.routes, INFERENCE_ROUTES)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

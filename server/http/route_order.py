@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from fastapi import FastAPI
 from starlette.routing import BaseRoute
 
-FIRST_MATCHED: tuple[tuple[str, str], ...] = (
+INFERENCE_ROUTES: tuple[tuple[str, str], ...] = (
     ("POST", "/v1/embeddings"),
     ("POST", "/v1/infer"),
     ("POST", "/v2/models/{model_name:path}/versions/{model_version}/infer"),
@@ -33,7 +33,7 @@ FIRST_MATCHED: tuple[tuple[str, str], ...] = (
     ("POST", "/v1/classify"),
     ("POST", "/v1/rank"),
 )
-_RANK = {key: rank for rank, key in enumerate(FIRST_MATCHED)}
+_RANK = {key: rank for rank, key in enumerate(INFERENCE_ROUTES)}
 _DOCUMENTED = "documented_routes"
 
 
