@@ -136,3 +136,23 @@ class DeviceWork:
         stream = torch.cuda.Stream(self.device, priority=-1 if high_priority else 0)
         with torch.cuda.stream(stream):
             yield
+
+
+class KeepsWeightsPlacement(torch.nn.Module):
+    """An ``nn.Module`` that reads where its weights live (device, dtype) once.
+
+    ``parameters()`` walks the module tree, and every batch asks; the answer
+    changes only when the module is moved or cast (``to``, ``cuda``,
+    ``half``: all through ``_apply``, which forgets it, here or on a parent).
+    """
+
+    def weights_placement(self) -> tuple[torch.device, torch.dtype]:
+        placement = self.__dict__.get("_weights_placement")
+        if placement is None:
+            weight = next(self.parameters())
+            placement = self.__dict__["_weights_placement"] = (weight.device, weight.dtype)
+        return placement
+
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module's own signature
+        self.__dict__.pop("_weights_placement", None)
+        return super()._apply(fn, recurse)

@@ -36,6 +36,7 @@ from torch import nn
 from models.loading.config import ModelConfig
 from models.fusion import LowRankCrossAttention
 from models.cuda_graphs import CapturedForward, GraphBackend
+from models.device import KeepsWeightsPlacement
 from models.device_telemetry import DeviceClock
 from models.graphs import TraceOutcome
 from models.scores import CalibratedScore
@@ -101,7 +102,7 @@ class FusedOutput:
     image_scores: torch.Tensor | None = None
 
 
-class MultimodalModel(nn.Module):
+class MultimodalModel(KeepsWeightsPlacement):
     """Vision + text encoders and the low-rank cross-modal attention."""
 
     def __init__(self, config: ModelConfig, vision: UInt8VisionEncoder, text: TextEncoder, *,
@@ -150,7 +151,7 @@ class MultimodalModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return next(self.parameters()).device
+        return self.weights_placement()[0]
 
     def trace_encoders(self) -> list[TraceOutcome]:
         """Run both encoders as TorchScript graphs where they trace faithfully (``models.graphs``).

@@ -23,6 +23,7 @@ from torch import nn
 from kernels import preprocess_uint8
 from models.loading.config import PreprocessConfig, VisionConfig
 from models.cuda_graphs import CapturedForward, GraphBackend, Tensors
+from models.device import KeepsWeightsPlacement
 from models.graphs import EncoderGraph, TraceOutcome, trace
 
 
@@ -32,7 +33,7 @@ class VisionOutput:
     pooled: torch.Tensor  # (B, d_v)
 
 
-class UInt8VisionEncoder(nn.Module, abc.ABC):
+class UInt8VisionEncoder(KeepsWeightsPlacement, abc.ABC):
     """An image tower fed uint8 images: normalisation on device, then ``features``.
 
     Subclasses hold the tower and say what it gives: ``features`` maps
@@ -62,7 +63,7 @@ class UInt8VisionEncoder(nn.Module, abc.ABC):
         return VisionOutput(tokens=tokens, pooled=pooled)
 
     def parameter_dtype(self) -> torch.dtype:
-        return next(self.parameters()).dtype
+        return self.weights_placement()[1]
 
     @abc.abstractmethod
     def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

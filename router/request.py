@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
@@ -66,15 +67,19 @@ class InferenceRequest:
     def num_images(self) -> int:
         return len(self.images)
 
-    @property
+    @functools.cached_property
     def image_rows_to_encode(self) -> tuple[int, ...]:
-        """Which of its images the vision encoder still has to run."""
+        """Which of its images the vision encoder still has to run.
+
+        Kept once computed (the request is frozen): the scheduler asks for
+        every queued request's work on every admission and batch choice.
+        """
         return tuple(i for i, segment in enumerate(self.image_segments) if segment is None)
 
-    @property
+    @functools.cached_property
     def num_images_to_encode(self) -> int:
         """Its image work: what it counts against a vision batch's cap."""
-        return sum(segment is None for segment in self.image_segments)
+        return len(self.image_rows_to_encode)
 
     @property
     def has_image(self) -> bool:

@@ -4,6 +4,7 @@ import numpy as np
 import torch
 
 from models.device import DeviceWork
+from models.loading.repository import build_preset
 
 
 def test_upload_on_cpu_shares_the_array_unpinned() -> None:
@@ -45,3 +46,12 @@ def test_to_host_keeps_each_shape_across_widths_and_scalars() -> None:
     np.testing.assert_array_equal(host[1], [10, 11, 12])
     assert float(host[2]) == 0.25
     np.testing.assert_array_equal(host[3], np.arange(6))
+
+
+def test_where_the_weights_live_is_read_once_and_follows_a_cast_or_move_of_the_model() -> None:
+    model = build_preset("tiny").model
+    assert model.device == torch.device("cpu") and model.vision.parameter_dtype() == torch.float32
+    model.half()  # a cast on the parent reaches the towers' own _apply
+    assert model.vision.parameter_dtype() == torch.float16 == next(model.vision.parameters()).dtype
+    model.to("meta")
+    assert model.device == torch.device("meta") == next(model.parameters()).device
