@@ -66,6 +66,7 @@ from benchmarks.harness import (
 from benchmarks.harness.cpu_accounting import cpu_by_process_kind
 from benchmarks.harness.server_process import free_port
 from benchmarks.harness.table_layout import align
+from benchmarks.loadgen.server_metrics import parse_metrics_text
 from benchmarks.photo_like import data_uri, photo_like_jpeg
 
 TEXT = "a red bicycle leaning on a sunny wall by the sea"[:40]
@@ -146,6 +147,29 @@ def record_answers(server: ServerProcess, bodies: dict[str, bytes]) -> dict[str,
     return answers
 
 
+def answer_codes(server: ServerProcess) -> dict[str, float] | None:
+    """``mmserve_requests_total`` summed by ``code``, from the server's ``/metrics`` (``None``: the floor has none).
+
+    Scraped outside the CPU meter's window; wrk's own report says only "non-2xx".
+    """
+    try:
+        answer = httpx.get(f"{server.url}/metrics", timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    if answer.status_code != 200:
+        return None
+    codes: dict[str, float] = {}
+    for labels, value in parse_metrics_text(answer.text).select("mmserve_requests_total"):
+        codes[labels.get("code", "?")] = codes.get(labels.get("code", "?"), 0.0) + value
+    return codes
+
+
+def non_200_growth(before: dict[str, float], after: dict[str, float]) -> str:
+    """``"503 x40, 499 x64"``: each non-200 code's growth over a run (499: connections wrk closed at its end)."""
+    grown = {code: after[code] - before.get(code, 0.0) for code in sorted(after) if code != "200"}
+    return ", ".join(f"{code} x{count:.0f}" for code, count in grown.items() if count) or "none"
+
+
 def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files: dict[str, WrkBodies],
             args: argparse.Namespace) -> list[RunResult]:
     results: list[RunResult] = []
@@ -158,17 +182,22 @@ def measure(servers: dict[str, ServerProcess], kinds: Sequence[str], body_files:
             for name in run_order(names, round_index):
                 server = servers[name]
                 with resumed(server):
+                    codes_before = answer_codes(server)
                     split_before = cpu_by_process_kind(server.pid)
                     meter = CpuMeter(server, list(servers.values()))
                     report = run_wrk(server.url, body_files[kind], args.seconds, args.connections)
                     spent = meter.stop()
                     split = cpu_by_process_kind(server.pid)
+                    codes = answer_codes(server)
                 by_process = tuple((process, cpu_s - split_before.get(process, 0.0)) for process, cpu_s in split.items())
                 results.append(RunResult(name, kind, spent.server_s, spent.wall_s, report.num_ok,
                                          report.num_non_2xx + report.num_socket_errors, by_process))
+                errors = ", ".join(f"{count} {what}" for what, count in report.errors_by_kind().items())
+                if errors and codes is not None and codes_before is not None:
+                    errors += f" (the server's own count of its non-200 answers: {non_200_growth(codes_before, codes)})"
                 log(f"{kind} {name}: {report.ok_rps:.0f} answered/s, "
                     f"{1000 * spent.server_s / max(report.num_ok, 1):.3f} CPU ms/req, "
-                    f"other CPUs (wrk not included) {spent.other_cpus:.2f}")
+                    f"other CPUs (wrk not included) {spent.other_cpus:.2f}" + (f"; failed: {errors}" if errors else ""))
     return results
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.frontend import request_bodies
+from benchmarks.frontend import non_200_growth, request_bodies
 from benchmarks.frontend_floor_app import answer_kind
 from benchmarks.frontend_measure import (
     FLOOR, Pooled, RunResult, cpu_budget_ms, pool, run_order, table_rows, workers_speedup,
@@ -35,6 +35,13 @@ def test_wrk_report_counts_answers_errors_and_time():
     assert report.duration_s == pytest.approx(25.07)
     assert report.num_ok == 14900
     assert report.ok_rps == pytest.approx(14900 / 25.07)
+
+
+def test_non_200_growth_names_each_code_that_grew_over_a_run():
+    before = {"200": 10.0, "503": 2.0}
+    after = {"200": 90.0, "503": 42.0, "499": 64.0, "422": 0.0}
+    assert non_200_growth(before, after) == "499 x64, 503 x40"
+    assert non_200_growth(after, after) == "none"
 
 
 def test_wrk_report_in_minutes_and_without_errors():
