@@ -6,10 +6,10 @@ What it sends, each with one ``wrk`` (C, one thread, 64 connections:
 closed-loop, so the servers run saturated) posting one body
 (``benchmarks.harness.wrk_load``). 64, not 16: each connection waits for
 its answer, and an answer from ``--api-workers 2`` crosses two processes
-and a batch, so 16 connections left that server short of work (text: 1.27
-of the 2 cores busy at 16 connections, 1.73 at 64, at the same CPU per
-request, 1.18 against 1.17 ms; 2026-12-03). One process and the floor
-answer about as many requests per second at either count.
+and a batch, so 16 connections left that server short of work (text: 1.41
+of the 2 cores busy at 16 connections, 1.77 at 64; BENCHMARKS.md,
+"API processes", 2026-12-04). One process answered as many requests per
+second at either count.
 
     text    POST /v1/embeddings {"input": "<a 40-character text>"}
     image   POST /v1/embeddings {"input": "data:image/jpeg;base64,<a 224x224 photo-like JPEG, quality 90>"}

@@ -11,12 +11,13 @@ engine core keeps up with about 2.3 (text) to 3.2 (image) API processes, so
 beyond three the engine, not the front end, is what saturates.
 
 Later, with the inference routes called past FastAPI's per-request layers
-and wrk at 64 connections, two API processes answered 1.65x the text
-requests/s of one on 2 CPUs, at 1.22x its CPU per request (the earlier runs,
-at 16 connections: 0.95-1.17x). Two CPUs still default to one process: the gain shows
-only with many clients at once, each request costs a fifth more CPU, an API
-process holds about 800 MiB, and with ``--device auto`` the choice would cost
-every start on 2 CPUs a torch probe. Hence:
+and wrk at 64 connections, two API processes answered 1.37-1.65x the text
+requests/s of one on 2 CPUs, at 1.22-1.48x its CPU per request (at 16
+connections 1.22x; 0.95-1.17x in the earlier runs). Two CPUs still default
+to one process: the gain shows only with many clients at once, each request
+costs a fifth to a half more CPU, an API process holds about 800 MiB, and
+with ``--device auto`` the choice would cost every start on 2 CPUs a torch
+probe. Hence:
 
     a CPU device                 1    the model's compute wants every core; an API process would take them
     an accelerator, <= 2 CPUs    1    measured above: the split pays on two cores only under many clients
