@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     image_work_nice: int = Field(
         10, ge=0, le=19, description="CPU nice added to the threads doing image work (the vision/fusion compute "
         "thread, the decode pool), so text and request handling go first while both have work (Linux; 0: off).")
+    api_process_nice: int = Field(
+        5, ge=0, le=19, description="With --api-workers N > 1, CPU nice added to every API process, so the one "
+        "engine, which every request passes, gets the cores first while both have work (Linux; 0: off).")
 
     # -- segment cache -------------------------------------------------------------
     cache_image_bytes: int = Field(

@@ -7,6 +7,7 @@ the text-too-long refusal included (its token count is the CLIP tokenizer's,
 which an API process only has from the engine). Then the weights file is
 taken away and an API process is killed: the one the supervisor starts in
 its place becomes ready and answers, which it could not if it read weights.
+The API processes also run below the engine's CPU priority (``api_process_nice``).
 """
 
 from __future__ import annotations
@@ -73,6 +74,22 @@ def test_the_supervisor_holds_no_torch_only_the_engine_does(workers):
     engine = {pid for pid in _children(supervisor) if b"engine_process" in Path(f"/proc/{pid}/cmdline").read_bytes()}
     assert len(engine) == 1 and _maps_torch(engine.pop())
     assert not _maps_torch(supervisor)
+
+
+def _nice_of_threads(process_id: int) -> set[int]:
+    return {os.getpriority(os.PRIO_PROCESS, int(thread)) for thread in os.listdir(f"/proc/{process_id}/task")}
+
+
+def test_api_processes_yield_the_cores_to_the_engine(workers):
+    """Every thread of an API process, those its imports started too, runs at ``api_process_nice`` (5) above
+    the supervisor; the engine's main thread, which every request's batch passes, does not."""
+    supervisor = workers.process.pid
+    base = os.getpriority(os.PRIO_PROCESS, supervisor)
+    engine = next(pid for pid in _children(supervisor)
+                  if b"engine_process" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    assert os.getpriority(os.PRIO_PROCESS, engine) == base
+    for api_process in _api_processes(workers):
+        assert _nice_of_threads(api_process) == {min(base + 5, 19)}, api_process
 
 
 def _infer(url: str, body: dict) -> httpx.Response:
