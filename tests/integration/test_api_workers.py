@@ -24,6 +24,7 @@ from PIL import Image
 from encoded_images import b64, encoded_image
 from tests.conftest import run_serve_process
 from tests.integration.same_answers import assert_same
+from tests.integration.work_logs import send_until_both_api_processes_worked
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
 HOOKS = str(Path(__file__).parent / "api_workers_hooks")
@@ -189,11 +190,13 @@ def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, singl
     count_before = (sample(scrape, 'mmserve_stage_latency_seconds_count{route="vision",stage="total"}')
                     if 'mmserve_stage_latency_seconds_count{route="vision"' in scrape else 0.0)
     decode_log.write_text("")
-    num_requests = 24
-    for seed in range(100, 100 + num_requests):  # a new image each: each is decoded where it was answered
-        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(seed, (64, 48)))}},
+
+    def send(index: int) -> None:  # a new image each: each is decoded where it was answered
+        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(100 + index, (64, 48)))}},
                             headers={"Connection": "close"}, timeout=60)
         assert answer.status_code == 200
+
+    num_requests = send_until_both_api_processes_worked(send, decode_log, at_least=24)
     answering = decode_log.read_text().split()
     assert len(answering) == num_requests
     assert len(set(answering)) == 2, "both API processes answered some requests"
@@ -225,11 +228,13 @@ def test_one_latency_monitor_holds_every_api_process_requests(workers, decode_lo
     """Drift is judged once, on all the traffic: the digests and drift state are the same from any process."""
     before = lifetime_count(httpx.get(f"{workers.url}/v1/monitoring/digests").json(), "vision", "total")
     decode_log.write_text("")
-    num_requests = 16
-    for seed in range(200, 200 + num_requests):
-        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(seed, (64, 48)))}},
+
+    def send(index: int) -> None:
+        answer = httpx.post(f"{workers.url}/v1/infer", json={"image": {"b64": b64(jpeg(200 + index, (64, 48)))}},
                             headers={"Connection": "close"}, timeout=60)
         assert answer.status_code == 200
+
+    num_requests = send_until_both_api_processes_worked(send, decode_log, at_least=16)
     assert len(set(decode_log.read_text().split())) == 2, "both API processes answered some requests"
     time.sleep(1.5)  # the records have reached the engine's monitor and been folded
     drift_states = []

@@ -20,6 +20,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from encoded_images import b64, encoded_image
 from otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.conftest import run_serve_process
+from tests.integration.work_logs import send_until_both_api_processes_worked
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--enable-fault-injection"]
 HOOKS = str(Path(__file__).parent / "api_workers_hooks")
@@ -96,21 +97,26 @@ def test_a_decode_drill_set_through_one_connection_delays_both_api_processes_unt
     assert set_drill.status_code == 200 and set_drill.json()["active"][0]["stage"] == "decode"
     decode_log.write_text("")
     try:
-        for seed in range(16):  # a new image each: decoded by the API process that answered it
+        def send_delayed(index: int) -> None:  # a new image each: decoded by the API process that answered it
             started_s = time.monotonic()
-            answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(200 + seed)}})
+            answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(200 + index)}})
             assert answer.status_code == 200, answer.text
             assert answer.json()["timings_ms"]["decode"] >= DRILL_MS
             assert time.monotonic() - started_s >= DRILL_MS / 1000
+
+        send_until_both_api_processes_worked(send_delayed, decode_log, at_least=16, at_most=90)
         delayed_by = set(decode_log.read_text().split())
         assert len(delayed_by) == 2, "both API processes answered some of the delayed requests"
     finally:
         cleared = faults_call(workers.url, "DELETE", ADMIN)
     assert cleared.status_code == 200 and cleared.json() == {"active": []}
     decode_log.write_text("")
-    for seed in range(16):
-        answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(300 + seed)}})
+
+    def send_undelayed(index: int) -> None:
+        answer = fresh_connection_infer(workers.url, {"image": {"b64": jpeg(300 + index)}})
         assert answer.status_code == 200 and answer.json()["timings_ms"]["decode"] < DRILL_MS
+
+    send_until_both_api_processes_worked(send_undelayed, decode_log, at_least=16, at_most=90)
     assert len(set(decode_log.read_text().split())) == 2
 
 
@@ -190,13 +196,17 @@ def test_a_requests_spans_from_both_processes_have_one_process_structure(workers
     assert {span.resource["mmserve.process"] for span in batch_spans} == {"engine"}
 
 
-def test_stage_spans_last_what_the_answer_says_and_each_api_process_exports_its_own(workers, receiver):
+def test_stage_spans_last_what_the_answer_says_and_each_api_process_exports_its_own(workers, receiver, decode_log):
     answers = []
-    for seed in range(16):
-        answer = fresh_connection_infer(workers.url, {"text": "a photo", "image": {"b64": jpeg(400 + seed)},
+
+    def send(index: int) -> None:
+        answer = fresh_connection_infer(workers.url, {"text": "a photo", "image": {"b64": jpeg(400 + index)},
                                                       "use_cache": False})
         assert answer.status_code == 200
         answers.append(answer)
+
+    decode_log.write_text("")
+    send_until_both_api_processes_worked(send, decode_log, at_least=16, at_most=90)
     trace_ids = {int(answer.headers["traceparent"].split("-")[1], 16): answer for answer in answers}
     spans = receiver.wait_for_spans(lambda spans: all(trace_shape(spans, trace_id) for trace_id in trace_ids))
     pids = set()

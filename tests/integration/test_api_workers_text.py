@@ -20,7 +20,7 @@ import pytest
 
 from encoded_images import b64, encoded_image
 from tests.integration.same_answers import assert_same
-from tests.integration.work_logs import Logged, serve_logged
+from tests.integration.work_logs import Logged, send_until_both_api_processes_worked, serve_logged
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
 MAX_JOINT_TOKENS = 60
@@ -129,11 +129,13 @@ def test_texts_are_tokenized_once_and_only_in_an_api_process(workers):
     assert len(api_processes) == 2 and len(engine) == 1
     workers.tokenize_log.write_text("")
     workers.decode_log.write_text("")
-    num_texts = 0
-    for seed in range(20, 30):  # new connections: both API processes answer some of them
+
+    def send(index: int) -> None:  # new connections: either API process answers each
+        seed = 20 + index
         assert post(workers, "/v1/infer", {"text": f"text number {seed}"}).status_code == 200
         assert post(workers, "/v1/infer", {"text": f"caption {seed}", "image": image(seed)}).status_code == 200
-        num_texts += 2
+
+    num_texts = 2 * send_until_both_api_processes_worked(send, workers.tokenize_log, at_least=10, at_most=20)
     refused = post(workers, "/v1/infer", {"text": OVER_BESIDE_ONE_IMAGE, "image": image(40)})
     assert refused.status_code == 422
     tokenized_by = [int(pid) for pid in workers.tokenize_log.read_text().split()]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,3 +58,22 @@ def serve_logged(log_directory: Path, args: list[str], env: Mapping[str, str] = 
               "MMSERVE_TEST_PIXELS_LOG": str(pixels_log), **env}
     with run_serve_process(args, hooked) as served:
         yield Logged(served, tokenize_log, decode_log, pixels_log)
+
+
+def send_until_both_api_processes_worked(send: Callable[[int], object], log: Path, *, at_least: int,
+                                          at_most: int = 96) -> int:
+    """Call ``send(0)``, ``send(1)``, … until ``log`` names two processes (at least ``at_least`` calls); how many.
+
+    Each request goes on a new connection, which either API process may accept:
+    both wait on the one listening socket, the kernel wakes both, and the one
+    that calls accept() first takes it. Which one wins is the scheduler's
+    choice, and on a quiet machine one process can win sixteen in a row (CI saw
+    it; a long-running server drifts towards one winner). A test that needs
+    both processes to have done some of the work sends more until they have,
+    up to ``at_most``, and asserts on the log afterwards.
+    """
+    sent = 0
+    while sent < at_least or (len(set(log.read_text().split())) < 2 and sent < at_most):
+        send(sent)
+        sent += 1
+    return sent
