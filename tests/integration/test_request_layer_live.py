@@ -110,7 +110,9 @@ def test_an_endpoint_with_its_own_run_is_one_record_with_its_stages(live_server_
     assert answer.status_code == 200, answer.text
     assert answer.json()["longest"] == 1
     timings = answer.json()["timings_ns"]
-    assert set(timings) == {"pick", "total"} and 20e6 <= timings["pick"] <= timings["total"]
+    # The 20 ms sleep is in "pick", give or take uvloop's timer: libuv counts in whole milliseconds from a
+    # clock it reads once per loop turn, so a sleep can end up to 1 ms early by perf_counter (19.55 ms seen).
+    assert set(timings) == {"pick", "total"} and 19e6 <= timings["pick"] <= timings["total"]
     for response in (answer, refused):
         assert re.fullmatch(r"[0-9a-f]{32}", response.headers["X-Request-ID"])
     assert refused.status_code == 422
