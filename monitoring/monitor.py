@@ -78,6 +78,10 @@ class Monitor:
         self._records = RecordBuffer(self._config.max_buffered_records)
         self._num_invalid = 0
         self._lock = threading.Lock()
+        # Held from a drain to the add of what it drained (tick, mark_ready, relearn_baseline): a relearn
+        # must not reset between a fold's drain and its add, or records from before it would enter the
+        # new baseline (and a route would be missing until that add). Readers take only ``_lock``.
+        self._fold_lock = threading.Lock()
         self._series: dict[tuple[str, str], StageDigests] = {}  # (route, stage)
         self._inputs: dict[tuple[str, str], InputHistograms] = {}  # (route, stage), once recorded with inputs
         self._stages: dict[str, list[str]] = {}
@@ -131,17 +135,18 @@ class Monitor:
         tests and simulations call it after advancing their clock. Returns
         whether a drift period was evaluated.
         """
-        folded = self._records.drain_and_fold()
-        with self._lock:
-            self._add_locked(folded)
-            now_s = self._clock.monotonic_s()
-            self._rotate_locked(now_s)
-            if now_s + 1e-9 < self._next_period_s:
-                return False
-            num_periods = math.floor((now_s - self._next_period_s) / self._config.period_s + 1e-9) + 1
-            self._next_period_s += num_periods * self._config.period_s
-            self._evaluate_locked()
-            return True
+        with self._fold_lock:
+            folded = self._records.drain_and_fold()  # outside _lock: readers never wait for a fold
+            with self._lock:
+                self._add_locked(folded)
+                now_s = self._clock.monotonic_s()
+                self._rotate_locked(now_s)
+                if now_s + 1e-9 < self._next_period_s:
+                    return False
+                num_periods = math.floor((now_s - self._next_period_s) / self._config.period_s + 1e-9) + 1
+                self._next_period_s += num_periods * self._config.period_s
+                self._evaluate_locked()
+                return True
 
     def start(self) -> None:
         """Start the background folder thread (idempotent)."""
@@ -219,12 +224,13 @@ class Monitor:
 
     def mark_ready(self) -> None:
         """The server is ready: start learning the baseline from now (idempotent)."""
-        folded = self._records.drain_and_fold()
-        with self._lock:
-            self._add_locked(folded)
-            if self._phase is not BaselinePhase.NOT_READY:
-                return
-            self._start_learning_locked()
+        with self._fold_lock:
+            folded = self._records.drain_and_fold()
+            with self._lock:
+                self._add_locked(folded)
+                if self._phase is not BaselinePhase.NOT_READY:
+                    return
+                self._start_learning_locked()
 
     def relearn_baseline(self) -> None:
         """Forget the baseline and learn it again from the next ``baseline_s`` of traffic.
@@ -232,16 +238,17 @@ class Monitor:
         Raises:
             MonitorStateError: the server has not been marked ready yet.
         """
-        folded = self._records.drain_and_fold()
-        with self._lock:
-            self._add_locked(folded)
-            if self._phase is BaselinePhase.NOT_READY:
-                raise MonitorStateError("the baseline is learned after mark_ready(); nothing to relearn yet")
-            for series in self._series.values():
-                series.reset_baseline()
-            for histograms in self._inputs.values():
-                histograms.reset_baseline()
-            self._start_learning_locked()
+        with self._fold_lock:
+            folded = self._records.drain_and_fold()
+            with self._lock:
+                self._add_locked(folded)
+                if self._phase is BaselinePhase.NOT_READY:
+                    raise MonitorStateError("the baseline is learned after mark_ready(); nothing to relearn yet")
+                for series in self._series.values():
+                    series.reset_baseline()
+                for histograms in self._inputs.values():
+                    histograms.reset_baseline()
+                self._start_learning_locked()
 
     def _start_learning_locked(self) -> None:
         # Close the sub-window in progress so the baseline starts exactly now.
