@@ -33,7 +33,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -78,10 +79,7 @@ class Monitor:
         self._records = RecordBuffer(self._config.max_buffered_records)
         self._num_invalid = 0
         self._lock = threading.Lock()
-        # Held from a drain to the add of what it drained (tick, mark_ready, relearn_baseline): a relearn
-        # must not reset between a fold's drain and its add, or records from before it would enter the
-        # new baseline (and a route would be missing until that add). Readers take only ``_lock``.
-        self._fold_lock = threading.Lock()
+        self._fold_lock = threading.Lock()  # a drain and the add of what it drained: see _with_buffer_added
         self._series: dict[tuple[str, str], StageDigests] = {}  # (route, stage)
         self._inputs: dict[tuple[str, str], InputHistograms] = {}  # (route, stage), once recorded with inputs
         self._stages: dict[str, list[str]] = {}
@@ -135,18 +133,31 @@ class Monitor:
         tests and simulations call it after advancing their clock. Returns
         whether a drift period was evaluated.
         """
+        with self._with_buffer_added():
+            now_s = self._clock.monotonic_s()
+            self._rotate_locked(now_s)
+            if now_s + 1e-9 < self._next_period_s:
+                return False
+            num_periods = math.floor((now_s - self._next_period_s) / self._config.period_s + 1e-9) + 1
+            self._next_period_s += num_periods * self._config.period_s
+            self._evaluate_locked()
+            return True
+
+    @contextmanager
+    def _with_buffer_added(self) -> Iterator[None]:
+        """Fold the buffered records, then hold ``_lock`` with them added.
+
+        The fold runs outside ``_lock``, so readers never wait for one; ``_fold_lock``
+        makes the drain and its add one step for the folder thread, ``mark_ready`` and
+        ``relearn_baseline``. Without it a relearn between a fold's drain and its add
+        would reset first, and records from before it would enter the new baseline
+        (and a new route be missing from the drift view until that add).
+        """
         with self._fold_lock:
-            folded = self._records.drain_and_fold()  # outside _lock: readers never wait for a fold
+            folded = self._records.drain_and_fold()
             with self._lock:
                 self._add_locked(folded)
-                now_s = self._clock.monotonic_s()
-                self._rotate_locked(now_s)
-                if now_s + 1e-9 < self._next_period_s:
-                    return False
-                num_periods = math.floor((now_s - self._next_period_s) / self._config.period_s + 1e-9) + 1
-                self._next_period_s += num_periods * self._config.period_s
-                self._evaluate_locked()
-                return True
+                yield
 
     def start(self) -> None:
         """Start the background folder thread (idempotent)."""
@@ -224,13 +235,10 @@ class Monitor:
 
     def mark_ready(self) -> None:
         """The server is ready: start learning the baseline from now (idempotent)."""
-        with self._fold_lock:
-            folded = self._records.drain_and_fold()
-            with self._lock:
-                self._add_locked(folded)
-                if self._phase is not BaselinePhase.NOT_READY:
-                    return
-                self._start_learning_locked()
+        with self._with_buffer_added():
+            if self._phase is not BaselinePhase.NOT_READY:
+                return
+            self._start_learning_locked()
 
     def relearn_baseline(self) -> None:
         """Forget the baseline and learn it again from the next ``baseline_s`` of traffic.
@@ -238,17 +246,14 @@ class Monitor:
         Raises:
             MonitorStateError: the server has not been marked ready yet.
         """
-        with self._fold_lock:
-            folded = self._records.drain_and_fold()
-            with self._lock:
-                self._add_locked(folded)
-                if self._phase is BaselinePhase.NOT_READY:
-                    raise MonitorStateError("the baseline is learned after mark_ready(); nothing to relearn yet")
-                for series in self._series.values():
-                    series.reset_baseline()
-                for histograms in self._inputs.values():
-                    histograms.reset_baseline()
-                self._start_learning_locked()
+        with self._with_buffer_added():
+            if self._phase is BaselinePhase.NOT_READY:
+                raise MonitorStateError("the baseline is learned after mark_ready(); nothing to relearn yet")
+            for series in self._series.values():
+                series.reset_baseline()
+            for histograms in self._inputs.values():
+                histograms.reset_baseline()
+            self._start_learning_locked()
 
     def _start_learning_locked(self) -> None:
         # Close the sub-window in progress so the baseline starts exactly now.
