@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     api_process_nice: int = Field(
         5, ge=0, le=19, description="With --api-workers N > 1, CPU nice added to every API process, so the one "
         "engine, which every request passes, gets the cores first while both have work (Linux; 0: off).")
+    gc_young_threshold: int = Field(
+        10_000, ge=1, description="Container objects allocated (net) between two collections of Python's youngest "
+        "garbage-collector generation, in every process of the server (Python's default: 700, which under load "
+        "collects about a hundred times a second and finds little).")
 
     # -- segment cache -------------------------------------------------------------
     cache_image_bytes: int = Field(

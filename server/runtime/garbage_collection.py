@@ -1,4 +1,4 @@
-"""Keep Python's cyclic garbage collector off the latency tail.
+"""Keep Python's cyclic garbage collector off the latency tail and off the CPU bill.
 
 A loaded server tracks about half a million objects (torch, transformers,
 timm, FastAPI and the model), nearly all of them alive until exit. A full
@@ -10,14 +10,35 @@ stand still, so each one lands on the tail of every request in flight.
 generation the collector never walks; later collections only see what
 requests create. It costs nothing per request. Objects frozen stay alive
 until exit, which is what start-up objects do anyway.
+
+What requests create is then the other cost. Python collects its youngest
+generation each time 700 more container objects exist than at its last
+collection, and requests in flight hold a few thousand (scopes, bodies,
+futures, answers): under wrk's 64 connections one process ran about a
+hundred young and ten middle collections a second, each on whichever thread
+allocated, with the GIL held. They have little to find: a request's objects
+are freed by reference counting once it is answered (at 10,000 not one
+collection ran in the same load). So the young threshold is 10,000
+(``gc_young_threshold``): cycles a request does leave are still collected,
+once that many container objects are pending. BENCHMARKS.md, "Garbage
+collection", measures both.
 """
 
 from __future__ import annotations
 
 import gc
 
+DEFAULT_YOUNG_THRESHOLD = 10_000  # Python's own default is 700
+
 
 def freeze_start_up_objects() -> int:
     """Exempt every object alive now from future collections; returns how many are frozen."""
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def collect_young_objects_after(threshold: int) -> None:
+    """Collect the youngest generation once ``threshold`` more container objects exist than at the last
+    collection; the older generations' thresholds are left as they are."""
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(threshold, middle, oldest)
