@@ -62,3 +62,19 @@ def test_the_vision_tower_pools_before_normalising_and_gives_what_normalising_ev
     torch.testing.assert_close(shortcut.tokens, general.tokens, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(shortcut.pooled, general.pooled, rtol=1e-5, atol=1e-6)
     assert not torch.equal(shortcut.tokens[0], shortcut.tokens[1])  # the images differ, and so do their tokens
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_text_tower_gives_the_masked_mean_of_its_table_rows(dtype):
+    """float32 on the CPU computes in numpy, other dtypes in torch: both are the embedding rows and their masked mean."""
+    times = SyntheticServiceTimes(vision=ServiceTime(0.0, "constant", 0.0), text=ServiceTime(0.0, "constant", 0.0))
+    text = build_preset("synthetic", service_times=times).model.text.to(dtype)
+    input_ids = torch.tensor([[5, 9, 11, 0], [7, 3, 0, 0]])  # right-padded
+    attention_mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    with torch.inference_mode():
+        tokens, pooled = text.encode(input_ids, attention_mask)
+        table = text.model.weight
+    assert tokens.dtype == pooled.dtype == dtype
+    torch.testing.assert_close(tokens, table[input_ids])
+    expected = torch.stack([table[[5, 9, 11]].float().mean(dim=0), table[[7, 3]].float().mean(dim=0)]).to(dtype)
+    torch.testing.assert_close(pooled, expected)
