@@ -159,10 +159,11 @@ class SyntheticTextEncoder(TextEncoder):
 
         Each torch call releases the GIL and must take it back; beside a busy
         event loop that costs a wait and a string of futile wake-ups, more
-        than the arithmetic: one process under wrk answered 1.15-1.2x the
-        text requests per second with these few operations in numpy, whose
-        small calls keep the GIL (BENCHMARKS.md, "Synthetic towers"). Other
-        devices and dtypes (numpy has no bfloat16) take the torch path.
+        than the arithmetic. With these few operations in numpy one process
+        under wrk answered 1.18x the text requests per second (two
+        alternated pairs of runs; BENCHMARKS.md, "The synthetic text tower in
+        numpy"), the measured request path no longer slowed by the tower.
+        Other devices and dtypes (numpy has no bfloat16) take the torch path.
         """
         weight = self.model.weight
         if weight.device.type == "cpu" and weight.dtype == torch.float32:

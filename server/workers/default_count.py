@@ -14,7 +14,9 @@ Later, with the inference routes called past FastAPI's per-request layers
 and wrk at 64 connections, two API processes answered 1.37-1.65x the text
 requests/s of one on 2 CPUs, at 1.22-1.48x its CPU per request (at 16
 connections 1.22x; 0.95-1.17x in the earlier runs), and 1.54-1.75x once the
-API processes ran at nice 5 (``api_process_nice``). Two CPUs still default
+API processes ran at nice 5 (``api_process_nice``); 1.25-1.41x once the
+synthetic text tower stopped slowing one process down (BENCHMARKS.md, "The
+synthetic text tower in numpy"). Two CPUs still default
 to one process: the gain shows only with many clients at once, each request
 costs a fifth to a half more CPU, an API process holds about 800 MiB, and
 with ``--device auto`` the choice would cost every start on 2 CPUs a torch
