@@ -31,8 +31,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.harness import (
-    CpuMeter, ServerProcess, log, machine_line, mmserve_command, resumed, run_wrk, start_paused, utc_now,
-    wrk_path, write_bodies,
+    CpuMeter, ServerProcess, log, machine_line, mmserve_command, resumed, run_wrk, saturation_order, start_paused,
+    utc_now, wrk_path, write_bodies,
 )
 from benchmarks.harness.table_layout import align
 from benchmarks.frontend import TEXT
@@ -127,8 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             with resumed(server):
                 run_wrk(server.url, bodies, args.warmup_s, args.connections)
         for round_index in range(args.rounds):
-            order = args.thresholds if round_index % 2 == 0 else list(reversed(args.thresholds))
-            for threshold in order:
+            for threshold in saturation_order(args.thresholds, round_index):
                 run = measure_once(threshold, servers[threshold], list(servers.values()), stats_files[threshold],
                                    bodies, args)
                 runs.append(run)

@@ -48,7 +48,8 @@ class CollectionCounter:
                 "threshold": list(gc.get_threshold())}
 
 
-def write_totals_forever(counter: CollectionCounter, path: Path) -> None:
+def write_totals(counter: CollectionCounter, path: Path, stopped: threading.Event) -> None:
+    """Write the totals to ``path`` every ``WRITE_INTERVAL_S`` until ``stopped`` (the server: never)."""
     partial = path.with_suffix(".partial")
     reset = path.with_name(path.name + ".reset")
     while True:
@@ -57,13 +58,14 @@ def write_totals_forever(counter: CollectionCounter, path: Path) -> None:
             reset.unlink()
         partial.write_text(json.dumps(counter.totals()))
         partial.replace(path)
-        time.sleep(WRITE_INTERVAL_S)
+        if stopped.wait(WRITE_INTERVAL_S):
+            return
 
 
 if __name__ == "__main__":
     counter = CollectionCounter()
     gc.callbacks.append(counter)
-    threading.Thread(target=write_totals_forever, args=(counter, Path(os.environ["GC_STATS_FILE"])),
+    threading.Thread(target=write_totals, args=(counter, Path(os.environ["GC_STATS_FILE"]), threading.Event()),
                      name="gc-stats-writer", daemon=True).start()
     # As ``python -m server.cli ARGS`` runs it, in this process, where the hook sees its collections;
     # a benchmark imports no server module.

@@ -37,7 +37,7 @@ from router.request import Route
 from router.router import Router
 from router.zero_shot import ZeroShotEncoder
 from server.errors import ApiError
-from server.runtime.garbage_collection import collect_young_objects_after, freeze_start_up_objects
+from server.runtime.garbage_collection import settle_collector_for_requests
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.http.middleware import add_request_guards
 from server.http.rate_limit import TokenBucketStore
@@ -173,8 +173,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
                                         tracer=tracing.request_tracer if tracing is not None else None,
                                         zero_shot=LocalZeroShot(ZeroShotEncoder(router, intake, decode_pool),
                                                                 model.model.score))
-        num_frozen = freeze_start_up_objects()  # the model is loaded: what exists now lives until exit
-        collect_young_objects_after(settings.gc_young_threshold)
+        # The model is loaded: what exists now lives until exit.
+        num_frozen = settle_collector_for_requests(settings.gc_young_threshold)
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
         compile_watch = _watch_cold_compiles(router, metrics)
         router.start()

@@ -31,6 +31,14 @@ import gc
 DEFAULT_YOUNG_THRESHOLD = 10_000  # Python's own default is 700
 
 
+def settle_collector_for_requests(young_threshold: int) -> int:
+    """Once start-up is done (the model loaded, the app built): freeze what exists and collect the young
+    generation after ``young_threshold`` allocations; returns how many objects are frozen."""
+    num_frozen = freeze_start_up_objects()
+    collect_young_objects_after(young_threshold)
+    return num_frozen
+
+
 def freeze_start_up_objects() -> int:
     """Exempt every object alive now from future collections; returns how many are frozen."""
     gc.freeze()

@@ -50,7 +50,7 @@ from router.segments import SegmentCatalog
 from server.app import joint_token_budget, wire_routes
 from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
-from server.runtime.garbage_collection import collect_young_objects_after, freeze_start_up_objects
+from server.runtime.garbage_collection import settle_collector_for_requests
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.log_output import TurnBufferedStreamHandler
 from server.runtime.tracing_setup import TracedProcess, build_tracing
@@ -110,9 +110,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
                             tracer=tracing.request_tracer if tracing is not None else None,
                             zero_shot=ZeroShotClient(client, tokenizer, keys, decode_pool))
         app.state.mmserve = state
-        num_frozen = freeze_start_up_objects()  # torch and the app are imported: they live until exit
+        num_frozen = settle_collector_for_requests(settings.gc_young_threshold)  # torch and the app live until exit
         logger.debug("froze %d start-up objects out of the garbage collector's way", num_frozen)
-        collect_young_objects_after(settings.gc_young_threshold)
         snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry,
                                                                  metrics.request_duration_seconds))
         try:

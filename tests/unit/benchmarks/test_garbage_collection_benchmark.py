@@ -8,7 +8,7 @@ import threading
 import time
 
 from benchmarks.garbage_collection import Run, table
-from benchmarks.gc_counting_serve import CollectionCounter, write_totals_forever
+from benchmarks.gc_counting_serve import CollectionCounter, write_totals
 
 
 def test_the_hook_counts_each_collection_by_generation_with_its_cpu():
@@ -32,13 +32,20 @@ def test_the_writer_publishes_totals_and_starts_the_longest_over_on_reset(tmp_pa
     counter.collections = [3, 2, 1]
     counter.longest_cpu_s = 0.25
     stats = tmp_path / "gc.json"
-    threading.Thread(target=write_totals_forever, args=(counter, stats), daemon=True).start()
-    written = _wait_for(lambda: stats.exists() and json.loads(stats.read_text()))
-    assert written["collections"] == [3, 2, 1] and written["longest_cpu_s"] == 0.25
-    assert written["threshold"] == list(gc.get_threshold())
-    (tmp_path / "gc.json.reset").touch()
-    assert _wait_for(lambda: json.loads(stats.read_text())["longest_cpu_s"] == 0.0)
-    assert not (tmp_path / "gc.json.reset").exists()
+    stopped = threading.Event()
+    writer = threading.Thread(target=write_totals, args=(counter, stats, stopped), daemon=True)
+    writer.start()
+    try:
+        written = _wait_for(lambda: stats.exists() and json.loads(stats.read_text()))
+        assert written["collections"] == [3, 2, 1] and written["longest_cpu_s"] == 0.25
+        assert written["threshold"] == list(gc.get_threshold())
+        (tmp_path / "gc.json.reset").touch()
+        assert _wait_for(lambda: json.loads(stats.read_text())["longest_cpu_s"] == 0.0)
+        assert not (tmp_path / "gc.json.reset").exists()
+    finally:
+        stopped.set()
+        writer.join(5)
+    assert not writer.is_alive()
 
 
 def test_the_table_pools_each_thresholds_runs():
