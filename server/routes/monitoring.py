@@ -44,7 +44,13 @@ async def digests(request: Request) -> Response:
 @router.post("/v1/monitoring/baseline",
              summary="Re-learn the latency baseline from the next drift_baseline_s of traffic.")
 async def relearn_baseline(request: Request) -> JSONResponse:
-    monitor = _state(request).monitor
+    state = _state(request)
+    monitor = state.monitor
+    if state.router.is_ready:
+        # /health/ready answers from the router, and the lifespan marks the monitor ready on its next poll
+        # of it (``mark_ready_when_ready``), up to a poll interval later: a caller who has just seen
+        # /health/ready answer 200 must not be told to wait for it. Marking is idempotent.
+        monitor.mark_ready()
     try:
         monitor.relearn_baseline()
     except MonitorStateError as e:

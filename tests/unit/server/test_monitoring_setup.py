@@ -76,7 +76,7 @@ def test_relearning_before_readiness_is_a_409_and_after_it_restarts_learning():
     app = FastAPI()
     app.add_exception_handler(ApiError, lambda request, error: error.response())
     app.include_router(monitoring_routes.router)
-    app.state.mmserve = SimpleNamespace(monitor=monitor)
+    app.state.mmserve = SimpleNamespace(monitor=monitor, router=SimpleNamespace(is_ready=False))
     with TestClient(app) as client:
         refused = client.post("/v1/monitoring/baseline")
         monitor.mark_ready()
@@ -87,6 +87,21 @@ def test_relearning_before_readiness_is_a_409_and_after_it_restarts_learning():
     assert accepted.status_code == 200 and accepted.json()["baseline"]["phase"] == "learning"
     assert drift.json()["routes"] == {} and drift.json()["baseline"]["phase"] == "learning"
     assert digests.json()["format"] == "mmserve.digests/1" and digests.json()["series"] == []
+
+
+def test_relearning_once_the_router_is_ready_is_accepted_before_the_readiness_poll_marks_the_monitor():
+    """/health/ready follows the router; the monitor is marked on the lifespan's next poll of it. Between the
+    two, a caller who saw /health/ready answer 200 was told 409 "retry once /health/ready answers 200"."""
+    monitor = Monitor(MonitorConfig(), clock=ManualClock())
+    app = FastAPI()
+    app.add_exception_handler(ApiError, lambda request, error: error.response())
+    app.include_router(monitoring_routes.router)
+    app.state.mmserve = SimpleNamespace(monitor=monitor, router=SimpleNamespace(is_ready=True))
+    assert monitor.baseline_phase is BaselinePhase.NOT_READY  # the poll has not run
+    with TestClient(app) as client:
+        accepted = client.post("/v1/monitoring/baseline")
+    assert accepted.status_code == 200 and accepted.json()["baseline"]["phase"] == "learning"
+    assert monitor.baseline_phase is BaselinePhase.LEARNING
 
 
 def test_request_inputs_say_what_the_request_carried():
