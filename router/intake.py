@@ -3,7 +3,8 @@
     intake.run(items, arrival_ns)              (intake.run_one(item, ...) for one)
 
     per item, all at once:
-      prepare      decode pool; a short or tokenized text-only item on the event loop
+      prepare      decode pool; on the event loop an item whose text is short or tokenized
+                   (or absent) and whose images are small (router.inline_decode)
                    "decode" fault drill -> tokenize (unless the item brings
                    its tokens) -> joint-token budget (router.item_text,
                    router.joint_budget) -> plan the segments against the cache
@@ -67,6 +68,7 @@ from models.tokenizer import TextTokenizer, TokenizedText
 from router.device_decode_round import DeviceDecodeRound
 from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
+from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
 from router.item_facts import ItemFacts
 from router.item_text import INLINE_TEXT_MAX_CHARS, fit_item_text
 from router.joint_budget import JointTokenBudget, JointTokens
@@ -196,14 +198,18 @@ class RequestIntake:
         device_decoder: With one (``--decode-device cuda``), the JPEGs the
             plans of one call need are decoded on the device in one batch;
             what it leaves goes to ``decode_image``.
-        inline_text_max_chars: A text-only item this short is prepared on the
-            event loop: a pool hop costs more than tokenizing it.
+        inline_text_max_chars: A text this short is tokenized on the event
+            loop: a pool hop costs more than tokenizing it.
+        inline_image_max_pixels: Images this small (an item's, together) are
+            decoded on the event loop, for the same reason
+            (``router.inline_decode``); 0: every image goes to the pool.
         prepared_pixels: An image's (S, S, 3) model input when another process
             already decoded it (``server.workers``: an API process), else ``None``.
     """
 
     def __init__(self, router: Router, tools: IntakeTools, decode_image: ImageDecoder, executor: Executor, *,
                  faults: FaultInjector | None = None, inline_text_max_chars: int = INLINE_TEXT_MAX_CHARS,
+                 inline_image_max_pixels: int = INLINE_IMAGE_MAX_PIXELS,
                  clock_ns: Callable[[], int] = time.perf_counter_ns,
                  device_decoder: DeviceJpegDecoder | None = None,
                  prepared_pixels: Callable[[ImageContent], np.ndarray | None] | None = None) -> None:
@@ -216,12 +222,14 @@ class RequestIntake:
         self._faults = faults
         self._device_decoder = device_decoder
         self._inline_text_max_chars = inline_text_max_chars
+        self._inline_image_max_pixels = inline_image_max_pixels
         self._clock_ns = clock_ns
         self._prepared_pixels = prepared_pixels
 
     async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
         """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
-        return await self._run_item(item, arrival_ns, _AllPrepared(1), self._device_round(1))
+        return await self._run_item(item, arrival_ns, _AllPrepared(1), self._device_round(1),
+                                    self._images_decode_inline((item,)))
 
     async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list[IntakeOutcome]:
         """Every item's result, in order; all items share ``arrival_ns`` (and so their deadline).
@@ -233,13 +241,14 @@ class RequestIntake:
         """
         gate = _AllPrepared(len(items))
         device_round = self._device_round(len(items))
+        images_inline = self._images_decode_inline(items)
         if len(items) == 1:  # most requests: awaited in the caller's task, no task of its own to start
             try:
-                return [await self._run_item(items[0], arrival_ns, gate, device_round)]
+                return [await self._run_item(items[0], arrival_ns, gate, device_round, images_inline)]
             except Exception as e:
                 raise IntakeItemError(0, e) from e
-        outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate, device_round) for item in items),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate, device_round, images_inline)
+                                          for item in items), return_exceptions=True)
         for item_index, outcome in enumerate(outcomes):
             if isinstance(outcome, _NeighbourRefusedError):
                 continue
@@ -249,17 +258,25 @@ class RequestIntake:
                 raise outcome
         return outcomes  # type: ignore[return-value]  # every one is an IntakeOutcome here
 
+    def _images_decode_inline(self, items: Sequence[IntakeItem]) -> bool:
+        """Whether the call's images, all of its items' together, are small enough to decode on the event loop
+        (``router.inline_decode``); never with drills (a "decode" drill delays the pool) or a device decoder
+        (its JPEGs wait for the call's device batch)."""
+        if self._faults is not None or self._device_decoder is not None:
+            return False
+        return decodes_inline([content for item in items for content in item.images], self._inline_image_max_pixels)
+
     def _device_round(self, num_items: int) -> DeviceDecodeRound | None:
         if self._device_decoder is None:
             return None
         return DeviceDecodeRound(num_items, self._device_decoder, self._executor)
 
     async def _run_item(self, item: IntakeItem, arrival_ns: int, gate: _AllPrepared,
-                        device_round: DeviceDecodeRound | None) -> IntakeOutcome:
+                        device_round: DeviceDecodeRound | None, images_inline: bool) -> IntakeOutcome:
         started_ns = self._clock_ns()
         sent = ItemFacts.sent(item)
         try:
-            prepared = await self._prepare(item, sent.image_encoding, device_round)
+            prepared = await self._prepare(item, sent.image_encoding, device_round, images_inline)
         except BaseException:
             gate.refuse()
             raise
@@ -282,15 +299,21 @@ class RequestIntake:
 
     # -- preparing --------------------------------------------------------------
 
-    def _is_inline(self, item: IntakeItem) -> bool:
-        return self._faults is None and not item.images and (
-            item.tokens is not None or (item.text is not None and len(item.text) <= self._inline_text_max_chars))
+    def _is_inline(self, item: IntakeItem, images_inline: bool) -> bool:
+        """Whether preparing ``item`` costs less than a hop to the pool: its text short (or tokenized, or
+        absent) and its images none, or small with the rest of its call's (``images_inline``). With drills
+        every item takes the pool, which a "decode" drill delays."""
+        if self._faults is not None:
+            return False
+        if item.text is not None and item.tokens is None and len(item.text) > self._inline_text_max_chars:
+            return False
+        return not item.images or images_inline
 
     async def _prepare(self, item: IntakeItem, image_encoding: str | None,
-                       device_round: DeviceDecodeRound | None) -> _Prepared:
+                       device_round: DeviceDecodeRound | None, images_inline: bool) -> _Prepared:
         """Tokenized, planned and every image the plan needs decoded (on the device too, with a round)."""
         try:
-            prepared = await self._prepare_on_host(item, image_encoding, device_round is not None)
+            prepared = await self._prepare_on_host(item, image_encoding, device_round is not None, images_inline)
         except BaseException:
             if device_round is not None:
                 device_round.leave()
@@ -304,8 +327,8 @@ class RequestIntake:
             raise
 
     async def _prepare_on_host(self, item: IntakeItem, image_encoding: str | None,
-                               is_device_decoding: bool) -> _Prepared:
-        if self._is_inline(item):
+                               is_device_decoding: bool, images_inline: bool) -> _Prepared:
+        if self._is_inline(item, images_inline):
             return self._prepare_now(item, image_encoding)
         future = self._executor.submit(self._prepare_now, item, image_encoding, is_device_decoding)
         try:
@@ -325,7 +348,7 @@ class RequestIntake:
         return dataclasses.replace(prepared, images=tuple(images), on_device=())
 
     def _prepare_now(self, item: IntakeItem, image_encoding: str | None, is_device_decoding: bool = False) -> _Prepared:
-        """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop for short texts).
+        """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop: ``_is_inline``).
 
         ``is_device_decoding``: the JPEGs the plan needs are left undecoded
         (``on_device``) for the call's device batch.
@@ -351,7 +374,8 @@ class RequestIntake:
                 and self._device_decoder.accepts(content.encoded))
 
     def _model_input(self, item: IntakeItem, index: int) -> np.ndarray:
-        """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here, off the loop.
+        """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here (a pool thread,
+        or the loop for small images: ``_is_inline``).
 
         For an item that sent a list, a decoder's error is wrapped in
         ``ImageItemError`` so the answer can name the bad image.

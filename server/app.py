@@ -167,7 +167,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         device_decoder = device_jpeg_decoder(settings, model)
         register_device_decode_metrics(registry, device_decoder)
         intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings, model.config.preprocess),
-                               decode_pool, faults=faults, device_decoder=device_decoder)
+                               decode_pool, faults=faults, device_decoder=device_decoder,
+                               inline_image_max_pixels=settings.inline_image_max_pixels)
         app.state.mmserve = ServerState(settings, facts, router, registry, metrics, decode_pool,
                                         monitor=monitor, intake=intake, faults=faults,
                                         tracer=tracing.request_tracer if tracing is not None else None,

@@ -97,7 +97,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         keys = SegmentCatalog(None, facts.fingerprint, facts.preprocess_id)  # type: ignore[arg-type]  # keys only
         client = EngineClient(socket_path, keys, preprocess, image_decoder(settings, preprocess), decode_pool,
-                              slots, texts, faults, is_image_cache_on=settings.cache_image_bytes > 0)
+                              slots, texts, faults, is_image_cache_on=settings.cache_image_bytes > 0,
+                              inline_image_max_pixels=settings.inline_image_max_pixels)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         tracing = build_tracing(settings, facts, process=TracedProcess("api", send_batches=client.send_batch_spans))
         marks = ReadyMarks(run_directory, settings.api_workers)

@@ -75,6 +75,7 @@ from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
 from router.faults import FaultInjector
 from router.image_header import images_encoding
+from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
 from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
 from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
@@ -134,7 +135,8 @@ class EngineClient:
 
     def __init__(self, socket_path: str, catalog: SegmentCatalog, preprocess: PreprocessConfig,
                  decode_image: ImageDecoder, executor: Executor, slots: PixelSlots, texts: ItemTextFitter,
-                 faults: FaultInjector | None = None, is_image_cache_on: bool = True) -> None:
+                 faults: FaultInjector | None = None, is_image_cache_on: bool = True,
+                 inline_image_max_pixels: int = INLINE_IMAGE_MAX_PIXELS) -> None:
         self._socket_path = socket_path
         # With the engine's image cache off nothing can be held there: no keys, no peek round trip.
         self._is_image_cache_on = is_image_cache_on
@@ -144,6 +146,7 @@ class EngineClient:
         self._preprocess = preprocess
         self._decode_image = decode_image
         self._executor = executor
+        self._inline_image_max_pixels = inline_image_max_pixels  # smaller items decode on the loop (intake's rule)
         self._slots = slots
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
@@ -325,7 +328,10 @@ class EngineClient:
                 item_slots.append(slot)
                 work.append((item_index, item, image_index, content, slot))
             slots.append(item_slots)
-        if work:
+        if work and self._faults is None and decodes_inline([job[3] for job in work], self._inline_image_max_pixels):
+            for job in work:  # together small enough that a hop to the pool costs more (router.inline_decode)
+                self._decode_into(*job)
+        elif work:
             jobs: list[Future] = []
             try:
                 for job in work:

@@ -105,7 +105,8 @@ class Engine:
         self._intake = RequestIntake(state.router, IntakeTools.of(bundle, state.router.budget),
                                      image_decoder(settings, bundle.config.preprocess), state.decode_pool,
                                      device_decoder=device_jpeg_decoder(settings, bundle),
-                                     prepared_pixels=lambda content: self._prepared.get(id(content)))
+                                     prepared_pixels=lambda content: self._prepared.get(id(content)),
+                                     inline_image_max_pixels=settings.inline_image_max_pixels)
         self._zero_shot = ZeroShotEngine(state, self._intake, self._prepared)
         self._fault_watchers: set[Callable[..., None]] = set()  # the replies of connections that watch the drills
         # What an API process builds its side from (it loads no weights): packed once, sent on every describe.

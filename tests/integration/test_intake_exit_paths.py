@@ -6,6 +6,10 @@ image sent while the owner decodes (coalesced onto the owner's claim). Then
 the owner leaves by one exit path: a bad image, a passed deadline, a client
 that disconnects, a draining server, or a model that raises. The waiter must
 get an answer within its client timeout, and no claim may be left in flight.
+
+The images go through the decode pool (``inline_image_max_pixels=0``): a
+small image is otherwise decoded on the event loop, where the slowed decode
+would hold the waiter's request too, and no waiter could arrive meanwhile.
 """
 
 from __future__ import annotations
@@ -83,7 +87,7 @@ def _check_coalesced_and_settled(live, coalesced_before: float) -> None:
 
 def test_a_bad_image_fails_its_owner_and_its_waiter_without_a_hang(live_server_factory, slow_decode):
     broken = encoded_image(1)[:90]
-    with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
+    with live_server_factory(decode_threads=4, inline_image_max_pixels=0) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
         owner, waiter = _owner_then_waiter(live, pool, _body(broken), _body(broken))
@@ -94,7 +98,7 @@ def test_a_bad_image_fails_its_owner_and_its_waiter_without_a_hang(live_server_f
 
 def test_an_owner_past_its_deadline_hands_the_image_to_its_waiter(live_server_factory, slow_decode):
     image = encoded_image(2)
-    with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
+    with live_server_factory(decode_threads=4, inline_image_max_pixels=0) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
         owner, waiter = _owner_then_waiter(live, pool, _body(image, timeout_ms=100), _body(image, text="late"))
@@ -109,7 +113,7 @@ def test_an_owner_past_its_deadline_hands_the_image_to_its_waiter(live_server_fa
 
 def test_an_owner_whose_client_disconnects_hands_the_image_to_its_waiter(live_server_factory, slow_decode):
     image = encoded_image(3)
-    with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
+    with live_server_factory(decode_threads=4, inline_image_max_pixels=0) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
         # The owner's client gives up while its image still decodes, and closes the connection.
@@ -124,7 +128,7 @@ def test_an_owner_whose_client_disconnects_hands_the_image_to_its_waiter(live_se
 
 def test_a_draining_server_answers_owner_and_waiter_and_keeps_no_claim(live_server_factory, slow_decode):
     image = encoded_image(4)
-    with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
+    with live_server_factory(decode_threads=4, inline_image_max_pixels=0) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
         owner, waiter = _owner_then_waiter(live, pool, _body(image), _body(image))
@@ -138,7 +142,7 @@ def test_a_draining_server_answers_owner_and_waiter_and_keeps_no_claim(live_serv
 def test_a_model_error_reaches_owner_and_waiter_and_keeps_no_claim(live_server_factory, slow_decode, tiny_bundle,
                                                                    monkeypatch):
     image = encoded_image(5)
-    with live_server_factory(decode_threads=4) as live, ThreadPoolExecutor(2) as pool:
+    with live_server_factory(decode_threads=4, inline_image_max_pixels=0) as live, ThreadPoolExecutor(2) as pool:
         with live.client() as client:
             before = _coalesced_images(client)
 

@@ -50,7 +50,7 @@ def test_with_one_shared_executor_the_text_request_waits_for_the_vision_batch(li
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread nice values are a Linux notion")
 def test_image_work_runs_at_the_configured_lower_priority(live_server_factory):
     base_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    with live_server_factory(image_work_nice=4, decode_threads=1) as server, server.client() as client:
+    with live_server_factory(image_work_nice=4, decode_threads=1, inline_image_max_pixels=0) as server, server.client() as client:
         assert client.post("/v1/infer", json={"image": {"b64": IMAGE_B64}}).status_code == 200  # starts a decode thread
         threads = {thread.name: thread.native_id for thread in threading.enumerate()}
         names = ("mmserve-text", "mmserve-image", "mmserve-decode_0")

@@ -38,13 +38,13 @@ def _latency_behind_a_stalled_decode(live, text: str) -> float:
 
 def test_a_short_text_is_answered_while_the_decode_pool_is_busy(live_server_factory, monkeypatch):
     _slow_decode(monkeypatch)
-    with live_server_factory(decode_threads=1, cache_image_bytes=0) as live:
+    with live_server_factory(decode_threads=1, cache_image_bytes=0, inline_image_max_pixels=0) as live:
         elapsed_s = _latency_behind_a_stalled_decode(live, "short and sweet")
     assert elapsed_s < DECODE_STALL_S / 2, f"the text waited {elapsed_s:.2f} s for the image decode"
 
 
 def test_a_long_text_still_goes_through_the_pool(live_server_factory, monkeypatch):
     _slow_decode(monkeypatch)
-    with live_server_factory(decode_threads=1, cache_image_bytes=0) as live:
+    with live_server_factory(decode_threads=1, cache_image_bytes=0, inline_image_max_pixels=0) as live:
         elapsed_s = _latency_behind_a_stalled_decode(live, "x " * INLINE_TEXT_MAX_CHARS)
     assert elapsed_s > (DECODE_STALL_S - 0.3) * 0.8, f"the long text took only {elapsed_s:.2f} s"

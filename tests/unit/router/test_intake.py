@@ -57,10 +57,10 @@ class FakeDecoder:
 
 
 class NoPool(Executor):
-    """An executor that must not be used: short texts are prepared on the event loop."""
+    """An executor that must not be used: short texts and small images are prepared on the event loop."""
 
     def submit(self, fn, /, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003 - Executor's signature
-        raise AssertionError("a short text went to the pool")
+        raise AssertionError("an item meant for the event loop went to the pool")
 
 
 def _item(name: str, *, text: str | None = None, image: bytes | None = None, **options: object) -> IntakeItem:
@@ -233,6 +233,34 @@ def test_short_texts_stay_on_the_loop_and_everything_else_goes_to_the_pool(make_
             _item("l", text="x" * (INLINE_TEXT_MAX_CHARS + 1), truncate=True), _now()))
     with pytest.raises(AssertionError, match="went to the pool"):  # a decode drill must delay every item
         asyncio.run(_intake(router, FakeDecoder(), NoPool(), faults=FaultInjector()).run_one(short, _now()))
+    assert router.cache.num_in_flight == 0
+
+
+def test_small_images_are_decoded_on_the_loop_and_a_call_over_the_limit_in_the_pool(make_router, pool):
+    """The limit counts a call's images together, from their headers (router.inline_decode)."""
+    from encoded_images import encoded_image
+
+    router = make_router()
+    small = encoded_image(1, (40, 30), "PNG")  # 1,200 pixels
+    decoder = FakeDecoder()
+    outcome = asyncio.run(_intake(router, decoder, NoPool(), inline_image_max_pixels=1_200).run_one(
+        _item("s", image=small), _now()))
+    assert outcome.result.image_embedding is not None and decoder.num_calls == 1
+    pair = [_item("a", image=small), _item("b", image=encoded_image(2, (40, 30), "PNG"))]
+    outcomes = asyncio.run(_intake(router, FakeDecoder(), NoPool(), inline_image_max_pixels=2_400).run(pair, _now()))
+    assert all(outcome.result.image_embedding is not None for outcome in outcomes)
+    refused = [  # each on the pool's side: one pixel over, two over together, a drill, a long text beside it
+        (dict(inline_image_max_pixels=1_199), [_item("s2", image=small)]),
+        (dict(inline_image_max_pixels=2_399), pair),
+        (dict(inline_image_max_pixels=1_200, faults=FaultInjector()), [_item("s3", image=small)]),
+        (dict(inline_image_max_pixels=1_200),
+         [_item("t", text="x" * (INLINE_TEXT_MAX_CHARS + 1), image=small, truncate=True)]),
+    ]
+    for options, items in refused:
+        with pytest.raises((AssertionError, IntakeItemError), match="went to the pool"):
+            asyncio.run(_intake(router, FakeDecoder(), NoPool(), **options).run(items, _now()))
+    outcomes = asyncio.run(_intake(router, FakeDecoder(), pool, inline_image_max_pixels=2_399).run(pair, _now()))
+    assert all(outcome.result.image_embedding is not None for outcome in outcomes)  # the pool's path answers too
     assert router.cache.num_in_flight == 0
 
 

@@ -38,7 +38,8 @@ def test_a_running_decode_keeps_its_slot_until_it_is_done_and_a_queued_one_gives
     pool = ThreadPoolExecutor(1)  # one thread: the second image's decode waits in the queue
     client = EngineClient("/nonexistent", SegmentCatalog(None, "fp", "size=8"),  # type: ignore[arg-type]
                           PreprocessConfig(input_size=8, resize_size=8), held_decoder, pool, slots,
-                          texts=None, is_image_cache_on=False)  # type: ignore[arg-type]  # no peek: no engine
+                          texts=None, is_image_cache_on=False,  # type: ignore[arg-type]  # no peek: no engine
+                          inline_image_max_pixels=0)  # the pool's path, whatever the images' size
     items = [IntakeItem(f"r-{seed}", images=(ImageContent(encoded=encoded_image(seed, (12, 10), "PNG")),))
              for seed in (1, 2)]
     taken: list[int] = []
