@@ -16,7 +16,9 @@ limit counts an item's images together, from their headers (no decode):
     otherwise (or 0 as the limit)                                            the pool
 
 Both the intake (one process, or the engine) and an API process in front of
-an engine (``server.workers.engine_client``) decide by ``decodes_inline``.
+an engine (``server.workers.engine_client``) decide by ``decodes_inline``. The
+engine counts only the images it must decode itself: those an API process
+decoded are picked up on its loop whatever their size (``RequestIntake``).
 """
 
 from __future__ import annotations

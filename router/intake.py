@@ -261,10 +261,19 @@ class RequestIntake:
     def _images_decode_inline(self, items: Sequence[IntakeItem]) -> bool:
         """Whether the call's images, all of its items' together, are small enough to decode on the event loop
         (``router.inline_decode``); never with drills (a "decode" drill delays the pool) or a device decoder
-        (its JPEGs wait for the call's device batch)."""
+        (its JPEGs wait for the call's device batch).
+
+        Images another process already decoded (``prepared_pixels``: the engine behind API processes) count
+        for nothing whatever their size: picking them up is a lookup, which a hop to the pool would only
+        make dearer, on the one process every request passes.
+        """
         if self._faults is not None or self._device_decoder is not None:
             return False
-        return decodes_inline([content for item in items for content in item.images], self._inline_image_max_pixels)
+        to_decode = [content for item in items for content in item.images if not self._is_prepared(content)]
+        return not to_decode or decodes_inline(to_decode, self._inline_image_max_pixels)
+
+    def _is_prepared(self, content: ImageContent) -> bool:
+        return self._prepared_pixels is not None and self._prepared_pixels(content) is not None
 
     def _device_round(self, num_items: int) -> DeviceDecodeRound | None:
         if self._device_decoder is None:

@@ -264,6 +264,26 @@ def test_small_images_are_decoded_on_the_loop_and_a_call_over_the_limit_in_the_p
     assert router.cache.num_in_flight == 0
 
 
+def test_images_another_process_decoded_are_picked_up_on_the_loop_whatever_their_size(make_router):
+    """The engine behind API processes: its images arrive decoded, and a lookup is no reason for a hop."""
+    from encoded_images import encoded_image
+
+    router = make_router()
+    size = router.bundle.config.preprocess.input_size
+    large, other = encoded_image(3, (640, 480), "JPEG"), encoded_image(4, (640, 480), "JPEG")  # 307,200 px each
+    prepared = {large: np.full((size, size, 3), 7, np.uint8)}  # what an API process decoded into its slot
+
+    def intake(executor: Executor) -> RequestIntake:
+        return _intake(router, FakeDecoder(), executor, inline_image_max_pixels=1_200,
+                       prepared_pixels=lambda content: prepared.get(content.encoded))
+
+    outcome = asyncio.run(intake(NoPool()).run_one(_item("p", image=large), _now()))
+    assert outcome.result.image_embedding is not None
+    with pytest.raises((AssertionError, IntakeItemError), match="went to the pool"):  # one to decode here: too large
+        asyncio.run(intake(NoPool()).run([_item("p2", image=large), _item("o", image=other)], _now()))
+    assert router.cache.num_in_flight == 0
+
+
 def test_a_segment_plan_never_changes_once_made(make_router):
     router = make_router()
     plan = router.plan_segments((ImageContent(encoded=b"frozen"),), (2, 5, 3))
