@@ -10,7 +10,8 @@ the loop (BENCHMARKS.md, "Small images decoded on the event loop").
 A large image still goes to the pool: decoding it would hold the loop, and
 every other request on it, for milliseconds (a 1024 x 768 JPEG takes about
 12 ms here), and the pool decodes several at once where the cores allow. The
-limit counts an item's images together, from their headers (no decode):
+limit counts a call's images together, by their sizes from their headers
+(``router.image_header.image_pixels``, no decode):
 
     every image's W x H readable, and their sum <= inline_image_max_pixels   the loop
     otherwise (or 0 as the limit)                                            the pool
@@ -25,19 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.image_header import image_pixels
-from router.segments import ImageContent
-
 # 256 x 256: the input size of most image towers, decoded and resized in well under a millisecond.
 INLINE_IMAGE_MAX_PIXELS = 65_536
 
 
-def decodes_inline(images: Sequence[ImageContent], max_pixels: int) -> bool:
-    """Whether these images (one item's) are decoded on the event loop: each size known, their sum in the limit."""
-    total = 0
-    for content in images:
-        pixels = image_pixels(content)
-        if pixels is None:
-            return False
-        total += pixels
-    return bool(images) and total <= max_pixels
+def decodes_inline(image_pixels: Sequence[int | None], max_pixels: int) -> bool:
+    """Whether images of these W x H (``None``: a header that could not be read) are decoded on the event
+    loop: each size known, their sum within ``max_pixels``."""
+    return bool(image_pixels) and None not in image_pixels and sum(image_pixels) <= max_pixels  # type: ignore[arg-type]

@@ -228,8 +228,9 @@ class RequestIntake:
 
     async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
         """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
-        return await self._run_item(item, arrival_ns, _AllPrepared(1), self._device_round(1),
-                                    self._images_decode_inline((item,)))
+        sent = ItemFacts.sent(item)
+        return await self._run_item(item, sent, arrival_ns, _AllPrepared(1), self._device_round(1),
+                                    self._images_decode_inline((item,), (sent,)))
 
     async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list[IntakeOutcome]:
         """Every item's result, in order; all items share ``arrival_ns`` (and so their deadline).
@@ -241,14 +242,15 @@ class RequestIntake:
         """
         gate = _AllPrepared(len(items))
         device_round = self._device_round(len(items))
-        images_inline = self._images_decode_inline(items)
+        sents = [ItemFacts.sent(item) for item in items]
+        images_inline = self._images_decode_inline(items, sents)
         if len(items) == 1:  # most requests: awaited in the caller's task, no task of its own to start
             try:
-                return [await self._run_item(items[0], arrival_ns, gate, device_round, images_inline)]
+                return [await self._run_item(items[0], sents[0], arrival_ns, gate, device_round, images_inline)]
             except Exception as e:
                 raise IntakeItemError(0, e) from e
-        outcomes = await asyncio.gather(*(self._run_item(item, arrival_ns, gate, device_round, images_inline)
-                                          for item in items), return_exceptions=True)
+        outcomes = await asyncio.gather(*(self._run_item(item, sent, arrival_ns, gate, device_round, images_inline)
+                                          for item, sent in zip(items, sents)), return_exceptions=True)
         for item_index, outcome in enumerate(outcomes):
             if isinstance(outcome, _NeighbourRefusedError):
                 continue
@@ -258,18 +260,20 @@ class RequestIntake:
                 raise outcome
         return outcomes  # type: ignore[return-value]  # every one is an IntakeOutcome here
 
-    def _images_decode_inline(self, items: Sequence[IntakeItem]) -> bool:
+    def _images_decode_inline(self, items: Sequence[IntakeItem], sents: Sequence[ItemFacts]) -> bool:
         """Whether the call's images, all of its items' together, are small enough to decode on the event loop
         (``router.inline_decode``); never with drills (a "decode" drill delays the pool) or a device decoder
         (its JPEGs wait for the call's device batch).
 
         Images another process already decoded (``prepared_pixels``: the engine behind API processes) count
         for nothing whatever their size: picking them up is a lookup, which a hop to the pool would only
-        make dearer, on the one process every request passes.
+        make dearer, on the one process every request passes. Sizes come from ``sents``, the items' facts
+        (their headers, read once).
         """
         if self._faults is not None or self._device_decoder is not None:
             return False
-        to_decode = [content for item in items for content in item.images if not self._is_prepared(content)]
+        to_decode = [pixels for item, sent in zip(items, sents)
+                     for content, pixels in zip(item.images, sent.image_pixels) if not self._is_prepared(content)]
         return not to_decode or decodes_inline(to_decode, self._inline_image_max_pixels)
 
     def _is_prepared(self, content: ImageContent) -> bool:
@@ -280,10 +284,9 @@ class RequestIntake:
             return None
         return DeviceDecodeRound(num_items, self._device_decoder, self._executor)
 
-    async def _run_item(self, item: IntakeItem, arrival_ns: int, gate: _AllPrepared,
+    async def _run_item(self, item: IntakeItem, sent: ItemFacts, arrival_ns: int, gate: _AllPrepared,
                         device_round: DeviceDecodeRound | None, images_inline: bool) -> IntakeOutcome:
         started_ns = self._clock_ns()
-        sent = ItemFacts.sent(item)
         try:
             prepared = await self._prepare(item, sent.image_encoding, device_round, images_inline)
         except BaseException:

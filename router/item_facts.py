@@ -1,6 +1,6 @@
 """What is known about one item, computed once by the intake: what spans, drift attribution and drills read.
 
-    intake._run_item (event loop, before preparing)    sent = ItemFacts.sent(item)
+    intake.run, run_one (event loop, before preparing) sent = ItemFacts.sent(item)
         images: encoding and W x H from their headers (router.image_header, no decode),
                 bytes, raw shapes; the count; priority; protocol
     after tokenizing (the joint-token budget applied)  facts = sent.with_text(tokens, joint)

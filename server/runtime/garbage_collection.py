@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import gc
 
-DEFAULT_YOUNG_THRESHOLD = 10_000  # Python's own default is 700
-
-
 def settle_collector_for_requests(young_threshold: int) -> int:
     """Once start-up is done (the model loaded, the app built): freeze what exists and collect the young
     generation after ``young_threshold`` allocations; returns how many objects are frozen."""

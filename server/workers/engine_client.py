@@ -74,7 +74,7 @@ from models.tokenizer_files import TokenizerFiles
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
 from router.faults import FaultInjector
-from router.image_header import images_encoding
+from router.image_header import image_pixels, images_encoding
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
 from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
 from router.item_text import ItemTextFitter
@@ -328,7 +328,8 @@ class EngineClient:
                 item_slots.append(slot)
                 work.append((item_index, item, image_index, content, slot))
             slots.append(item_slots)
-        if work and self._faults is None and decodes_inline([job[3] for job in work], self._inline_image_max_pixels):
+        if work and self._faults is None and decodes_inline([image_pixels(job[3]) for job in work],
+                                                            self._inline_image_max_pixels):
             for job in work:  # together small enough that a hop to the pool costs more (router.inline_decode)
                 self._decode_into(*job)
         elif work:
