@@ -86,6 +86,11 @@ class UInt8VisionEncoder(KeepsWeightsPlacement, abc.ABC):
         self.graph = outcome.graph
         return outcome
 
+    @property
+    def runs_captured_shapes(self) -> bool:
+        """Each batch size replays a captured graph: batches must come in the sizes warm-up captured."""
+        return isinstance(self.graph, CapturedForward)
+
     def capture_graphs(self, backend: GraphBackend) -> CapturedForward:
         """Run ``features`` from a CUDA graph per batch size from now on (``models.cuda_graphs``)."""
 

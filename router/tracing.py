@@ -22,7 +22,7 @@ this runs.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from router.lanes import LaneSettings
@@ -62,8 +62,8 @@ class BatchTrace:
     num_requests: int
     num_work_items: int  # images to encode (each counts) or one per request
     padded_size: int
-    image_shape: tuple[int, ...]  # (padded, S, S, 3) through the vision encoder; () if it did not run
-    text_shape: tuple[int, ...]  # (padded, padded length) through the text encoder; () if it did not run
+    image_shape: tuple[int, ...]  # (rows, S, S, 3) through the vision encoder; () if it did not run
+    text_shape: tuple[int, ...]  # (rows, padded length) through the text encoder; () if it did not run
     started_ns: int
     elapsed_ns: int
     stage_ns: tuple[tuple[str, int], ...]
@@ -100,12 +100,14 @@ class BatchTracer:
 
     def record(self, lane: Route, settings: LaneSettings, executor: str, requests: Sequence[InferenceRequest],
                stage_ns: Sequence[Mapping[str, int]], *, num_work_items: int, padded_size: int,
-               text_width: int, started_ns: int, elapsed_ns: int, num_failed: int) -> BatchTrace:
+               text_width: int, batch_rows: Callable[[str, int], int], started_ns: int, elapsed_ns: int,
+               num_failed: int) -> BatchTrace:
         """``stage_ns``: each answered request's stage times (the batch ran a stage if any request shows it).
 
-        The shapes are the ones ``BatchRunner`` pads to: the images to encode
+        The shapes are the ones ``BatchRunner`` runs: the images to encode
         (at most ``max_batch_size`` per forward) and the texts to encode, each
-        up to a warmed batch size; texts also to ``text_width`` tokens (``BatchRunner.text_width``).
+        as ``batch_rows(encoder, num_items)`` rows (``BatchRunner.batch_rows``); texts at ``text_width``
+        tokens (``BatchRunner.text_width``).
         """
         ran: dict[str, int] = {}
         for times in stage_ns:
@@ -127,8 +129,8 @@ class BatchTracer:
             num_requests=len(requests),
             num_work_items=num_work_items,
             padded_size=padded_size,
-            image_shape=(settings.padded_size(num_images), size, size, 3) if "vision" in ran else (),
-            text_shape=(settings.padded_size(num_texts), text_width) if "text" in ran else (),
+            image_shape=(batch_rows("vision", num_images), size, size, 3) if "vision" in ran else (),
+            text_shape=(batch_rows("text", num_texts), text_width) if "text" in ran else (),
             started_ns=started_ns,
             elapsed_ns=elapsed_ns,
             stage_ns=tuple((stage, ran[stage]) for stage in _STAGE_ORDER if stage in ran),

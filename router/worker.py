@@ -187,5 +187,6 @@ class ComputeWorker:
             lane.route, lane.settings, self.plan.name, requests, [r.stage_ns for r in results],
             num_work_items=num_items, padded_size=padded,
             text_width=self.runner.text_width(longest) if longest else 0,
+            batch_rows=lambda encoder, num_items: self.runner.batch_rows(encoder, num_items, lane.settings),
             started_ns=started_ns, elapsed_ns=elapsed_ns, num_failed=len(outcomes) - len(results))
         return [o if isinstance(o, Exception) else dataclasses.replace(o, batch_trace=trace) for o in outcomes]

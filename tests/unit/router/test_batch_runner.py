@@ -152,3 +152,40 @@ def test_on_the_cpu_a_text_batch_runs_at_its_longest_text_and_answers_as_at_its_
         hook.remove()
     for outcome, segment in zip(outcomes, at_bucket):
         np.testing.assert_allclose(outcome.text_embedding, segment.pooled.float().numpy(), atol=1e-5)
+
+
+def test_on_the_cpu_a_batch_runs_as_the_rows_it_has_and_answers_as_when_padded(tiny_bundle):
+    """3 texts and 3 images run as 3 rows, not the warmed 4: no cold shape, the answers of a padded batch."""
+    cold: list[tuple] = []
+    lanes = {route: LaneSettings(max_batch_size=4) for route in Route}
+    runner = BatchRunner(tiny_bundle, lanes, on_cold_shape=cold.append)
+    runner.warm_up()
+    runner.mark_ready()
+    size = tiny_bundle.config.preprocess.input_size
+    requests = [InferenceRequest(f"f{i}", token_ids=_request(i).token_ids, deadline_ns=10**18,
+                                 images=(np.full((size, size, 3), 30 * i, np.uint8),)) for i in range(3)]
+    rows: dict[str, list[int]] = {"vision": [], "text": []}
+    hooks = [tiny_bundle.model.vision.register_forward_pre_hook(lambda m, args: rows["vision"].append(len(args[0]))),
+             tiny_bundle.model.text.register_forward_pre_hook(lambda m, args: rows["text"].append(len(args[0])))]
+    try:
+        outcomes = runner.run(Route.FUSION, requests)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert rows == {"vision": [3], "text": [3]} and cold == []
+    assert runner.batch_rows("text", 3, lanes[Route.TEXT]) == 3
+    padded = runner.run(Route.FUSION, requests + [requests[-1]])[:3]  # the 4 rows the batch was padded to before
+    for got, want in zip(outcomes, padded, strict=True):
+        np.testing.assert_allclose(got.text_embedding, want.text_embedding, atol=1e-5)
+        np.testing.assert_allclose(got.image_embeddings[0], want.image_embeddings[0], atol=1e-5)
+        np.testing.assert_allclose(got.fused_embedding, want.fused_embedding, atol=1e-5)
+
+
+def test_an_encoder_replaying_captured_shapes_still_gets_warmed_batch_sizes(tiny_bundle, monkeypatch):
+    lanes = {route: LaneSettings(max_batch_size=8) for route in Route}
+    runner = BatchRunner(tiny_bundle, lanes)
+    monkeypatch.setattr(type(tiny_bundle.model.text), "runs_captured_shapes", property(lambda self: True))
+    assert runner.batch_rows("text", 5, lanes[Route.TEXT]) == 8
+    assert runner.batch_rows("vision", 5, lanes[Route.VISION]) == 5  # the vision tower replays none
+    monkeypatch.setattr(type(tiny_bundle.model.vision), "runs_captured_shapes", property(lambda self: True))
+    assert runner.batch_rows("vision", 3, lanes[Route.VISION]) == 4
