@@ -18,7 +18,6 @@ not trained to be truncated.
 from __future__ import annotations
 
 import base64
-import json
 import re
 from collections.abc import Sequence
 from typing import Literal
@@ -28,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models.served_facts import ServedModelFacts
 from server.protocols.model_names import ServedModelNames
+from server.ingest import json_body
 from server.ingest.decoding import decode_base64
 from server.errors import ApiError
 from server.ingest.inputs import ParsedInput, image_content, parsed_input
@@ -61,8 +61,8 @@ def _validation_error(error: ValidationError) -> ApiError:
 def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     """JSON -> ``EmbeddingsRequest``; token-id inputs get their own clear refusal."""
     try:
-        document = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        document = json_body.loads(body)
+    except (json_body.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, "invalid_json", f"body is not valid JSON: {e}", "body") from e
     raw_input = document.get("input") if isinstance(document, dict) else None
     if isinstance(raw_input, list) and any(isinstance(item, (int, list)) for item in raw_input):
