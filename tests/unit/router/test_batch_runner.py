@@ -132,12 +132,18 @@ def test_a_mixed_batch_comes_back_in_one_copy_with_the_models_own_answers(tiny_b
             assert result.score == pytest.approx(float(fused.score), abs=1e-5)
 
 
-def test_on_the_cpu_a_text_batch_runs_at_its_longest_text_and_answers_as_at_its_bucket(tiny_bundle):
-    cold: list[tuple] = []
-    lanes = {route: LaneSettings(max_batch_size=4) for route in Route}
-    runner = BatchRunner(tiny_bundle, lanes, on_cold_shape=cold.append)
+def _ready_runner(bundle, cold: list[tuple]) -> BatchRunner:
+    """A runner with batches of up to 4, warmed up and ready: a shape warm-up did not run lands in ``cold``."""
+    runner = BatchRunner(bundle, {route: LaneSettings(max_batch_size=4) for route in Route},
+                         on_cold_shape=cold.append)
     runner.warm_up()
     runner.mark_ready()
+    return runner
+
+
+def test_on_the_cpu_a_text_batch_runs_at_its_longest_text_and_answers_as_at_its_bucket(tiny_bundle):
+    cold: list[tuple] = []
+    runner = _ready_runner(tiny_bundle, cold)
     widths: list[int] = []
     hook = tiny_bundle.model.text.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
     try:
@@ -157,10 +163,7 @@ def test_on_the_cpu_a_text_batch_runs_at_its_longest_text_and_answers_as_at_its_
 def test_on_the_cpu_a_batch_runs_as_the_rows_it_has_and_answers_as_when_padded(tiny_bundle):
     """3 texts and 3 images run as 3 rows, not the warmed 4: no cold shape, the answers of a padded batch."""
     cold: list[tuple] = []
-    lanes = {route: LaneSettings(max_batch_size=4) for route in Route}
-    runner = BatchRunner(tiny_bundle, lanes, on_cold_shape=cold.append)
-    runner.warm_up()
-    runner.mark_ready()
+    runner = _ready_runner(tiny_bundle, cold)
     size = tiny_bundle.config.preprocess.input_size
     requests = [InferenceRequest(f"f{i}", token_ids=_request(i).token_ids, deadline_ns=10**18,
                                  images=(np.full((size, size, 3), 30 * i, np.uint8),)) for i in range(3)]
@@ -173,7 +176,7 @@ def test_on_the_cpu_a_batch_runs_as_the_rows_it_has_and_answers_as_when_padded(t
         for hook in hooks:
             hook.remove()
     assert rows == {"vision": [3], "text": [3]} and cold == []
-    assert runner.batch_rows("text", 3, lanes[Route.TEXT]) == 3
+    assert runner.batch_rows("text", 3, runner.lane_settings[Route.TEXT]) == 3
     padded = runner.run(Route.FUSION, requests + [requests[-1]])[:3]  # the 4 rows the batch was padded to before
     for got, want in zip(outcomes, padded, strict=True):
         np.testing.assert_allclose(got.text_embedding, want.text_embedding, atol=1e-5)
