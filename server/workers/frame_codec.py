@@ -84,6 +84,11 @@ _TAGS: dict[type, msgpack.ExtType] = {
     cls: msgpack.ExtType(DATACLASS if cls in _INIT_FIELDS else ENUM, name.encode()) for name, cls in REGISTRY.items()}
 _TUPLE_TAG = msgpack.ExtType(TUPLE, b"")
 _SHAPE_DIM = struct.Struct(">Q")
+# Dataclasses whose instance ``__dict__`` is their init fields and nothing else, when it has that many
+# entries: packed as that dict itself, not a copy built field by field (no slots, every field an init field).
+_DICT_SIZES: dict[type, int] = {
+    cls: len(names) for cls, names in _INIT_FIELDS.items()
+    if "__slots__" not in vars(cls) and len(names) == len(dataclasses.fields(cls))}
 
 
 class FrameDecodeError(ValueError):
@@ -96,6 +101,14 @@ class _Tag:
 
     code: int
     cls: type | None = None
+
+
+# Every tag that may lead a container, by its bytes on the wire: read with one lookup (no name decoded,
+# no tag made per container). Anything else takes ``_from_extension``'s checks and their errors.
+_READ_TAGS: dict[tuple[int, bytes], _Tag] = {
+    (TUPLE, _TUPLE_TAG.data): _Tag(TUPLE),
+    **{(ext.code, ext.data): _Tag(ext.code, cls) for cls, ext in _TAGS.items()},
+}
 
 
 def encode(message: object) -> bytes:
@@ -145,6 +158,9 @@ def _to_packable(value: object) -> object:
         raise TypeError(f"a control frame carries no {_name(cls)} (server.workers.frame_codec.REGISTRY)")
     if tag.code == ENUM:
         return [tag, value.value]  # type: ignore[attr-defined]
+    fields = getattr(value, "__dict__", None)
+    if fields is not None and len(fields) == _DICT_SIZES.get(cls, -1):
+        return [tag, fields]
     return [tag, {name: getattr(value, name) for name in _INIT_FIELDS[cls]}]
 
 
@@ -157,6 +173,9 @@ def _array_bytes(array: np.ndarray) -> bytes:
 
 
 def _from_extension(code: int, data: bytes) -> object:
+    tag = _READ_TAGS.get((code, data))
+    if tag is not None:
+        return tag
     if code == TUPLE:
         return _Tag(TUPLE)
     if code == BIG_INT:

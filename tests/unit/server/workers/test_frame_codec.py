@@ -184,6 +184,16 @@ def test_types_survive_exactly():
     assert embedding.dtype == np.float32 and not embedding.flags.writeable  # a view of the frame's bytes
 
 
+def test_a_dataclass_packs_its_init_fields_whatever_else_its_instance_holds():
+    """Packed as its ``__dict__`` when that is its fields; an instance holding more sends its fields only."""
+    item = _items()[0]
+    plain = msgpack.unpackb(encode(item), raw=False, ext_hook=lambda code, data: None)
+    assert sorted(plain[1]) == sorted(frame_codec._INIT_FIELDS[IntakeItem])
+    object.__setattr__(item, "cached_here", 42)  # as a cached_property or a __post_init__ would leave it
+    arrived = decode(encode(item))
+    assert _same(arrived, _items()[0]) and not hasattr(arrived, "cached_here")
+
+
 def test_a_non_contiguous_array_arrives_with_its_values():
     array = np.arange(24, dtype=np.int16).reshape(4, 6)[:, ::2]
     assert np.array_equal(decode(encode(array)), array)
