@@ -141,7 +141,8 @@ class BatchRunner:
 
     def _encode_images(self, pixels: Sequence[np.ndarray], settings: LaneSettings, stage_ns: dict[str, int],
                        owners: Sequence[InferenceRequest]) -> list[ImageSegment]:
-        """Every image in ``pixels`` through the vision encoder, ``max_batch_size`` at a time, each chunk padded.
+        """Every image in ``pixels`` through the vision encoder, ``max_batch_size`` at a time, each chunk as
+        ``batch_rows`` says.
 
         The batcher counts images, not requests, against the cap, so one
         chunk is the usual case; a request with more images than the cap
@@ -152,9 +153,9 @@ class BatchRunner:
         for first in range(0, len(pixels), settings.max_batch_size):
             chunk = np.stack(pixels[first: first + settings.max_batch_size])  # (n, S, S, 3) uint8
             self._check_shape(("vision", settings.padded_size(len(chunk))))
-            padded = self.batch_rows("vision", len(chunk), settings)
-            if padded > len(chunk):
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], padded - len(chunk), axis=0)])  # (padded, S, S, 3)
+            rows = self.batch_rows("vision", len(chunk), settings)
+            if rows > len(chunk):
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], rows - len(chunk), axis=0)])  # (rows, S, S, 3)
             segments += self.model.encode_images(self.device_work.upload(chunk))[: min(len(chunk), len(pixels) - first)]
         self._stage_done("vision", started, stage_ns, owners)
         self.num_images_encoded += len(pixels)

@@ -17,6 +17,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
+
 LaneName = Literal["text", "vision", "fusion"]
 
 
@@ -91,8 +93,9 @@ class Settings(BaseSettings):
     max_decode_queue: int = Field(
         1024, ge=1, description="Items (requests or protocol rows) waiting for a decode thread before 503.")
     inline_image_max_pixels: int = Field(
-        65_536, ge=0, description="An item whose images (W x H from their headers, summed) are no larger is decoded "
-        "on the event loop, not in the decode pool, whose hop costs more than such a decode (0: always the pool).")
+        INLINE_IMAGE_MAX_PIXELS, ge=0,
+        description="An item whose images (W x H from their headers, summed) are no larger is decoded on the event "
+        "loop, not in the decode pool, whose hop costs more than such a decode (0: always the pool).")
 
     # -- batching (every lane; per-lane overrides below) ---------------------------
     max_batch_size: int = Field(8, ge=1, description="Largest batch a lane runs.")
