@@ -8,6 +8,7 @@ similar length together). Lanes are only touched under the scheduler's lock.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from router.request import InferenceRequest, Route
@@ -82,8 +83,65 @@ class Pending:
         return max(1, self.request.num_images_to_encode)
 
 
+class PendingQueue:
+    """A lane's queued items in arrival order, with their work items summed as they come and go.
+
+    The scheduler asks how much work is queued on every admission (the wait
+    it estimates) and every batch choice; summing the queue each time costs
+    ~0.2 us an item, 13 us an admission with 60 queued and 50 us with 256 (a
+    full lane, just when the server is overloaded). The total is kept here
+    instead: ``append`` adds an item's work, ``replace`` (how the policy
+    takes items out) sums what stays. ``latest_urgency_ns`` is the largest
+    urgency queued, so the work ahead of a newcomer that is no more urgent
+    than anything queued (one priority class and one timeout: arrival order)
+    is the total, with no scan.
+    """
+
+    __slots__ = ("_items", "work_items", "latest_urgency_ns")
+
+    def __init__(self, items: Iterable[Pending] = ()) -> None:
+        self._items: list[Pending] = []
+        self.work_items = 0
+        self.latest_urgency_ns: int | None = None
+        self.replace(items)
+
+    def append(self, pending: Pending) -> None:
+        self._items.append(pending)
+        self.work_items += pending.num_work_items
+        if self.latest_urgency_ns is None or pending.urgency_ns > self.latest_urgency_ns:
+            self.latest_urgency_ns = pending.urgency_ns
+
+    def extend(self, items: Iterable[Pending]) -> None:
+        for pending in items:
+            self.append(pending)
+
+    def replace(self, items: Iterable[Pending]) -> None:
+        """Keep ``items`` (in their order) and nothing else."""
+        self._items = list(items)
+        self.work_items = sum(p.num_work_items for p in self._items)
+        self.latest_urgency_ns = max((p.urgency_ns for p in self._items), default=None)
+
+    def work_items_up_to(self, urgency_limit_ns: int) -> int:
+        """The work of the items whose urgency is at most ``urgency_limit_ns``."""
+        if self.latest_urgency_ns is None or self.latest_urgency_ns <= urgency_limit_ns:
+            return self.work_items
+        return sum(p.num_work_items for p in self._items if p.urgency_ns <= urgency_limit_ns)
+
+    def __iter__(self) -> Iterator[Pending]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, index: int) -> Pending:
+        return self._items[index]
+
+    def __repr__(self) -> str:
+        return f"PendingQueue({self._items!r})"
+
+
 @dataclass(eq=False)
 class Lane:
     route: Route
     settings: LaneSettings
-    queue: list[Pending] = field(default_factory=list)
+    queue: PendingQueue = field(default_factory=PendingQueue)

@@ -119,7 +119,8 @@ def _take_out_dead(lane: Lane, now_ns: int, expired: list[Pending]) -> None:
             expired.append(pending)
         else:
             alive.append(pending)
-    lane.queue[:] = alive
+    if len(alive) < len(lane.queue):
+        lane.queue.replace(alive)
 
 
 _IMAGE_ROUTES = frozenset({Route.VISION, Route.FUSION})
@@ -127,7 +128,7 @@ _IMAGE_ROUTES = frozenset({Route.VISION, Route.FUSION})
 
 def _take(lane: Lane, batch: Sequence[Pending]) -> None:
     chosen = set(map(id, batch))
-    lane.queue[:] = [p for p in lane.queue if id(p) not in chosen]
+    lane.queue.replace(p for p in lane.queue if id(p) not in chosen)
 
 
 def _image_companions(lane: Lane, lanes: Sequence[Lane], room: int) -> list[Pending]:
@@ -173,7 +174,7 @@ def decide(lanes: Sequence[Lane], now_ns: int, estimate_ns: EstimateNs,
             min(p.enqueued_ns for p in batch) + settings.max_queue_delay_ns,
             min(p.deadline_ns for p in batch) - service_ns,
         )
-        is_full = num_items >= settings.max_batch_size or num_work_items(lane.queue) >= settings.max_batch_size
+        is_full = num_items >= settings.max_batch_size or lane.queue.work_items >= settings.max_batch_size
         if is_full or close_ns <= now_ns or is_draining:
             ready.append((_service_order(batch[0]), lane, batch))
         elif earliest_close_ns is None or close_ns < earliest_close_ns:
@@ -192,7 +193,7 @@ def work_ahead_ns(lanes: Sequence[Lane], urgency_limit_ns: int, estimate_ns: Est
     """Device time of the queued work that would run before an item of ``urgency_limit_ns``."""
     total_ns = 0
     for lane in lanes:
-        ahead = sum(p.num_work_items for p in lane.queue if p.urgency_ns <= urgency_limit_ns)
+        ahead = lane.queue.work_items_up_to(urgency_limit_ns)
         if ahead:
             full, rest = divmod(ahead, lane.settings.max_batch_size)
             total_ns += full * estimate_ns(lane.route, lane.settings.max_batch_size)

@@ -86,7 +86,7 @@ class Scheduler:
         if self._asleep_until_ns is None:
             return True
         settings = lane.settings
-        if sum(p.num_work_items for p in lane.queue) >= settings.max_batch_size:
+        if lane.queue.work_items >= settings.max_batch_size:
             return True
         if pending.enqueued_ns + settings.max_queue_delay_ns < self._asleep_until_ns:
             return True

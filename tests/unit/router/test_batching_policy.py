@@ -54,7 +54,7 @@ def test_a_partial_batch_closes_when_the_oldest_has_waited_the_delay():
     waiting = decide([text], 2 * MS, no_estimate)
     assert waiting.lane is None and waiting.wait_ns == 3 * MS
     closed = decide([text], 5 * MS, no_estimate)
-    assert closed.lane is text and len(closed.batch) == 2 and text.queue == []
+    assert closed.lane is text and len(closed.batch) == 2 and len(text.queue) == 0
 
 
 def test_a_full_batch_closes_at_once_and_takes_at_most_the_cap():
@@ -139,6 +139,24 @@ def test_work_ahead_counts_only_more_urgent_items_in_whole_batches():
     ahead = work_ahead_ns([text, vision], urgency_limit_ns=25 * MS,
                           estimate_ns=lambda route, size: cost[route] * size)
     assert ahead == 2 * 1 * MS + 1 * 10 * MS  # two text items (one batch of 2), one vision item
+
+
+def test_a_lanes_kept_work_total_follows_what_the_policy_takes_out():
+    vision = lane(Route.VISION, max_batch_size=4)
+    cancelled = pending(0, deadline_ms=900, text=False, num_images=2, name="cancelled")
+    vision.queue.extend([pending(0, deadline_ms=5, text=False, num_images=3, name="expires"), cancelled,
+                         pending(1, deadline_ms=700, text=False, num_images=3, name="runs"),
+                         pending(2, deadline_ms=800, text=False, num_images=2, name="stays")])
+    assert vision.queue.work_items == 10 and vision.queue.latest_urgency_ns == 900 * MS
+    cancelled.future.cancel()
+    decision = decide([vision], now_ns=10 * MS, estimate_ns=no_estimate)  # full: 3 + 2 = 5 work items queued
+    assert names(decision.expired) == ["expires"] and names(decision.batch) == ["runs"]
+    assert names(vision.queue) == ["stays"]
+    assert vision.queue.work_items == 2 and vision.queue.latest_urgency_ns == 800 * MS
+    vision.queue.append(pending(3, deadline_ms=600, text=False, name="more urgent"))
+    # above every queued urgency the kept total answers; below one, only the items up to it count
+    assert vision.queue.work_items_up_to(10_000 * MS) == vision.queue.work_items == 3
+    assert vision.queue.work_items_up_to(700 * MS) == 1
 
 
 def test_admission_refuses_a_full_queue_and_a_hopeless_deadline():
@@ -248,8 +266,8 @@ def test_image_lanes_warming_different_shapes_do_not_share_batches():
 
 def test_a_request_with_k_images_counts_as_k_items_against_the_cap():
     vision = lane(Route.VISION, max_batch_size=8)
-    vision.queue += [pending(0, text=False, num_images=3, name="a"), pending(1, text=False, num_images=3, name="b"),
-                     pending(2, text=False, num_images=3, name="c"), pending(3, text=False, num_images=2, name="d")]
+    vision.queue.extend([pending(0, text=False, num_images=3, name="a"), pending(1, text=False, num_images=3, name="b"),
+                         pending(2, text=False, num_images=3, name="c"), pending(3, text=False, num_images=2, name="d")])
     decision = decide([vision], now_ns=0, estimate_ns=no_estimate)
     # 3 + 3 = 6; c (3 more) would make 9, d (2 more) makes exactly 8: full, so it closes at once.
     assert names(decision.batch) == ["a", "b", "d"]
@@ -258,13 +276,13 @@ def test_a_request_with_k_images_counts_as_k_items_against_the_cap():
 
 def test_a_request_with_more_images_than_the_cap_runs_alone():
     vision = lane(Route.VISION, max_batch_size=4)
-    vision.queue += [pending(0, text=False, num_images=6, name="big"), pending(1, text=False, name="small")]
+    vision.queue.extend([pending(0, text=False, num_images=6, name="big"), pending(1, text=False, name="small")])
     assert names(select_batch(vision)) == ["big"]
 
 
 def test_the_wait_estimate_counts_images_not_requests():
     vision = lane(Route.VISION, max_batch_size=4)
-    vision.queue += [pending(i, text=False, num_images=4) for i in range(2)]
+    vision.queue.extend([pending(i, text=False, num_images=4) for i in range(2)])
     per_batch_ns = 1_000
 
     def estimate(route: Route, size: int) -> int:
