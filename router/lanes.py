@@ -8,6 +8,7 @@ similar length together). Lanes are only touched under the scheduler's lock.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -33,9 +34,12 @@ class LaneSettings:
         if any(size < 1 or size > self.max_batch_size for size in self.preferred_batch_sizes):
             raise ValueError("preferred batch sizes must lie in [1, max_batch_size]")
 
-    @property
+    @functools.cached_property
     def warm_batch_sizes(self) -> tuple[int, ...]:
-        """Every batch shape this lane runs: the preferred sizes, else powers of two."""
+        """Every batch shape this lane runs: the preferred sizes, else powers of two.
+
+        Kept once computed (the settings are frozen): every admission asks for a padded size.
+        """
         if self.preferred_batch_sizes:
             sizes = set(self.preferred_batch_sizes)
         else:
