@@ -8,8 +8,9 @@ floor writes as much as mmserve does. ``POST /v1/embeddings`` and
 ``POST /v1/infer`` parse the body as JSON (what any server must do) and pick
 the answer: ``/v1/infer`` is fusion; an embeddings input starting with
 ``data:`` is an image, any other a text. Nothing else happens: no
-validation, no model, no middleware. The same uvicorn (httptools, no access
-log) as ``mmserve serve``. ``GET /health`` answers when it is up.
+validation, no model, no middleware, and FastAPI's own telemetry off as in
+mmserve's apps. The same uvicorn (httptools, no access log) as ``mmserve
+serve``. ``GET /health`` answers when it is up.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def answer_kind(path: str, parsed: object) -> str:
 
 
 def floor_app(answers: dict[str, bytes]) -> FastAPI:
-    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
 
     @app.post("/v1/embeddings")
     async def embeddings(request: Request) -> Response:

@@ -47,7 +47,7 @@ from server.runtime.device_metrics import register_device_decode_metrics, regist
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
-from server.runtime.tracing_setup import TracedProcess, build_tracing
+from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.routes import admin, health, infer, monitoring, openai, v2, zero_shot
 from server.protocols.zero_shot_run import LocalZeroShot
 from server.protocols.zero_shot_schemas import ClassifyRequest, RankRequest
@@ -201,6 +201,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         version="0.1.0",
         description="Online multimodal (image + text) inference server.",
         lifespan=lifespan,
+        telemetry=FASTAPI_TELEMETRY_OFF,
     )
     wire_routes(app, settings, metrics, registry)
     return app

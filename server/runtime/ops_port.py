@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.routes import health
+from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,8 @@ class OpsPortError(RuntimeError):
 
 def ops_app(main_app: FastAPI) -> FastAPI:
     """The health routes alone, reading the main app's state."""
-    app = FastAPI(title="mmserve probes", openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(title="mmserve probes", openapi_url=None, docs_url=None, redoc_url=None,
+                  telemetry=FASTAPI_TELEMETRY_OFF)
     app.include_router(health.router)
     app.state.mmserve = main_app.state.mmserve
     return app

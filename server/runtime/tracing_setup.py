@@ -38,6 +38,13 @@ from router.tracing import BatchTrace, BatchTracer
 from server.http.tail_sampling import TailSampler
 from server.settings import Settings
 
+# FastAPI's own OpenTelemetry instrumentation (fastapi >= 0.165), off in every app mmserve builds. On, it
+# would put a second server span per request into whatever global tracer provider the process has (set by
+# ``opentelemetry-instrument`` or a host's SDK set-up), outside mmserve's trace, sampling and exporter,
+# and it asks for the global providers on every request even when none is set. mmserve's own spans,
+# metrics and logs are above.
+FASTAPI_TELEMETRY_OFF = {"tracing": False, "metrics": False, "logs": False}
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter

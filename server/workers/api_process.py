@@ -53,7 +53,7 @@ from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.log_output import TurnBufferedStreamHandler
-from server.runtime.tracing_setup import TracedProcess, build_tracing
+from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
@@ -129,7 +129,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
                 await asyncio.to_thread(tracing.shutdown)
 
     app = FastAPI(title="mmserve", version="0.1.0",
-                  description="Online multimodal (image + text) inference server.", lifespan=lifespan)
+                  description="Online multimodal (image + text) inference server.", lifespan=lifespan,
+                  telemetry=FASTAPI_TELEMETRY_OFF)
     rate_buckets = None
     if settings.rate_limit is not None and rate_buckets_path is not None:
         rate_buckets = SharedTokenBuckets(rate_buckets_path, RateLimit.parse(settings.rate_limit))

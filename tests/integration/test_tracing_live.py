@@ -201,3 +201,22 @@ def test_the_otlp_exporter_sends_decodable_spans_to_a_receiver(protocol, live_se
     assert root.attributes["mmserve.route"] == "fusion" and batch.attributes["mmserve.batch.size"] == 1
     wire = json.dumps([{**span.attributes, "name": span.name} for span in spans])
     assert TEXT not in wire and "secret" not in wire
+
+
+def test_fastapis_own_telemetry_stays_off_when_the_process_has_a_global_tracer_provider(
+        tiny_server, monkeypatch):
+    """mmserve's spans go through its own tracer; FastAPI's native OpenTelemetry would add a second server
+    span per request to a globally configured provider (``opentelemetry-instrument``, a host's SDK set-up),
+    outside mmserve's sampling and trace, and ask for that provider on every request even when none is set."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    with tiny_server.client() as client:
+        assert client.post("/v1/embeddings", json={"input": "a caption", "model": "tiny"}).status_code == 200
+        assert client.get("/health/ready").status_code == 200
+    assert exporter.get_finished_spans() == ()
