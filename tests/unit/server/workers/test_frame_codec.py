@@ -266,3 +266,17 @@ def test_a_batch_trace_arrives_with_its_stage_starts_laid_out_again():
     assert batch.stage_started_ns("vision") == 10**15 + 7
     assert batch.stage_started_ns("fusion") == 10**15 + 7 + 2_000_000
     assert batch.stage_started_ns("text") is None
+
+
+def test_a_portable_outcome_is_the_outcome_less_its_plan_and_segments_and_packs_as_one():
+    """``portable`` copies without ``__init__``: what arrives is what ``dataclasses.replace`` would have sent,
+    and the engine's own outcome keeps its plan and segments for the cache."""
+    from server.workers.engine_answers import portable
+    text = _outcomes()[0]
+    plan, segment = object(), object()
+    held = dataclasses.replace(text, plan=plan, result=dataclasses.replace(
+        text.result, image_segments=(segment,), text_segment=segment))
+    sent = portable(held)
+    assert sent.plan is None and sent.result.image_segments == () and sent.result.text_segment is None
+    assert held.plan is plan and held.result.text_segment is segment and held.result.image_segments == (segment,)
+    assert _same(decode(encode(sent)), text)
