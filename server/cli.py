@@ -198,10 +198,9 @@ def _serve(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
         allow_open_admin=args.allow_open_admin, api_workers=args.api_workers,
     )
-    from server.runtime.log_output import TurnBufferedStreamHandler
+    from server.runtime.log_output import configure_logging
 
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[TurnBufferedStreamHandler()],
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.api_workers is None:
         settings = settings.model_copy(update={"api_workers": _default_api_workers(settings)})
     if settings.api_workers > 1:

@@ -52,7 +52,7 @@ from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
-from server.runtime.log_output import TurnBufferedStreamHandler
+from server.runtime.log_output import configure_logging
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
@@ -161,8 +161,7 @@ def yield_cores_to_the_engine(nice: int) -> None:
 
 def main() -> int:
     settings = settings_from_environment()
-    logging.basicConfig(level=settings.log_level.upper(), handlers=[TurnBufferedStreamHandler()],  # as one process
-                        format=f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
+    configure_logging(settings.log_level, f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
     rate_buckets_path = os.environ.get(RATE_BUCKETS_VARIABLE)  # the supervisor's to remove, unless it was killed
     yield_cores_to_the_engine(settings.api_process_nice)  # before the decode pool starts: its threads inherit it
     exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=lambda: remove_table(rate_buckets_path))

@@ -73,6 +73,7 @@ from server.app import create_app
 from server.ingest.inputs import device_jpeg_decoder, image_decoder
 from server.workers.orphan_guard import exit_when_orphaned
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
+from server.runtime.log_output import configure_logging
 from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
@@ -265,8 +266,8 @@ def main() -> int:
     import os
 
     settings = settings_from_environment()
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="%(asctime)s %(levelname)s engine %(name)s: %(message)s")
+    configure_logging(settings.log_level, "%(asctime)s %(levelname)s engine %(name)s: %(message)s",
+                      turn_buffered=False)
     run_directory = os.environ[RUN_DIRECTORY_VARIABLE]  # the supervisor's to remove, unless it was killed
     exit_when_orphaned(parent_pid=supervisor_pid(),
                        on_orphaned=lambda: shutil.rmtree(run_directory, ignore_errors=True))

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from server.runtime.log_output import TurnBufferedStreamHandler
+from server.runtime.log_output import SecondFormatter, TurnBufferedStreamHandler
 
 
 class CountedStream(io.StringIO):
@@ -85,3 +85,19 @@ def test_flush_writes_what_is_kept_and_a_new_loop_schedules_its_own_flush(logged
 
     asyncio.run(another_loop())
     assert stream.getvalue().endswith("INFO on a new loop\n")
+
+
+@pytest.mark.parametrize("created", [1764763200.0, 1764763200.5004, 1764763200.999, 1764763201.0015, 1764763199.25])
+def test_the_time_formatted_once_a_second_reads_as_loggings_own(created):
+    line_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    once_a_second = SecondFormatter(line_format)
+    once_a_second.format(_record_at(created - 1.5))  # a second cached before: a new second formats again
+    for at in (created, created + 0.0004):  # the second cached, the same second again
+        record = _record_at(at)
+        assert once_a_second.format(record) == logging.Formatter(line_format).format(record)
+
+
+def _record_at(created: float) -> logging.LogRecord:
+    record = logging.LogRecord("mmserve.test", logging.INFO, __file__, 1, "request %s", ("r-1",), None)
+    record.created, record.msecs = created, int((created - int(created)) * 1000) + 0.0
+    return record
