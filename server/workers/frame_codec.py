@@ -90,6 +90,12 @@ _DICT_SIZES: dict[type, int] = {
     cls: len(names) for cls, names in _INIT_FIELDS.items()
     if "__slots__" not in vars(cls) and len(names) == len(dataclasses.fields(cls))}
 
+# Dataclasses built from the fields that arrived without running ``__init__``, which for these only stores
+# its arguments (no ``__post_init__``, no slots, every field an init field): a frozen dataclass's ``__init__``
+# stores each field through ``object.__setattr__``, and an outcome's classes have a dozen fields each.
+_BUILT_FROM_FIELDS: frozenset[type] = frozenset(
+    cls for cls in _DICT_SIZES if cls.__dataclass_params__.init and not hasattr(cls, "__post_init__"))  # type: ignore[attr-defined]
+
 
 class FrameDecodeError(ValueError):
     """A frame's payload names a type or an extension this codec does not build, or is malformed."""
@@ -105,8 +111,9 @@ class _Tag:
 
 # Every tag that may lead a container, by its bytes on the wire: read with one lookup (no name decoded,
 # no tag made per container). Anything else takes ``_from_extension``'s checks and their errors.
+_TUPLE_READ_TAG = _Tag(TUPLE)
 _READ_TAGS: dict[tuple[int, bytes], _Tag] = {
-    (TUPLE, _TUPLE_TAG.data): _Tag(TUPLE),
+    (TUPLE, _TUPLE_TAG.data): _TUPLE_READ_TAG,
     **{(ext.code, ext.data): _Tag(ext.code, cls) for cls, ext in _TAGS.items()},
 }
 
@@ -119,17 +126,24 @@ def encode(message: object) -> bytes:
 def decode(payload: bytes) -> Any:  # noqa: ANN401 - a message is any of the values above
     """The message ``encode`` made; ``FrameDecodeError`` for anything else."""
     tags = [0, 0]  # read, built: a tag not at the head of an array is read and never built
+    read_tag = _READ_TAGS.get
 
+    # The hooks run once per extension and once per array of the message (an outcome has a dozen), so the
+    # common cases, a known tag and a tuple, are taken here before any further call.
     def from_extension(code: int, data: bytes) -> object:
-        value = _from_extension(code, data)
+        value = read_tag((code, data))
+        if value is None:
+            value = _from_extension(code, data)
         if type(value) is _Tag:
             tags[0] += 1
         return value
 
     def build(array: list) -> object:
-        if array and type(array[0]) is _Tag:
+        if array and type(head := array[0]) is _Tag:
             tags[1] += 1
-            return _build(array[0], array[1:])
+            if head is _TUPLE_READ_TAG:
+                return tuple(array[1:])
+            return _build(head, array[1:])
         return array
 
     try:
@@ -208,17 +222,28 @@ def _build(tag: _Tag, rest: list) -> object:
         got = sorted(fields) if type(fields) is dict else type(fields).__name__
         raise FrameDecodeError(f"{_name(tag.cls)} arrived with fields {got}; "  # type: ignore[arg-type]
                                f"this side has {sorted(expected)}")
+    if tag.cls in _BUILT_FROM_FIELDS:
+        instance = object.__new__(tag.cls)  # type: ignore[arg-type]
+        instance.__dict__.update(fields)
+        return instance
     return tag.cls(**fields)  # type: ignore[misc]
+
+
+_NUMERIC_DTYPES: dict[bytes, np.dtype] = {}  # the dtypes read so far, by their bytes on the wire
 
 
 def _array_from(data: bytes) -> np.ndarray:
     dtype_length = data[0]
-    dtype = np.dtype(data[1:1 + dtype_length].decode("ascii"))
-    if dtype.kind not in NUMERIC_KINDS:
-        raise FrameDecodeError(f"an array of dtype {dtype} in a frame")
+    dtype_bytes = data[1:1 + dtype_length]
+    dtype = _NUMERIC_DTYPES.get(dtype_bytes)
+    if dtype is None:
+        dtype = np.dtype(dtype_bytes.decode("ascii"))
+        if dtype.kind not in NUMERIC_KINDS:
+            raise FrameDecodeError(f"an array of dtype {dtype} in a frame")
+        _NUMERIC_DTYPES[dtype_bytes] = dtype
     ndim = data[1 + dtype_length]
     offset = 2 + dtype_length
-    shape = tuple(_SHAPE_DIM.unpack_from(data, offset + 8 * axis)[0] for axis in range(ndim))
+    shape = struct.unpack_from(f">{ndim}Q", data, offset)
     offset += 8 * ndim
     count = math.prod(shape)
     if len(data) - offset != count * dtype.itemsize:
