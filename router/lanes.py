@@ -103,11 +103,10 @@ class PendingQueue:
 
     __slots__ = ("_items", "work_items", "latest_urgency_ns")
 
-    def __init__(self, items: Iterable[Pending] = ()) -> None:
+    def __init__(self) -> None:
         self._items: list[Pending] = []
         self.work_items = 0
         self.latest_urgency_ns: int | None = None
-        self.replace(items)
 
     def append(self, pending: Pending) -> None:
         self._items.append(pending)
@@ -136,9 +135,6 @@ class PendingQueue:
 
     def __len__(self) -> int:
         return len(self._items)
-
-    def __getitem__(self, index: int) -> Pending:
-        return self._items[index]
 
     def __repr__(self) -> str:
         return f"PendingQueue({self._items!r})"

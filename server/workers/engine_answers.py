@@ -8,17 +8,15 @@ an outcome goes back without its plan (cache claims) and segments (tensors).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from typing import TypeVar
 
 from router.intake import IntakeOutcome
 from router.request import InferenceResult
 from server.errors import ApiError
 from server.http.error_mapping import api_error_from
+from server.workers.frame_codec import copy_with, stores_fields_only
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 def error_fields(error: Exception, call_id: int) -> tuple:
@@ -31,26 +29,16 @@ def error_fields(error: Exception, call_id: int) -> tuple:
 
 
 def portable(outcome: IntakeOutcome) -> IntakeOutcome:
-    """An outcome without what only the engine can hold: the plan (cache claims) and segments."""
-    result = _replaced(outcome.result, image_segments=(), text_segment=None)
-    return _replaced(outcome, result=result, plan=None)
+    """An outcome without what only the engine can hold: the plan (cache claims) and segments.
 
-
-def _replaced(instance: T, **changes: object) -> T:
-    """``dataclasses.replace`` for the two outcome classes, without running their ``__init__`` again.
-
-    ``replace`` looks up the class's fields and calls ``__init__`` with every
-    one of them: about 2.5 us an instance, twice for every item the engine
-    answers, where this copies the fields of an instance that is already
-    whole (0.5 us). It holds for classes whose instances keep every field in
-    their ``__dict__`` and whose ``__init__`` only stores them: no slots, no
-    ``__post_init__``, no field left out of ``__init__`` (checked below, at import).
+    Copied with ``copy_with``, not ``dataclasses.replace``, which looks up the
+    fields and runs ``__init__`` again: 5.2 us an outcome against 1.5, and
+    the engine answers one per item.
     """
-    copy = object.__new__(type(instance))
-    copy.__dict__.update(instance.__dict__, **changes)
-    return copy
+    result = copy_with(outcome.result, image_segments=(), text_segment=None)
+    return copy_with(outcome, result=result, plan=None)
 
 
 for _cls in (IntakeOutcome, InferenceResult):
-    assert "__slots__" not in vars(_cls) and not hasattr(_cls, "__post_init__"), _cls
-    assert all(field.init for field in dataclasses.fields(_cls)), _cls
+    if not stores_fields_only(_cls):
+        raise TypeError(f"{_cls.__qualname__} must keep only its fields in __dict__ for portable() to copy it")

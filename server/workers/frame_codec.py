@@ -33,7 +33,7 @@ import dataclasses
 import enum
 import math
 import struct
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import numpy as np
@@ -54,6 +54,8 @@ from router.segments import ImageContent
 from router.tracing import BatchTrace, SpanIds
 from router.zero_shot import TokenizedTexts, ZeroShotOptions
 from server.protocols.zero_shot_run import Pairing, ZeroShotScores, ZeroShotWork
+
+T = TypeVar("T")
 
 TUPLE, DATACLASS, ENUM, NDARRAY, NUMPY_SCALAR, BIG_INT = 1, 2, 3, 4, 5, 6
 NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex: raw bytes say all of them
@@ -90,11 +92,34 @@ _DICT_SIZES: dict[type, int] = {
     cls: len(names) for cls, names in _INIT_FIELDS.items()
     if "__slots__" not in vars(cls) and len(names) == len(dataclasses.fields(cls))}
 
-# Dataclasses built from the fields that arrived without running ``__init__``, which for these only stores
-# its arguments (no ``__post_init__``, no slots, every field an init field): a frozen dataclass's ``__init__``
-# stores each field through ``object.__setattr__``, and an outcome's classes have a dozen fields each.
-_BUILT_FROM_FIELDS: frozenset[type] = frozenset(
-    cls for cls in _DICT_SIZES if cls.__dataclass_params__.init and not hasattr(cls, "__post_init__"))  # type: ignore[attr-defined]
+
+
+def stores_fields_only(cls: type) -> bool:
+    """Whether ``cls`` is a dataclass whose generated ``__init__`` only stores its arguments in ``__dict__``.
+
+    No slots, no ``__post_init__``, every field an init field: an instance is
+    then exactly its fields, and ``from_fields`` may build one without
+    ``__init__``, which for a frozen dataclass stores each field through
+    ``object.__setattr__`` (an outcome's classes have a dozen fields each).
+    """
+    return (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.init  # type: ignore[attr-defined]
+            and "__slots__" not in vars(cls) and not hasattr(cls, "__post_init__")
+            and all(field.init for field in dataclasses.fields(cls)))
+
+
+def from_fields(cls: type[T], fields: dict[str, object]) -> T:
+    """An instance of a ``stores_fields_only`` class holding ``fields`` (every field, by name), built without ``__init__``."""
+    instance = object.__new__(cls)
+    instance.__dict__.update(fields)
+    return instance
+
+
+def copy_with(instance: T, **changes: object) -> T:
+    """``dataclasses.replace`` for a ``stores_fields_only`` class, without looking up its fields or running ``__init__``."""
+    return from_fields(type(instance), {**instance.__dict__, **changes})
+
+
+_BUILT_FROM_FIELDS: frozenset[type] = frozenset(cls for cls in MESSAGE_DATACLASSES if stores_fields_only(cls))
 
 
 class FrameDecodeError(ValueError):
@@ -223,9 +248,7 @@ def _build(tag: _Tag, rest: list) -> object:
         raise FrameDecodeError(f"{_name(tag.cls)} arrived with fields {got}; "  # type: ignore[arg-type]
                                f"this side has {sorted(expected)}")
     if tag.cls in _BUILT_FROM_FIELDS:
-        instance = object.__new__(tag.cls)  # type: ignore[arg-type]
-        instance.__dict__.update(fields)
-        return instance
+        return from_fields(tag.cls, fields)  # type: ignore[arg-type]
     return tag.cls(**fields)  # type: ignore[misc]
 
 
