@@ -15,6 +15,16 @@ for a 224-pixel model decodes at 512x384 in about half the CPU; the pixels
 differ from the exact decode by about one level, so it is off by default (the
 default path equals the reference processor). Other formats, and JPEGs too
 small to reduce, decode exactly.
+
+Pillow warns (``DecompressionBombWarning``) when a header claims more than
+``Image.MAX_IMAGE_PIXELS`` and raises over twice that. mmserve's own limit
+(``MMSERVE_MAX_IMAGE_PIXELS``) refuses from the header either way, so the
+warning tells nobody anything; it is ignored once for the process
+(``ignore_decompression_bomb_warnings``, at import) rather than around each
+decode: ``warnings.catch_warnings`` swaps the process-wide filter list, so
+decode threads running at once would put back each other's lists (the
+warnings module documents it as not thread-safe), and every swap made the
+process's other warnings look their filters up again.
 """
 
 from __future__ import annotations
@@ -29,6 +39,15 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from models.rgb import to_rgb
 from server.errors import ApiError
+
+
+def ignore_decompression_bomb_warnings() -> None:
+    """Ignore Pillow's over-``MAX_IMAGE_PIXELS`` warning in this process (module docstring); idempotent."""
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+ignore_decompression_bomb_warnings()
+
 
 def decode_base64(text: str, field: str) -> bytes:
     """Strict base64 (standard alphabet, padding required); empty is refused."""
@@ -72,9 +91,7 @@ def decode_image(data: bytes, max_pixels: int, field: str = "image", draft_side:
     if not data:
         raise ApiError(400, "empty_image", f"{field} is empty", field)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data))
     except Image.DecompressionBombError as e:
         raise ApiError(413, "image_too_large", f"{field}: {e}; the limit is {max_pixels} pixels "
                        "(MMSERVE_MAX_IMAGE_PIXELS)", field) from e
@@ -87,11 +104,9 @@ def decode_image(data: bytes, max_pixels: int, field: str = "image", draft_side:
     if draft_side is not None and image.format == "JPEG" and draft_scale(image.width, image.height, draft_side) > 1:
         image.draft(None, (draft_side, draft_side))  # mode unchanged; the size is the reduced one from here
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image.load()
-            ImageOps.exif_transpose(image, in_place=True)  # ours alone: no copy when there is nothing to turn
-            return to_rgb(image)
+        image.load()
+        ImageOps.exif_transpose(image, in_place=True)  # ours alone: no copy when there is nothing to turn
+        return to_rgb(image)
     except (OSError, SyntaxError, ValueError, EOFError) as e:
         raise ApiError(400, "corrupt_image", f"{field} is truncated or corrupt: {e}", field) from e
 

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import io
+import struct
+import warnings
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from server.ingest.decoding import decode_base64, decode_image, decode_pixels
+from server.ingest.decoding import (decode_base64, decode_image, decode_pixels,
+                                    ignore_decompression_bomb_warnings)
 from server.errors import ApiError
 
 MAX_PIXELS = 10_000_000
@@ -90,6 +95,37 @@ def test_pixel_limit_comes_from_the_header():
     with pytest.raises(ApiError) as raised:
         decode_image(data, max_pixels=9_999)
     assert raised.value.status == 413 and "9999" in raised.value.message
+
+
+def png_header_claiming(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width`` x ``height`` RGB pixels (its data is a few bytes)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+
+
+def test_a_header_past_pillows_bomb_warning_is_refused_by_our_limit_from_threads_without_a_warning():
+    """Decode threads never swap the process's warning filters (``catch_warnings`` is not thread-safe:
+    interleaved, one thread puts back a list another made), and Pillow's warning for a header over its
+    ``MAX_IMAGE_PIXELS`` stays quiet: our limit answers it."""
+    ignore_decompression_bomb_warnings()  # as importing the module did; pytest's collection keeps no filters
+    side = int((Image.MAX_IMAGE_PIXELS * 1.2) ** 0.5)  # over Pillow's warning, under its error (twice the limit)
+    data = png_header_claiming(side, side)
+
+    def refusal(_: int) -> tuple[int, str]:
+        try:
+            decode_image(data, MAX_PIXELS)
+        except ApiError as e:
+            return e.status, e.code
+        return 200, "decoded"
+
+    with warnings.catch_warnings(record=True) as caught:
+        filters, kept = warnings.filters, list(warnings.filters)
+        with ThreadPoolExecutor(4) as pool:
+            assert set(pool.map(refusal, range(200))) == {(413, "image_too_large")}
+        assert warnings.filters is filters and warnings.filters == kept
+    assert [w for w in caught if issubclass(w.category, Image.DecompressionBombWarning)] == []
 
 
 def test_base64_and_raw_pixels():
