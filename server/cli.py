@@ -188,31 +188,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    """Settings, then every check that needs no weights (``server.runtime.startup_checks``), then the server."""
+    from pydantic import ValidationError
+
+    from server.runtime.startup_checks import settings_error
     from server.settings import load_settings
 
-    settings = load_settings(
-        args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
-        fusion_head=args.fusion_head, seed=args.seed,
-        host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
-        jpeg_draft=args.jpeg_draft,
-        served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
-        allow_open_admin=args.allow_open_admin, api_workers=args.api_workers,
-    )
+    try:
+        settings = load_settings(
+            args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
+            fusion_head=args.fusion_head, seed=args.seed,
+            host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
+            jpeg_draft=args.jpeg_draft,
+            served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
+            allow_open_admin=args.allow_open_admin, api_workers=args.api_workers,
+        )
+    except ValidationError as e:
+        raise settings_error(e) from e
     from server.runtime.log_output import configure_logging
 
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.api_workers is None:
         settings = settings.model_copy(update={"api_workers": _default_api_workers(settings)})
     if settings.api_workers > 1:
+        from server.runtime.startup_checks import check_without_torch
         from server.workers.supervisor import run_supervised
 
+        check_without_torch(settings)
         return run_supervised(settings, settings.api_workers)  # the supervisor imports no torch and no model code
+    from server.runtime.startup_checks import (OneLineStartupFailure, bind_listening_socket, check_device,
+                                               check_without_torch)
+
+    check_without_torch(settings)  # in a second, before torch is imported
+    listening = bind_listening_socket(settings.host, settings.port)  # a bad address fails before the model loads
+    check_device(settings)
     from server.app import create_app
     from server.runtime.lifecycle import DrainingServer, uvicorn_config
 
     app = create_app(settings)
-    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
-    server.run()
+    config = uvicorn_config(app, settings)
+    startup = OneLineStartupFailure(config.app, is_debug=settings.log_level == "debug")
+    config.app = startup
+    server = DrainingServer(config, app, settings.drain_timeout_s, announce_address=True)
+    try:
+        server.run(sockets=[listening])
+    except SystemExit:  # uvicorn's exit on a failed start-up
+        if startup.error is not None:
+            raise startup.error from None  # printed as one line by main()
+        raise
     return server.exit_code if server.started else 1
 
 
@@ -311,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_quantiles(args.urls, source=args.source, timeout_s=args.timeout_s,
                              api_key_file=args.api_key_file)
-    from models.errors import ModelError
-    from server.http.auth import ApiKeyConfigError
+    from server.runtime.startup_checks import CONFIGURATION_ERRORS, StartupError
 
     try:
         if args.command == "serve":
@@ -320,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train-fusion":
             return _train_fusion(args)
         return _init_model_repo(args)
-    except (ModelError, ApiKeyConfigError) as e:
+    except (*CONFIGURATION_ERRORS, StartupError) as e:
         print(f"mmserve: {e}", file=sys.stderr)
         return 2
 

@@ -47,8 +47,12 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float, *,
+                 announce_address: bool = False) -> None:
+        """``announce_address``: log the address served on a socket bound beforehand, as uvicorn does for its own
+        (uvicorn stays silent for sockets it is handed, since a supervisor of several processes logs it once)."""
         super().__init__(config)
+        self._announce_address = announce_address
         self._app = app
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -69,6 +73,9 @@ class DrainingServer(uvicorn.Server):
     async def startup(self, sockets=None) -> None:  # noqa: ANN001 - uvicorn's signature
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
+        if sockets and self.started and self._announce_address:
+            host, port = sockets[0].getsockname()[:2]
+            logger.info("serving on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         state = getattr(self._app.state, "mmserve", None)

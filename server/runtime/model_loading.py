@@ -16,6 +16,7 @@ from models.loading.repository import ModelBundle, build_preset, load_repository
 from models.families.synthetic import ServiceTime, SyntheticServiceTimes
 from models.cuda_graphs import CudaGraphBackend
 from models.families.presets import SYNTHETIC_ARCHITECTURE
+from models.library_warnings import drop_unactionable_library_warnings
 from models.precision import resolve_dtype
 from server.settings import Settings
 
@@ -65,6 +66,7 @@ def synthetic_service_times(settings: Settings) -> SyntheticServiceTimes | None:
 
 
 def load_model(settings: Settings) -> ModelBundle:
+    drop_unactionable_library_warnings()
     plan = plan_device(settings)
     device, dtype = plan.device, plan.dtype
     if settings.model is not None:

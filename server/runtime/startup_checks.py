@@ -1,0 +1,130 @@
+"""Configuration a user can get wrong at start-up: checked before the model loads, reported in one line.
+
+A user who mistypes a path, asks for CUDA on a machine without it or picks a
+port that is taken should learn it at once, in one line that names the
+setting and what to do, not after the model has loaded and warmed for a
+minute, and not inside a 25-line traceback from Starlette's lifespan:
+
+    check                                  when                  error names
+    settings' own validation (pydantic)    before anything       the flag and its variable
+    --device / --dtype / --decode-device   before any weight     the setting and what to use instead
+    --model (a directory or a cached id)   before any weight     the path or id and how to get it
+    key files, keys                        before any weight     the variable and the file
+    --host / --port                        bound before loading  the address and what to change
+
+What can only fail while the model loads (a malformed repository, a config
+the family's library refuses) fails inside the app's lifespan; ``OneLineStartupFailure``
+keeps Starlette's traceback out of the log for those errors and hands the
+error back, so ``mmserve serve`` prints it as its last line and exits 2. With
+``--log-level debug`` the traceback is logged as before.
+
+This module is the single process's; with ``--api-workers N`` the supervisor
+runs the checks that need no torch (``check_without_torch``) and the engine
+process the device checks as it starts.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from models.errors import ModelError, ModelRepositoryError
+from server.http.auth import ApiKeyConfigError, access_policy
+from server.settings import Settings
+
+# Errors a user fixes by changing a setting: printed as one line, without a traceback.
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError)
+
+
+class StartupError(Exception):
+    """A start-up failure already phrased for the user: one line naming the setting and what to do."""
+
+
+def settings_error(error: ValidationError) -> StartupError:
+    """Pydantic's report on ``Settings`` as one line per field: ``--port (MMSERVE_PORT): ... (got 99999)``."""
+    problems = []
+    for detail in error.errors():
+        name = ".".join(str(part) for part in detail["loc"]) or "settings"
+        flag = f"--{name.replace('_', '-')} (MMSERVE_{name.upper()})"
+        problems.append(f"{flag}: {detail['msg']} (got {detail.get('input')!r})")
+    return StartupError("; ".join(problems))
+
+
+def check_without_torch(settings: Settings) -> None:
+    """The checks that import no model library: keys, the model's location."""
+    access_policy(settings)  # reads every key file: ApiKeyConfigError names the variable and the file
+    if settings.model is not None:
+        from models.loading.hub import resolve_model_directory
+
+        resolve_model_directory(settings.model)  # a directory, or a Hub id found in the local cache
+    elif settings.model_repo is not None and not Path(settings.model_repo).is_dir():
+        raise ModelRepositoryError(f"--model-repo {settings.model_repo} (MMSERVE_MODEL_REPO) is not a directory: "
+                                   "write one with `mmserve init-model-repo DIR --preset NAME`")
+
+
+def check_device(settings: Settings) -> None:
+    """``--device``, ``--dtype`` and ``--decode-device`` against this machine (imports torch to ask it)."""
+    from server.runtime.model_loading import plan_device
+
+    plan_device(settings)
+
+
+def bind_listening_socket(host: str, port: int) -> socket.socket:
+    """``host:port`` bound and listening, before the model loads, so a bad address fails in a second."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as e:  # socket.gaierror included: a host name that does not resolve
+        sock.close()
+        raise StartupError(f"--host {host} --port {port} (MMSERVE_HOST, MMSERVE_PORT): cannot listen there "
+                           f"({e.strerror or e}); choose a free port or an address of this machine") from e
+    sock.set_inheritable(True)
+    return sock
+
+
+class OneLineStartupFailure:
+    """ASGI wrapper: a configuration error in the lifespan's start-up is kept, not logged as a traceback.
+
+    Starlette reports a failed start-up to the server with the formatted
+    traceback as the message, then re-raises. The report is held back until
+    the error arrives here: for a ``CONFIGURATION_ERRORS`` error (and unless
+    ``is_debug``) it goes on with an empty message, which uvicorn does not
+    log, and the error is kept in ``error`` for the caller to print.
+    """
+
+    def __init__(self, app: ASGIApp, *, is_debug: bool) -> None:
+        self.app = app
+        self._is_debug = is_debug
+        self.error: Exception | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        held: list[Message] = []
+
+        async def send_holding_failure(message: Message) -> None:
+            if message["type"] == "lifespan.startup.failed":
+                held.append(message)
+                return
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_holding_failure)
+        except CONFIGURATION_ERRORS as e:
+            if held:
+                self.error = None if self._is_debug else e
+                await send(held[0] if self._is_debug else {**held[0], "message": ""})
+            raise
+        except BaseException:
+            if held:
+                await send(held[0])
+            raise
+        if held:  # failed without raising here (not Starlette's way, but keep the report)
+            await send(held[0])

@@ -1,0 +1,99 @@
+"""`mmserve serve` with each configuration error a user can make at start-up, as a user runs it.
+
+Each must exit non-zero with one last line that names the setting, print no
+traceback (unless the log level is debug), and, where the value can be
+checked before the model loads, fail before it loads. The servers start in
+parallel: each is a process importing torch, and none loads a model for long.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+MMSERVE = [sys.executable, "-m", "server.cli", "serve"]
+MODEL_LOADED = "server.runtime.model_loading: model "  # the start-up line once weights are in memory
+PARALLEL_STARTS = 4  # most fail before torch is imported; the rest import it, a few at a time on 2 cores
+
+
+@dataclass(frozen=True)
+class BadStart:
+    name: str
+    args: tuple[str, ...]
+    names_in_last_line: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    fails_before_loading: bool = True
+
+
+def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    cases = [
+        BadStart("model path missing", ("--model", "/nonexistent/dir"), ("--model", "/nonexistent/dir")),
+        BadStart("model directory not loadable", ("--model", str(empty)), (str(empty),),
+                 fails_before_loading=False),
+        BadStart("model repository not a directory", ("--model-repo", str(tmp_path / "none")), ("--model-repo",)),
+        BadStart("model repository not loadable", ("--model-repo", str(empty)), (str(empty),),
+                 fails_before_loading=False),
+        BadStart("hub id not cached offline", ("--model", "someorg/not-cached"), ("someorg/not-cached", "HF_HUB_OFFLINE"),
+                 env=(("HF_HUB_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf")))),
+        BadStart("dtype the CPU lacks", ("--preset", "tiny", "--device", "cpu", "--dtype", "float16"), ("--dtype",)),
+        BadStart("port out of range", ("--preset", "tiny", "--port", "99999"), ("--port", "65535")),
+        BadStart("port taken", ("--preset", "tiny", "--port", str(taken_port)), ("--port", str(taken_port))),
+        BadStart("host not an address", ("--preset", "tiny", "--host", "999.0.0.1", "--port", "0"), ("--host",)),
+        BadStart("key file unreadable", ("--preset", "tiny", "--port", "0"), ("MMSERVE_API_KEY_FILE",),
+                 env=(("MMSERVE_API_KEY_FILE", str(tmp_path / "no-such-keys")),)),
+        BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
+    ]
+    if not torch.cuda.is_available():  # the no-CUDA message needs a machine without CUDA
+        cases.append(BadStart("no CUDA", ("--preset", "tiny", "--device", "cuda"), ("--device cuda",)))
+    return cases
+
+
+def _start(case: BadStart, extra_env: dict[str, str]) -> subprocess.Popen:
+    env = {**os.environ, "MMSERVE_LOG_LEVEL": "info", **dict(case.env), **extra_env}
+    port = () if "--port" in case.args else ("--port", "0")  # cases run side by side: never the default 8000
+    return subprocess.Popen([*MMSERVE, *case.args, *port], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def test_every_bad_configuration_ends_in_one_line_naming_its_setting(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cases = _bad_starts(tmp_path, taken.getsockname()[1])
+        outputs = []
+        for first in range(0, len(cases), PARALLEL_STARTS):
+            running = [(case, _start(case, {})) for case in cases[first:first + PARALLEL_STARTS]]
+            outputs += [(case, *process.communicate(timeout=300), process.returncode) for case, process in running]
+    failures = []
+    for case, output, _, returncode in outputs:
+        lines = [line for line in output.splitlines() if line.strip()]
+        last = lines[-1] if lines else ""
+        problems = []
+        if returncode == 0:
+            problems.append("exited 0")
+        if "Traceback" in output:
+            problems.append("printed a traceback")
+        problems += [f"last line does not name {name!r}" for name in case.names_in_last_line if name not in last]
+        if case.fails_before_loading and MODEL_LOADED in output:
+            problems.append("loaded the model before failing")
+        if problems:
+            failures.append(f"{case.name}: {', '.join(problems)}\n{output[-1500:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_debug_log_level_keeps_the_traceback(tmp_path: Path):
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    case = BadStart("debug", ("--model-repo", str(empty), "--port", "0"), (str(empty),))
+    output, _ = _start(case, {"MMSERVE_LOG_LEVEL": "debug"}).communicate(timeout=300)
+    assert "Traceback" in output
+    assert str(empty) in output
