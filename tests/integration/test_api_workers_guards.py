@@ -157,8 +157,11 @@ def ask(address: tuple[str, int], route: GuardedRoute, key: str | None, body: by
         sent_at = time.monotonic()
         answer = b""
         sock.settimeout(timeout_s)
-        while chunk := sock.recv(65536):
-            answer += chunk
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError as e:
+            raise AssertionError(f"{route}: no answer within {timeout_s} s, after {answer[:100]!r}") from e
         elapsed_s = time.monotonic() - sent_at
     head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
     status = int(head[0].split()[1])
