@@ -11,6 +11,8 @@ there):
     keyless, Content-Length: 100 and no body       401 within 1 s (the body deadline is 2 s: nothing waited on it)
     keyed, 10 of the 100 bytes, then nothing       408 at the body deadline, where the route reads a body;
                                                    its answer at once where it reads none, as with N = 1
+    keyed, promising one byte over the body limit  413 within 1 s
+    keyed, headers never finished                  408 at the header deadline (uvicorn's protocol, in the API process)
     keyed past the rate limit, no body             429 + Retry-After within 1 s (but the docs, never limited)
 
 With N = 2 each refusal is sent on new connections until both API processes
@@ -50,6 +52,8 @@ ADMIN_KEY = "admin-key-Hx4v8Np3"
 LIMITED_KEY = "inference-key-limited-Qw5e1Rt6"
 LIMITED_ADMIN_KEY = "admin-key-limited-Zc9b3Vn2"
 BODY_TIMEOUT_S = 2.0
+HEADER_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 1_000_000
 PROMPT_S = 1.0  # a refusal made before the body is read comes well before the body deadline
 BURST = 120  # more than the keyed requests one key sends before its bucket is emptied on purpose
 RATE_LIMIT = f"0.001/s,burst={BURST}"
@@ -77,7 +81,8 @@ class GuardedRoute:
 def served_settings() -> Settings:
     return Settings(preset="tiny", device="cpu", api_keys=f"{KEY},{LIMITED_KEY}",
                     admin_api_keys=f"{ADMIN_KEY},{LIMITED_ADMIN_KEY}", enable_fault_injection=True,
-                    rate_limit=RATE_LIMIT, body_timeout_s=BODY_TIMEOUT_S)
+                    rate_limit=RATE_LIMIT, body_timeout_s=BODY_TIMEOUT_S, header_timeout_s=HEADER_TIMEOUT_S,
+                    max_body_bytes=MAX_BODY_BYTES)
 
 
 def guarded_routes(path_values: dict[str, str]) -> list[GuardedRoute]:
@@ -122,9 +127,10 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerUnderTest]:
     env = {"MMSERVE_API_KEYS": settings.api_keys.get_secret_value(),  # type: ignore[union-attr]
            "MMSERVE_ADMIN_API_KEYS": settings.admin_api_keys.get_secret_value(),  # type: ignore[union-attr]
            "MMSERVE_RATE_LIMIT": RATE_LIMIT, "MMSERVE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+           "MMSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S), "MMSERVE_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
            "MMSERVE_LOG_LEVEL": "info"}
     args = ["--preset", "tiny", "--device", "cpu", "--api-workers", str(request.param), "--enable-fault-injection"]
-    with run_serve_process(args, env) as served:
+    with run_serve_process(args, env, ready_timeout_s=300) as served:  # three processes start on a busy machine
         under_test = ServerUnderTest(served, request.param)
         reader = threading.Thread(target=lambda: under_test.lines.extend(iter(served.process.stdout.readline, "")),
                                   daemon=True)  # also keeps the pipe from filling while the server logs
@@ -143,26 +149,33 @@ def routes(server: ServerUnderTest) -> list[GuardedRoute]:
 
 
 def ask(address: tuple[str, int], route: GuardedRoute, key: str | None, body: bytes = b"",
-        timeout_s: float = 10.0) -> tuple[int, dict[str, str], float]:
-    """One request on a new connection promising PROMISED_BYTES of body and sending ``body``.
+        timeout_s: float = 10.0, promised_bytes: int = PROMISED_BYTES,
+        is_head_complete: bool = True) -> tuple[int, dict[str, str], float]:
+    """One request on a new connection promising ``promised_bytes`` of body and sending ``body``.
 
-    Its status, headers and how long after the headers were sent the server closed the connection.
+    ``is_head_complete=False``: the header block is left unfinished (no blank line), and nothing more is sent.
+
+    Its status, headers and how long after the request was sent the answer's first byte came (the connection
+    is read until the server closes it).
     """
     headers = [f"{route.method} {route.path} HTTP/1.1", f"Host: {address[0]}:{address[1]}",
-               "Content-Type: application/json", f"Content-Length: {PROMISED_BYTES}", "Connection: close"]
+               "Content-Type: application/json", f"Content-Length: {promised_bytes}", "Connection: close"]
     if key is not None:
         headers.append(f"Authorization: Bearer {key}")
     with socket.create_connection(address) as sock:
-        sock.sendall(("\r\n".join(headers) + "\r\n\r\n").encode() + body)
+        request_head = "\r\n".join(headers) + ("\r\n\r\n" if is_head_complete else "\r\n")
+        sock.sendall(request_head.encode() + body)
         sent_at = time.monotonic()
-        answer = b""
+        answer, answered_at = b"", None
         sock.settimeout(timeout_s)
         try:
             while chunk := sock.recv(65536):
                 answer += chunk
+                answered_at = answered_at or time.monotonic()
         except TimeoutError as e:
             raise AssertionError(f"{route}: no answer within {timeout_s} s, after {answer[:100]!r}") from e
-        elapsed_s = time.monotonic() - sent_at
+    assert answered_at is not None, f"{route}: the connection closed without an answer"
+    elapsed_s = answered_at - sent_at
     head = answer.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
     status = int(head[0].split()[1])
     answer_headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in head[1:])}
@@ -212,6 +225,24 @@ def test_a_keyed_slow_body_gets_408_at_the_body_deadline(server: ServerUnderTest
             assert BODY_TIMEOUT_S - 0.1 <= elapsed_s < BODY_TIMEOUT_S + 1.5, (route, elapsed_s)
         else:  # the route answers without its body, as with one process
             assert status != 408 and elapsed_s < PROMPT_S, (route, status, elapsed_s)
+
+
+def test_a_keyed_body_over_the_limit_gets_413_before_it_is_read(server: ServerUnderTest,
+                                                                routes: list[GuardedRoute]):
+    with ThreadPoolExecutor(len(routes)) as pool:
+        answers = list(pool.map(lambda route: ask(server.address, route, route.key,
+                                                  promised_bytes=MAX_BODY_BYTES + 1), routes))
+    for route, (status, _, elapsed_s) in zip(routes, answers):
+        assert status == 413 and elapsed_s < PROMPT_S, (route, status, elapsed_s)
+
+
+def test_headers_that_never_end_get_408_at_the_header_deadline(server: ServerUnderTest,
+                                                              routes: list[GuardedRoute]):
+    with ThreadPoolExecutor(len(routes)) as pool:
+        answers = list(pool.map(lambda route: ask(server.address, route, route.key, is_head_complete=False), routes))
+    for route, (status, _, elapsed_s) in zip(routes, answers):
+        assert status == 408, (route, status)
+        assert HEADER_TIMEOUT_S - 0.1 <= elapsed_s < HEADER_TIMEOUT_S + 1.5, (route, elapsed_s)
 
 
 def test_over_the_rate_limit_gets_429_before_its_body(server: ServerUnderTest, routes: list[GuardedRoute]):
