@@ -9,17 +9,26 @@
 
 Starlette runs the middleware added last first, so ``add_request_guards`` adds
 them innermost-first. Refusals made here use the JSON error shape of
-``/v1/infer`` whatever the protocol.
+``/v1/infer`` whatever the protocol. ``BodyGuard`` refuses a body while it
+streams by raising from ``receive``; a route that declares its body as a FastAPI
+parameter (``POST /v1/admin/faults``) has it read by FastAPI, which turns any
+such exception into a 400 "error parsing the body", so the app answers that
+400 with the guard's own refusal (408, 413, 499) instead, as every other route
+does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import Response
 
+from server.errors import ApiError
 from server.http.access_log import AccessLog
 from server.http.auth import ApiKeyAuth, access_policy, warn_about_open_routes
 from server.http.body_guard import BodyGuard
@@ -67,3 +76,11 @@ def add_request_guards(app: FastAPI, settings: Settings,
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=list(CORS_METHODS),
                            allow_headers=list(CORS_REQUEST_HEADERS), expose_headers=list(CORS_EXPOSED_HEADERS))
     app.add_middleware(AccessLog)
+    app.add_exception_handler(HTTPException, answer_guard_refusals)
+
+
+async def answer_guard_refusals(request: Request, error: HTTPException) -> Response:
+    """FastAPI's answer to an ``HTTPException``, unless it wraps a guard's refusal raised from ``receive``."""
+    if isinstance(error.__cause__, ApiError):  # FastAPI's body parsing: "raise HTTPException(400) from e"
+        return error.__cause__.response()
+    return await http_exception_handler(request, error)

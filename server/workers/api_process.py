@@ -10,7 +10,7 @@ like the single process on SIGTERM (``server.runtime.lifecycle``).
 ``/v1/classify`` and ``/v1/rank`` tokenize their texts and decode their images
 here too, and the engine scores them (``server.workers.zero_shot_client``).
 Fault drills are the engine's (``/v1/admin/faults`` is answered there,
-``server.workers.engine_routes``); this process holds a copy for the
+after this process's guards, ``server.workers.engine_routes``); this process holds a copy for the
 ``decode`` stage it runs (``server.workers.engine_client``). Tracing is set up
 here as in one process (its own exporter, from the same ``OTEL_*``); the
 batch spans are the engine's to export.
@@ -134,9 +134,10 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
     rate_buckets = None
     if settings.rate_limit is not None and rate_buckets_path is not None:
         rate_buckets = SharedTokenBuckets(rate_buckets_path, RateLimit.parse(settings.rate_limit))
-    wire_routes(app, settings, metrics, registry, rate_buckets=rate_buckets)
+    # Added before the guards, so innermost: forwarded routes pass every guard first (server.workers.engine_routes).
     app.add_middleware(ForwardToEngine, forward=lambda *request: app.state.mmserve.intake.answer_in_engine(*request),
-                       max_body_bytes=settings.max_body_bytes)
+                       routes=app.router.routes)
+    wire_routes(app, settings, metrics, registry, rate_buckets=rate_buckets)
     return app
 
 

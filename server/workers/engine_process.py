@@ -14,8 +14,9 @@ socket (``server.workers.frames``):
                                            /v1/classify or /v1/rank, tokenized and decoded by the API process
                                            (server.workers.zero_shot_engine)
     ("http", id, method, path, headers, body, client) -> ("ok", id, (status, headers, body))
-                                           an admin or monitoring route, answered by the app
-                                           (server.workers.engine_routes)
+                                           an admin or monitoring route the API process has guarded
+                                           (keys, rate limit, body), answered by the app's routes
+                                           without its guards (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (ServedModelFacts, TokenizerFiles)): the model's
                                            facts and its tokenizer's files, all an API process loads
     ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
@@ -35,8 +36,9 @@ so every key and fact is the one a single process derives. Deadlines count from
 clock is CLOCK_MONOTONIC, one clock for every process of the machine.
 
 Fault drills (``POST``/``DELETE /v1/admin/faults``) reach the engine as whole
-HTTP requests (``server.workers.engine_routes``), so their answers, statuses
-and keys are the single process's. The engine's injector holds them and
+HTTP requests (``server.workers.engine_routes``), so their answers and statuses
+are the single process's; the API process has applied keys, rate limit and
+body limits before forwarding them. The engine's injector holds them and
 delays the compute stages it runs; each change is pushed to every API
 process, whose copy delays ``decode`` where decoding runs
 (``server.workers.engine_client``). The engine's intake therefore runs no
@@ -78,7 +80,7 @@ from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_answers import error_fields, portable
-from server.workers.engine_routes import answer_in_engine
+from server.workers.engine_routes import EngineRoutes
 from server.workers.frames import CorkedFrameWriter, read_frame
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
@@ -98,7 +100,7 @@ class Engine:
 
     def __init__(self, state: ServerState, settings: Settings, app: FastAPI) -> None:
         self._state = state
-        self._app = app
+        self._routes = EngineRoutes(app)  # forwarded requests, already guarded by the API process
         bundle = state.router.bundle
         self._input_shape = (bundle.config.preprocess.input_size,) * 2 + (3,)
         self._prepared: dict[int, np.ndarray] = {}  # id(ImageContent) -> pixels an API process decoded
@@ -195,7 +197,7 @@ class Engine:
 
     async def _http(self, call_id: int, request: tuple, reply) -> None:  # noqa: ANN001
         try:
-            reply("ok", call_id, await answer_in_engine(self._app, *request))
+            reply("ok", call_id, await self._routes.answer(*request))
         except asyncio.CancelledError:
             reply("cancelled", call_id)
         except Exception as e:  # noqa: BLE001

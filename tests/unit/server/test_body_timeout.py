@@ -4,9 +4,16 @@ and the size limit, declared (413 before a byte is read) or streamed."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI
+from pydantic import BaseModel
 
 from server.errors import ApiError
 from server.http.body_guard import BodyGuard
+from server.http.middleware import add_request_guards
+from server.settings import Settings
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/infer", "headers": []}
 
@@ -133,3 +140,40 @@ def test_a_body_at_the_limit_passes_whole():
     scope = {**SCOPE, "headers": [(b"content-length", b"10")]}
     sent, num_read = _run(guard, scope, [b"x" * 4, b"x" * 6])
     assert num_read == 2 and sent[0]["status"] == 200 and sent[1]["body"] == b"x" * 10
+
+
+class Drill(BaseModel):  # at module level: FastAPI resolves the endpoint's annotation by name
+    stage: str
+
+
+def test_a_route_with_a_declared_body_answers_the_guards_refusal_not_fastapis_400():
+    """FastAPI reads a declared body itself and turns whatever ``receive`` raises into 400 "error parsing the
+    body"; the app answers the guard's 408 or 413 instead (``POST /v1/admin/faults`` is such a route)."""
+    app = FastAPI()
+    add_request_guards(app, Settings(preset="tiny", device="cpu", body_timeout_s=0.2, max_body_bytes=1_000))
+
+    @app.post("/v1/admin/faults")
+    async def add_fault(body: Drill) -> dict:
+        return {"active": [body.stage]}
+
+    async def trickle() -> AsyncIterator[bytes]:
+        yield b'{"stage": '
+        await asyncio.sleep(1.0)
+        yield b'"text"}'
+
+    async def too_long() -> AsyncIterator[bytes]:  # chunked: no Content-Length to refuse it up front
+        for _ in range(3):
+            yield b"x" * 600
+
+    async def scenario() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return [await client.post("/v1/admin/faults", content=content, headers={"Content-Type": "application/json"})
+                    for content in (trickle(), too_long(), b'{"stage": "text"}', b'{"stage": ')]
+
+    slow, large, whole, malformed = asyncio.run(scenario())
+    assert slow.status_code == 408 and slow.json()["error"]["code"] == "body_timeout"
+    assert slow.headers["connection"] == "close"
+    assert large.status_code == 413
+    assert whole.status_code == 200 and whole.json() == {"active": ["text"]}
+    assert malformed.status_code == 422  # FastAPI's own answers are unchanged
