@@ -65,7 +65,7 @@ import numpy as np
 from fastapi import FastAPI
 from prometheus_client import generate_latest
 
-from models.tokenizer_files import pack_tokenizer
+from models.tokenizer_packing import pack_tokenizer
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey

@@ -43,7 +43,7 @@ from monitoring.inputs import RequestInputs
 from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
 from models.loading.repository import ModelDescription
 from models.served_facts import ServedModelFacts
-from models.tokenizer import TokenizedText
+from models.torch_free.text_ids import TokenizedText
 from models.tokenizer_files import TokenizerFiles
 from router.faults import FaultPlan
 from router.intake import IntakeItem, IntakeOutcome

@@ -3,7 +3,7 @@
 With ``MMSERVE_TEST_DECODE_LOG`` set, each call of the server's image
 decoder appends ``<pid>\\n`` to that file, so a test sees which process
 decoded how many images across the supervisor's children. Likewise
-``MMSERVE_TEST_TOKENIZE_LOG`` for each text tokenized (``TextTokenizer.encode``;
+``MMSERVE_TEST_TOKENIZE_LOG`` for each text tokenized (``LimitedTokenizer.encode``, which every tokenizer uses;
 ``MMSERVE_TEST_TOKENIZE_DELAY_S`` makes each call take that much longer, so a
 test can find tokenizing in a stage's time) and ``MMSERVE_TEST_PIXELS_LOG``
 for each array turned into the model's input (raw uploads, arrays a decoder
@@ -32,16 +32,16 @@ if os.environ.get("MMSERVE_TEST_PIXELS_LOG"):  # first: later imports take the f
     _preprocessing.pixels_to_model_input = _logging(_preprocessing.pixels_to_model_input, "MMSERVE_TEST_PIXELS_LOG")
 
 if os.environ.get("MMSERVE_TEST_TOKENIZE_LOG") or os.environ.get("MMSERVE_TEST_TOKENIZE_DELAY_S"):
-    from models.tokenizer import TextTokenizer as _TextTokenizer
+    from models.torch_free.text_ids import LimitedTokenizer as _LimitedTokenizer  # no torch in API processes
 
-    _real_encode = _TextTokenizer.encode
+    _real_encode = _LimitedTokenizer.encode
     _delay_s = float(os.environ.get("MMSERVE_TEST_TOKENIZE_DELAY_S") or 0)
 
     def _slow_encode(self, text, *, truncate):  # noqa: ANN001, ANN202
         time.sleep(_delay_s)
         return _real_encode(self, text, truncate=truncate)
 
-    _TextTokenizer.encode = (_logging(_slow_encode, "MMSERVE_TEST_TOKENIZE_LOG")
+    _LimitedTokenizer.encode = (_logging(_slow_encode, "MMSERVE_TEST_TOKENIZE_LOG")
                              if os.environ.get("MMSERVE_TEST_TOKENIZE_LOG") else _slow_encode)
 
 if os.environ.get("MMSERVE_TEST_DECODE_LOG"):
