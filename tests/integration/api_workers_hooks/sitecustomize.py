@@ -10,10 +10,14 @@ for each array turned into the model's input (raw uploads, arrays a decoder
 returned: ``models.preprocessing.pixels_to_model_input``), and
 ``MMSERVE_TEST_PEEK_LOG`` for each time an API process asks the engine which images it holds.
 ``MMSERVE_TEST_TOKENIZER_REFUSED`` makes every API process's start-up fail as one whose
-tokenizer cannot be rebuilt as the engine's does.
+tokenizer cannot be rebuilt as the engine's does. With ``MMSERVE_TEST_MODULES_DIR`` set, a
+process sent SIGUSR2 writes the names in its ``sys.modules`` to ``<dir>/<pid>`` (what a live
+process has imported by then).
 """
 
 import os
+import signal
+import sys
 import time
 
 
@@ -67,3 +71,12 @@ if os.environ.get("MMSERVE_TEST_TOKENIZER_REFUSED"):  # only API processes rebui
         raise RuntimeError("the engine's tokenizer files build a different tokenizer here")
 
     _tokenizer_files.unpack_tokenizer = _refuse
+
+if os.environ.get("MMSERVE_TEST_MODULES_DIR"):
+    def _write_modules(signum, frame):  # noqa: ANN001, ANN202, ARG001 - a signal handler
+        path = os.path.join(os.environ["MMSERVE_TEST_MODULES_DIR"], str(os.getpid()))
+        with open(path + ".part", "w") as out:
+            out.write("\n".join(sorted(sys.modules)))
+        os.replace(path + ".part", path)  # whole, or not there
+
+    signal.signal(signal.SIGUSR2, _write_modules)
