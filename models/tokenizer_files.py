@@ -30,9 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from models.errors import ModelRepositoryError
-from models.torch_free.clip_bpe import CLEAN_FUNCTIONS, CLEAN_NAMES, ClipBpeTokenizer
-from models.torch_free.json_tokenizer import JsonTokenizer
-from models.torch_free.siglip_sentencepiece import SiglipSentencePieceTokenizer, SiglipSettings, SpecialToken
 from models.torch_free.text_ids import LimitedTokenizer
 
 TOKENIZER_JSON, SIGLIP_SENTENCEPIECE = "tokenizer_json", "siglip_sentencepiece"
@@ -93,11 +90,17 @@ def _file(files: TokenizerFiles, name: str) -> bytes:
 
 
 def _build(files: TokenizerFiles) -> LimitedTokenizer:
+    """The kind's reader, imported only when its kind arrives: an API process that died is started again,
+    and tokenizers, sentencepiece and ftfy each take a noticeable part of its start to import."""
     if files.kind == TOKENIZER_JSON:
+        from models.torch_free.json_tokenizer import JsonTokenizer
+
         return JsonTokenizer(_file(files, JSON_FILE).decode(), files.max_tokens,
                              truncates_by_default=files.truncates_by_default, pad_token_id=files.pad_token_id,
                              encode_special_tokens=files.split_special_tokens)
     if files.kind == SIGLIP_SENTENCEPIECE:
+        from models.torch_free.siglip_sentencepiece import SiglipSentencePieceTokenizer, SiglipSettings, SpecialToken
+
         settings = json.loads(_file(files, SPECIALS_FILE))
         siglip = SiglipSettings(
             special_tokens=tuple(SpecialToken(t["content"], int(t["id"]), bool(t["lstrip"]), bool(t["rstrip"]))
@@ -107,6 +110,9 @@ def _build(files: TokenizerFiles) -> LimitedTokenizer:
         return SiglipSentencePieceTokenizer(_file(files, SPIECE_FILE), siglip, files.max_tokens,
                                             truncates_by_default=files.truncates_by_default,
                                             pad_token_id=files.pad_token_id)
+    from models.torch_free.clip_bpe import CLEAN_FUNCTIONS, CLEAN_NAMES, ClipBpeTokenizer
+    from models.torch_free.json_tokenizer import JsonTokenizer
+
     if files.clean not in CLEAN_FUNCTIONS:
         raise ModelRepositoryError(f"unknown open_clip text cleaning {files.clean!r}")
     if files.kind == OPEN_CLIP_HF:

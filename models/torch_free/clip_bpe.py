@@ -27,9 +27,6 @@ import string
 from collections.abc import Callable
 from functools import lru_cache
 
-import ftfy
-import regex
-
 from models.torch_free.text_ids import LimitedTokenizer
 
 NUM_MERGES_READ = 49152 - 256 - 2  # open_clip reads at most this many merge lines after the first
@@ -52,6 +49,9 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 def _basic_clean(text: str) -> str:
+    import ftfy  # imported by the first text (ClipBpeTokenizer imports it at construction): an API process
+    # serving another family never pays for it
+
     return html.unescape(html.unescape(ftfy.fix_text(text))).strip()
 
 
@@ -84,6 +84,8 @@ class ClipBpeTokenizer(LimitedTokenizer):
                  additional_special_tokens: tuple[str, ...] = ()) -> None:
         if clean not in CLEAN_FUNCTIONS:
             raise ValueError(f"unknown open_clip text cleaning {clean!r}")
+        import ftfy  # noqa: F401 - imported here, not by the first text (see _basic_clean)
+        import regex
         self.max_tokens = max_tokens
         self.truncates_by_default = True
         self.pad_token_id = 0
@@ -148,7 +150,7 @@ class ClipBpeTokenizer(LimitedTokenizer):
     def token_ids(self, text: str) -> list[int]:
         ids = [self._sot_id]
         encoder, byte_encoder = self._encoder, self._byte_encoder
-        for word in regex.findall(self._pattern, self._clean(text)):
+        for word in self._pattern.findall(self._clean(text)):
             chars = "".join(byte_encoder[b] for b in word.encode("utf-8"))
             ids.extend(encoder[piece] for piece in self._bpe(chars).split(" "))
         ids.append(self._eot_id)
