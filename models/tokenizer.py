@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from models.errors import ModelRepositoryError
+from models.torch_free.json_tokenizer import turn_off_whole_text_cache_of
 from models.torch_free.text_ids import LimitedTokenizer
 from models.torch_free.text_ids import TokenizedText as TokenizedText  # re-exported: the engine's modules
 from models.torch_free.text_ids import cut_to as cut_to  # take them from here
@@ -55,29 +56,10 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
 
 
 def turn_off_whole_text_cache(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Turn off the BPE word cache when its "words" are whole texts; returns whether it did.
-
-    A BPE model memoizes the tokens of each word its pre-tokenizer yields, up to
-    10,000 words in each thread that tokenizes (``tokenizers`` 0.23 keeps one
-    cache per thread). When the pre-tokenizer does not split (none, or
-    byte-level without its regex, as in the presets), the word is the whole
-    text. Texts rarely repeat, so each decode thread and the event loop would
-    fill a cache of its own with texts never asked again (about 1.3 KiB each
-    for a short text, some 70 MB for a server) while a hit saves little: the
-    presets' tokenizer has no merges. ``save_pretrained`` does not keep the
-    setting, so it is applied to every tokenizer the server wraps.
-    """
+    """Turn off the BPE word cache of a transformers tokenizer when its "words" are whole texts (why:
+    ``models.torch_free.json_tokenizer.turn_off_whole_text_cache_of``); returns whether it did."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not isinstance(backend.model, models.BPE):
-        return False
-    pre_tokenizer = backend.pre_tokenizer
-    is_whole_text = pre_tokenizer is None or (
-        isinstance(pre_tokenizer, pre_tokenizers.ByteLevel) and not pre_tokenizer.use_regex)
-    resize_cache = getattr(backend.model, "_resize_cache", None)  # private in tokenizers; old releases lack it
-    if not is_whole_text or resize_cache is None:
-        return False
-    resize_cache(0)
-    return True
+    return backend is not None and turn_off_whole_text_cache_of(backend)
 
 
 def is_stock_fast(tokenizer: object) -> bool:

@@ -35,7 +35,7 @@ class JsonTokenizer(LimitedTokenizer):
         backend.no_truncation()  # the limit and the cut are the server's (LimitedTokenizer.encode)
         backend.no_padding()
         backend.encode_special_tokens = encode_special_tokens
-        _turn_off_whole_text_cache(backend)
+        turn_off_whole_text_cache_of(backend)
         self._backend = backend
         self._clean = clean
 
@@ -48,11 +48,26 @@ class JsonTokenizer(LimitedTokenizer):
         return self._identity
 
 
-def _turn_off_whole_text_cache(backend: Tokenizer) -> None:
-    """As ``models.tokenizer.turn_off_whole_text_cache``: no BPE memo of whole texts, which rarely repeat."""
+def turn_off_whole_text_cache_of(backend: Tokenizer) -> bool:
+    """Turn off a BPE backend's word cache when its "words" are whole texts; returns whether it did.
+
+    A BPE model memoizes the tokens of each word its pre-tokenizer yields, up to
+    10,000 words in each thread that tokenizes (``tokenizers`` 0.23 keeps one
+    cache per thread). When the pre-tokenizer does not split (none, or
+    byte-level without its regex, as in the presets), the word is the whole
+    text. Texts rarely repeat, so each decode thread and the event loop would
+    fill a cache of its own with texts never asked again (about 1.3 KiB each
+    for a short text, some 70 MB for a server) while a hit saves little: the
+    presets' tokenizer has no merges. ``save_pretrained`` does not keep the
+    setting, so it is applied to every tokenizer the server wraps.
+    """
+    if not isinstance(backend.model, models.BPE):
+        return False
     pre_tokenizer = backend.pre_tokenizer
     is_whole_text = pre_tokenizer is None or (
         isinstance(pre_tokenizer, pre_tokenizers.ByteLevel) and not pre_tokenizer.use_regex)
-    resize_cache = getattr(backend.model, "_resize_cache", None)
-    if isinstance(backend.model, models.BPE) and is_whole_text and resize_cache is not None:
-        resize_cache(0)
+    resize_cache = getattr(backend.model, "_resize_cache", None)  # private in tokenizers; old releases lack it
+    if not is_whole_text or resize_cache is None:
+        return False
+    resize_cache(0)
+    return True
