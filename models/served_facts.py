@@ -21,9 +21,13 @@ weights (``server.workers``), so both paths answer from one code path.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from models.loading.config import ModelConfig
-from models.loading.repository import ModelBundle, ModelDescription
+from models.torch_free.description import ModelDescription
+
+if TYPE_CHECKING:
+    from models.loading.repository import ModelBundle
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,16 @@ Hugging Face text model brings its own tokenizer instead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from models.errors import ModelRepositoryError, TextTooLongError
+from models.errors import ModelRepositoryError
+from models.torch_free.json_tokenizer import turn_off_whole_text_cache_of
+from models.torch_free.text_ids import LimitedTokenizer
+from models.torch_free.text_ids import TokenizedText as TokenizedText  # re-exported: the engine's modules
+from models.torch_free.text_ids import cut_to as cut_to  # take them from here
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 BYTE_LEVEL_VOCAB_SIZE = len(SPECIAL_TOKENS) + 256
@@ -53,29 +56,19 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
 
 
 def turn_off_whole_text_cache(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """Turn off the BPE word cache when its "words" are whole texts; returns whether it did.
-
-    A BPE model memoizes the tokens of each word its pre-tokenizer yields, up to
-    10,000 words in each thread that tokenizes (``tokenizers`` 0.23 keeps one
-    cache per thread). When the pre-tokenizer does not split (none, or
-    byte-level without its regex, as in the presets), the word is the whole
-    text. Texts rarely repeat, so each decode thread and the event loop would
-    fill a cache of its own with texts never asked again (about 1.3 KiB each
-    for a short text, some 70 MB for a server) while a hit saves little: the
-    presets' tokenizer has no merges. ``save_pretrained`` does not keep the
-    setting, so it is applied to every tokenizer the server wraps.
-    """
+    """Turn off the BPE word cache of a transformers tokenizer when its "words" are whole texts (why:
+    ``models.torch_free.json_tokenizer.turn_off_whole_text_cache_of``); returns whether it did."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or not isinstance(backend.model, models.BPE):
-        return False
-    pre_tokenizer = backend.pre_tokenizer
-    is_whole_text = pre_tokenizer is None or (
-        isinstance(pre_tokenizer, pre_tokenizers.ByteLevel) and not pre_tokenizer.use_regex)
-    resize_cache = getattr(backend.model, "_resize_cache", None)  # private in tokenizers; old releases lack it
-    if not is_whole_text or resize_cache is None:
-        return False
-    resize_cache(0)
-    return True
+    return backend is not None and turn_off_whole_text_cache_of(backend)
+
+
+def is_stock_fast(tokenizer: object) -> bool:
+    """A fast tokenizer whose Python side encodes as the stock one does: its Rust backend is the whole tokenization."""
+    cls = type(tokenizer)
+    return (isinstance(tokenizer, PreTrainedTokenizerFast)
+            and cls._encode_plus is PreTrainedTokenizerFast._encode_plus
+            and cls.__call__ is PreTrainedTokenizerBase.__call__
+            and getattr(tokenizer, "backend_tokenizer", None) is not None)
 
 
 def direct_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer | None:
@@ -90,27 +83,14 @@ def direct_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer | None:
     each call still checks that nothing set truncation or padding since.
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    cls = type(tokenizer)
-    is_stock = (isinstance(tokenizer, PreTrainedTokenizerFast)
-                and cls._encode_plus is PreTrainedTokenizerFast._encode_plus
-                and cls.__call__ is PreTrainedTokenizerBase.__call__)
-    if backend is None or not is_stock:
+    if backend is None or not is_stock_fast(tokenizer):
         return None
     if backend.encode_special_tokens != bool(getattr(tokenizer, "split_special_tokens", False)):
         return None
     return backend
 
 
-@dataclass(frozen=True)
-class TokenizedText:
-    """Token ids of one text, ready for the text encoder."""
-
-    token_ids: tuple[int, ...]
-    is_truncated: bool
-    num_tokens_before_truncation: int
-
-
-class TextTokenizer:
+class TextTokenizer(LimitedTokenizer):
     """Wraps a fast tokenizer with the encoder's ``max_tokens`` limit.
 
     Called from the server's decode threads, and on the event loop for short
@@ -118,13 +98,10 @@ class TextTokenizer:
     pool); safe from several threads at once.
 
     ``truncates_by_default`` is the family's own policy for a text over the
-    limit. Where the reference library always cuts it (SigLIP, whose
-    transformers pipeline tokenizes with ``truncation=True, max_length=64``;
-    every open_clip tokenizer), mmserve cuts it too, whatever the request's
-    ``truncate`` says, and the answer's ``text.truncated`` tells the client;
-    elsewhere a too-long text is refused unless the request asks to truncate.
-    Subclasses for other libraries (``models.families.open_clip_tokenizer``) override
-    ``token_ids`` and ``identity``; the limit and the cut stay here.
+    limit (``models.torch_free.text_ids.LimitedTokenizer``, which holds the
+    limit and the cut). Subclasses for other libraries
+    (``models.families.open_clip_tokenizer``) override ``token_ids`` and
+    ``identity``.
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, max_tokens: int, *,
@@ -156,32 +133,3 @@ class TextTokenizer:
         if backend is not None:
             return backend.to_str()
         return repr(sorted(self.tokenizer.get_vocab().items()))
-
-    def encode(self, text: str, *, truncate: bool) -> TokenizedText:
-        """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate`` or the family truncates.
-
-        Several decode threads call this at once. A fast tokenizer's truncation
-        is a setting on the shared Rust tokenizer, so asking it to truncate
-        from one thread changes what another thread gets. Every call therefore
-        tokenizes the same way (no truncation) and truncation cuts the ids
-        here: the first ``max_tokens - 1`` ids and the closing special token,
-        which is what the reference libraries' truncation gives.
-        """
-        token_ids = self.token_ids(text)
-        num_tokens = len(token_ids)
-        if num_tokens <= self.max_tokens:
-            return TokenizedText(tuple(token_ids), False, num_tokens)
-        if not (truncate or self.truncates_by_default):
-            raise TextTooLongError(num_tokens, self.max_tokens)
-        return cut_to(TokenizedText(tuple(token_ids), False, num_tokens), self.max_tokens)
-
-
-def cut_to(text: TokenizedText, max_tokens: int) -> TokenizedText:
-    """``text`` cut to ``max_tokens`` ids the way the reference libraries cut: the first
-    ``max_tokens - 1`` and the closing special token (a joint-token budget cuts this way too)."""
-    if len(text.token_ids) <= max_tokens:
-        return text
-    if max_tokens < 2:
-        raise ValueError(f"a limit of {max_tokens} tokens leaves no room for a text and its closing token")
-    return TokenizedText((*text.token_ids[: max_tokens - 1], text.token_ids[-1]), True,
-                         text.num_tokens_before_truncation)

@@ -1,39 +1,42 @@
-"""A served tokenizer as the files its own library saves, and the same tokenizer built back from them.
+"""A served tokenizer as files, and the same tokenizer built back from them without the model libraries.
 
 An API process in front of the engine (``--api-workers N``) tokenizes every
 text before the engine sees it, so it needs the engine's tokenizer, but not
-its weights. The engine packs the tokenizer it loaded into ``TokenizerFiles``
-(plain bytes and strings, so a control frame carries it without pickle) and
-the API process unpacks it:
+its weights, nor transformers or open_clip (each imports torch). The engine
+packs the tokenizer it loaded into ``TokenizerFiles`` (plain bytes and
+strings, so a control frame carries it without pickle;
+``models.tokenizer_packing``) and the API process unpacks it here, with
+torch-free readers of the same files:
 
-    kind                 files                                  built back with
-    "transformers"       save_pretrained output                 AutoTokenizer.from_pretrained (local files)
-    "open_clip_hf"       the wrapped tokenizer's save_pretrained open_clip's HFTokenizer(dir, clean=...)
-    "open_clip_simple"   the BPE merges (open_clip's gzip format) open_clip's SimpleTokenizer(bpe, specials, clean)
+    kind                    files                               built back with
+    "tokenizer_json"        the fast tokenizer's Rust backend   tokenizers.Tokenizer.from_str
+                            (tokenizer.json)                    (models.torch_free.json_tokenizer)
+    "siglip_sentencepiece"  spiece.model + its special tokens   sentencepiece
+                            (special_tokens.json)               (models.torch_free.siglip_sentencepiece)
+    "open_clip_hf"          the wrapped tokenizer.json          tokenizers + open_clip's cleaning
+    "open_clip_simple"      the BPE merges (open_clip's gzip)   models.torch_free.clip_bpe
 
 ``identity`` is the engine's ``TextTokenizer.identity()`` (the string its
 fingerprint hashes): the tokenizer built back must name itself the same, or
 unpacking fails (``ModelRepositoryError``) rather than tokenize otherwise than
-the engine does. The limit (``max_tokens``) and the family's truncation policy
-travel as they are.
+the engine does. The limit (``max_tokens``), the family's truncation policy
+and the pad id travel as they are.
 """
 
 from __future__ import annotations
 
-import gzip
-import tempfile
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
 from models.errors import ModelRepositoryError
-from models.families.open_clip_tokenizer import OpenClipTokenizer
-from models.tokenizer import TextTokenizer
+from models.torch_free.text_ids import LimitedTokenizer
 
-TRANSFORMERS, OPEN_CLIP_HF, OPEN_CLIP_SIMPLE = "transformers", "open_clip_hf", "open_clip_simple"
+TOKENIZER_JSON, SIGLIP_SENTENCEPIECE = "tokenizer_json", "siglip_sentencepiece"
+OPEN_CLIP_HF, OPEN_CLIP_SIMPLE = "open_clip_hf", "open_clip_simple"
+JSON_FILE = "tokenizer.json"
+SPIECE_FILE, SPECIALS_FILE = "spiece.model", "special_tokens.json"
 BPE_FILE = "bpe_merges.txt.gz"  # SimpleTokenizer skips the first line and reads one merge per line after it
-_CLEAN_KINDS = {"_clean_lower": "lower", "_clean_whitespace": "whitespace", "_clean_canonicalize": "canonicalize"}
 
 
 @dataclass(frozen=True)
@@ -41,13 +44,15 @@ class TokenizerFiles:
     """One tokenizer as files (name -> bytes) and the few settings its files do not hold.
 
     Attributes:
-        kind: Which library builds it back (the module's table).
-        files: What that library saved, by file name (no directories).
+        kind: Which reader builds it back (the module's table).
+        files: What that reader reads, by file name (no directories).
         identity: The packed tokenizer's ``identity()``; the unpacked one must give the same.
         max_tokens: The server's text limit (the encoder's and the tokenizer's, whichever is lower).
         truncates_by_default: The family cuts a too-long text whatever the request says.
-        clean: open_clip's text cleaning ("lower", "whitespace", "canonicalize"); "" for transformers.
+        clean: open_clip's text cleaning ("lower", "whitespace", "canonicalize"); "" otherwise.
         special_tokens: open_clip SimpleTokenizer's added special tokens (after its own two).
+        pad_token_id: The id the engine pads with.
+        split_special_tokens: A fast tokenizer reads special tokens in a text as plain text.
     """
 
     kind: str
@@ -57,71 +62,65 @@ class TokenizerFiles:
     truncates_by_default: bool
     clean: str = ""
     special_tokens: tuple[str, ...] = ()
+    pad_token_id: int = 0
+    split_special_tokens: bool = False
 
 
-def pack_tokenizer(tokenizer: TextTokenizer) -> TokenizerFiles:
-    """``tokenizer`` as files (its library's own ``save_pretrained``, or open_clip's BPE merges)."""
-    if type(tokenizer) is TextTokenizer:
-        return TokenizerFiles(TRANSFORMERS, _saved_files(tokenizer.tokenizer), tokenizer.identity(),
-                              tokenizer.max_tokens, tokenizer.truncates_by_default)
-    if not isinstance(tokenizer, OpenClipTokenizer):
-        raise ModelRepositoryError(f"a {type(tokenizer).__name__} cannot be sent to the API processes")
-    wrapped = tokenizer.tokenizer
-    clean = _CLEAN_KINDS.get(wrapped.clean_fn.__name__)
-    if clean is None:
-        raise ModelRepositoryError(f"open_clip text cleaning {wrapped.clean_fn.__name__!r} cannot be sent to the "
-                                   "API processes")
-    if hasattr(wrapped, "bpe_ranks"):  # SimpleTokenizer
-        merges = sorted(wrapped.bpe_ranks, key=wrapped.bpe_ranks.__getitem__)
-        text = "\n".join(["#version: mmserve", *(" ".join(merge) for merge in merges)])  # no trailing newline
-        num_base = 2 * len(wrapped.byte_encoder) + len(merges)  # bytes, bytes + "</w>", merges, then specials
-        specials = tuple(token for token, _ in sorted(wrapped.encoder.items(), key=lambda item: item[1])[num_base:])
-        if specials[:2] != ("<start_of_text>", "<end_of_text>"):
-            raise ModelRepositoryError(f"open_clip SimpleTokenizer with special tokens {specials[:2]} cannot be sent "
-                                       "to the API processes")
-        return TokenizerFiles(OPEN_CLIP_SIMPLE, {BPE_FILE: gzip.compress(text.encode(), mtime=0)},
-                              tokenizer.identity(), tokenizer.max_tokens, True, clean, specials[2:])
-    return TokenizerFiles(OPEN_CLIP_HF, _saved_files(wrapped.tokenizer), tokenizer.identity(),
-                          tokenizer.max_tokens, True, clean)
-
-
-def unpack_tokenizer(files: TokenizerFiles) -> TextTokenizer:
+def unpack_tokenizer(files: TokenizerFiles) -> LimitedTokenizer:
     """The tokenizer ``files`` holds; ``ModelRepositoryError`` unless it is the one that was packed."""
-    with tempfile.TemporaryDirectory(prefix="mmserve-tokenizer-") as directory:
-        for name, data in files.files.items():
-            if Path(name).name != name:
-                raise ModelRepositoryError(f"tokenizer file name {name!r} is not a plain file name")
-            (Path(directory) / name).write_bytes(data)
-        try:
-            tokenizer = _build(files, directory)
-        except (OSError, ValueError) as e:
-            raise ModelRepositoryError(f"cannot build the {files.kind} tokenizer back from its files: {e}") from e
+    for name in files.files:
+        if Path(name).name != name:
+            raise ModelRepositoryError(f"tokenizer file name {name!r} is not a plain file name")
+    try:
+        tokenizer = _build(files)
+    except ModelRepositoryError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the readers' own errors (tokenizers raises a bare Exception)
+        raise ModelRepositoryError(f"cannot build the {files.kind} tokenizer back from its files: {e}") from e
     if tokenizer.identity() != files.identity:
         raise ModelRepositoryError(f"the {files.kind} tokenizer built back from its files tokenizes otherwise than "
                                    "the one packed (its identity differs)")
     return tokenizer
 
 
-def _build(files: TokenizerFiles, directory: str) -> TextTokenizer:
-    if files.kind == TRANSFORMERS:
-        return TextTokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True), files.max_tokens,
-                             truncates_by_default=files.truncates_by_default)
-    if files.kind not in (OPEN_CLIP_HF, OPEN_CLIP_SIMPLE):
-        raise ModelRepositoryError(f"unknown tokenizer kind {files.kind!r}")
-    import open_clip.tokenizer as oc_tokenizer
+def _file(files: TokenizerFiles, name: str) -> bytes:
+    if name not in files.files:
+        raise ModelRepositoryError(f"the {files.kind} tokenizer arrived without its file {name!r}")
+    return files.files[name]
 
+
+def _build(files: TokenizerFiles) -> LimitedTokenizer:
+    """The kind's reader, imported only when its kind arrives: an API process that died is started again,
+    and tokenizers, sentencepiece and ftfy each take a noticeable part of its start to import."""
+    if files.kind == TOKENIZER_JSON:
+        from models.torch_free.json_tokenizer import JsonTokenizer
+
+        return JsonTokenizer(_file(files, JSON_FILE).decode(), files.max_tokens,
+                             truncates_by_default=files.truncates_by_default, pad_token_id=files.pad_token_id,
+                             encode_special_tokens=files.split_special_tokens)
+    if files.kind == SIGLIP_SENTENCEPIECE:
+        from models.torch_free.siglip_sentencepiece import SiglipSentencePieceTokenizer, SiglipSettings, SpecialToken
+
+        settings = json.loads(_file(files, SPECIALS_FILE))
+        siglip = SiglipSettings(
+            special_tokens=tuple(SpecialToken(t["content"], int(t["id"]), bool(t["lstrip"]), bool(t["rstrip"]))
+                                 for t in settings["special_tokens"]),
+            eos_token=settings["eos_token"], unk_token=settings["unk_token"],
+            is_lower_case=bool(settings["do_lower_case"]))
+        return SiglipSentencePieceTokenizer(_file(files, SPIECE_FILE), siglip, files.max_tokens,
+                                            truncates_by_default=files.truncates_by_default,
+                                            pad_token_id=files.pad_token_id)
+    from models.torch_free.clip_bpe import CLEAN_FUNCTIONS, CLEAN_NAMES, ClipBpeTokenizer
+    from models.torch_free.json_tokenizer import JsonTokenizer
+
+    if files.clean not in CLEAN_FUNCTIONS:
+        raise ModelRepositoryError(f"unknown open_clip text cleaning {files.clean!r}")
     if files.kind == OPEN_CLIP_HF:
-        wrapped = oc_tokenizer.HFTokenizer(directory, context_length=files.max_tokens, clean=files.clean,
-                                           local_files_only=True)
-    else:
-        wrapped = oc_tokenizer.SimpleTokenizer(str(Path(directory) / BPE_FILE),
-                                               additional_special_tokens=list(files.special_tokens) or None,
-                                               context_length=files.max_tokens, clean=files.clean)
-    return OpenClipTokenizer(wrapped, files.max_tokens)
-
-
-def _saved_files(tokenizer: object) -> dict[str, bytes]:
-    """What ``save_pretrained`` writes for this transformers tokenizer, by file name."""
-    with tempfile.TemporaryDirectory(prefix="mmserve-tokenizer-") as directory:
-        tokenizer.save_pretrained(directory)  # type: ignore[attr-defined]
-        return {path.name: path.read_bytes() for path in sorted(Path(directory).iterdir()) if path.is_file()}
+        return JsonTokenizer(_file(files, JSON_FILE).decode(), files.max_tokens, truncates_by_default=True,
+                             pad_token_id=files.pad_token_id, encode_special_tokens=files.split_special_tokens,
+                             clean=CLEAN_FUNCTIONS[files.clean],
+                             identity_prefix=f"open_clip.HFTokenizer|{CLEAN_NAMES[files.clean]}|")
+    if files.kind == OPEN_CLIP_SIMPLE:
+        return ClipBpeTokenizer(_file(files, BPE_FILE), files.max_tokens, clean=files.clean,
+                                additional_special_tokens=files.special_tokens)
+    raise ModelRepositoryError(f"unknown tokenizer kind {files.kind!r}")

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from models.scores import CalibratedScore, ScoreKind
+from models.torch_free.ranking import best_first as best_first  # re-exported: the pipelines' order
 
 
 class ClassifyScoreKind(enum.StrEnum):
@@ -76,9 +77,3 @@ def pair_scores(score: CalibratedScore, image_embeddings: torch.Tensor,
 def stack_embeddings(embeddings: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per-item (E,) embeddings, all on one device -> (K, E)."""
     return torch.stack(list(embeddings))  # (K, E)
-
-
-def best_first(scores: Sequence[float], top_k: int | None = None) -> list[int]:
-    """Indices of ``scores``, highest first; ties keep their given order (the pipeline's stable sort), cut to ``top_k``."""
-    order = sorted(range(len(scores)), key=lambda index: -scores[index])
-    return order if top_k is None else order[:top_k]

@@ -23,10 +23,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.jpeg_decode import DeviceJpegDecoder
+if TYPE_CHECKING:
+    from models.jpeg_decode import DeviceJpegDecoder
 
 
 class DeviceDecodeRound:

@@ -56,15 +56,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
-from models.jpeg_decode import DeviceJpegDecoder
 from models.loading.config import PreprocessConfig
-from models.loading.repository import ModelBundle
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from models.tokenizer import TextTokenizer, TokenizedText
+from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
 from router.device_decode_round import DeviceDecodeRound
 from router.errors import ImageItemError, IntakeItemError
 from router.faults import FaultInjector
@@ -73,9 +72,13 @@ from router.item_facts import ItemFacts
 from router.item_text import INLINE_TEXT_MAX_CHARS, fit_item_text
 from router.joint_budget import JointTokenBudget, JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
-from router.router import Router
 from router.segments import ImageContent, SegmentPlan
 from router.tracing import SpanIds
+
+if TYPE_CHECKING:
+    from models.jpeg_decode import DeviceJpegDecoder
+    from models.loading.repository import ModelBundle
+    from router.router import Router
 
 ImageDecoder = Callable[[bytes], "Image.Image | np.ndarray"]
 """Encoded image bytes -> an RGB Pillow image or (H, W, 3) uint8 pixels; raises on a bad image."""
@@ -115,7 +118,7 @@ class IntakeTools:
         preprocess: How an image becomes the model's (S, S, 3) uint8 input.
     """
 
-    tokenizer: TextTokenizer
+    tokenizer: LimitedTokenizer
     budget: JointTokenBudget
     preprocess: PreprocessConfig
 

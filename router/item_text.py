@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
-from models.tokenizer import TextTokenizer, TokenizedText
+from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
 from router.joint_budget import JointTokenBudget, JointTokens
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 INLINE_TEXT_MAX_CHARS = 256
 
 
-def fit_item_text(tokenizer: TextTokenizer, budget: JointTokenBudget,
+def fit_item_text(tokenizer: LimitedTokenizer, budget: JointTokenBudget,
                   item: IntakeItem) -> tuple[TokenizedText | None, JointTokens]:
     """The item's text as it will run (cut to fit when it asked to ``truncate``) and its joint count.
 
@@ -62,7 +62,7 @@ class ItemTextFitter:
         inline_text_max_chars: A text this short is tokenized on the event loop.
     """
 
-    def __init__(self, tokenizer: TextTokenizer, budget: JointTokenBudget, executor: Executor, *,
+    def __init__(self, tokenizer: LimitedTokenizer, budget: JointTokenBudget, executor: Executor, *,
                  inline_text_max_chars: int = INLINE_TEXT_MAX_CHARS) -> None:
         self._tokenizer = tokenizer
         self._budget = budget

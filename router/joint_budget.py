@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from models.served_facts import ServedModelFacts
-from models.tokenizer import TokenizedText, cut_to
+from models.torch_free.text_ids import TokenizedText, cut_to
 from router.errors import JointTokensExceededError, TooManyImagesError
 
 DEFAULT_MAX_IMAGES_PER_REQUEST = 4

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.multimodal import ImageSegment, TextSegment
-
 if TYPE_CHECKING:
+    from models.multimodal import ImageSegment, TextSegment
     from router.tracing import BatchTrace, SpanIds
 
 

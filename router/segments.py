@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Generic, TYPE_CHECKING, TypeVar
 
 from cache import (
     CacheLookup,
@@ -48,9 +48,11 @@ from cache import (
     token_ids_key,
 )
 from cache.claim import Claim
-from models.multimodal import ImageSegment, TextSegment
 
-Segment = TypeVar("Segment", ImageSegment, TextSegment)
+if TYPE_CHECKING:
+    from models.multimodal import ImageSegment, TextSegment
+
+Segment = TypeVar("Segment", "ImageSegment", "TextSegment")
 
 TEXT_PREPROCESS_ID = "token-ids"
 

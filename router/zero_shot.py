@@ -34,19 +34,21 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from cache import SegmentKey
-from models.multimodal import ImageSegment, TextSegment
-from models.tokenizer import TextTokenizer, TokenizedText
+from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeOutcome, RequestIntake
 from router.request import InferenceRequest, Priority, Route
-from router.router import Router
 from router.segments import ImageContent, SegmentCatalog, SegmentPlan, SlotStatus
 from router.tracing import SpanIds
+
+if TYPE_CHECKING:
+    from models.multimodal import ImageSegment, TextSegment
+    from router.router import Router
 
 T = TypeVar("T")
 
@@ -148,7 +150,7 @@ class TokenizedTexts:
     keys: tuple[SegmentKey, ...]
 
 
-def tokenize_texts(tokenizer: TextTokenizer, catalog: SegmentCatalog, memo: TokenMemo, texts: Sequence[str],
+def tokenize_texts(tokenizer: LimitedTokenizer, catalog: SegmentCatalog, memo: TokenMemo, texts: Sequence[str],
                    truncate: bool) -> TokenizedTexts:
     """Every text's tokens and key, remembered in ``memo``; ``IntakeItemError`` names a text that is refused.
 

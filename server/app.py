@@ -1,7 +1,7 @@
 """``create_app``: builds the object graph once and wires the routes.
 
     settings -> model bundle -> tracing (only when on) -> router (lanes, batcher, compute thread)
-             -> registry + metrics + latency monitor -> decode pool -> FastAPI routes
+             -> registry + metrics + latency monitor -> decode pool -> FastAPI routes (``server.app_routes``)
 
 The model loads during start-up (a bad repository stops the server with a
 message naming the problem); warm-up then runs on the compute thread while
@@ -13,45 +13,37 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, FastAPI
-from fastapi.openapi.utils import get_openapi
+from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from cache import SegmentCache
 from kernels.compile_watch import CompileWatch
 from models.loading.repository import ModelBundle
-from models.served_facts import ServedModelFacts, served_model_facts
+from models.served_facts import served_model_facts
 from monitoring.serving_metrics import ServingMetrics
 from router.decode_pool import BoundedDecodePool
 from router.executors import executor_plans, lower_current_thread_priority
 from router.faults import FaultInjector
 from router.intake import IntakeTools, RequestIntake
-from router.joint_budget import JointTokenBudget
 from router.lanes import LaneSettings
 from router.request import Route
 from router.router import Router
 from router.zero_shot import ZeroShotEncoder
-from server.errors import ApiError
+from server.app_routes import add_routes_of as add_routes_of  # re-exported: the app's HTTP side lives there
+from server.app_routes import joint_token_budget, wire_routes
 from server.runtime.garbage_collection import settle_collector_for_requests
-from server.ingest.inputs import device_jpeg_decoder, image_decoder
-from server.http.middleware import add_request_guards
-from server.http.rate_limit import TokenBucketStore
-from server.http.direct_routes import DirectRoutes, DirectRouteTable
-from server.http.route_order import INFERENCE_ROUTES, documented_routes, match_inference_routes_first
+from server.ingest.inputs import image_decoder
+from server.runtime.device_decode import device_jpeg_decoder
 from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
-from server.routes import admin, health, infer, monitoring, openai, v2, zero_shot
-from server.protocols.zero_shot_run import LocalZeroShot
-from server.protocols.zero_shot_schemas import ClassifyRequest, RankRequest
-from server.schemas import InferRequest
+from server.protocols.zero_shot_local import LocalZeroShot
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.restarts import register_single_process_restarts
@@ -84,15 +76,6 @@ def lane_settings(settings: Settings, device_type: str) -> dict[Route, LaneSetti
     return lanes
 
 
-def joint_token_budget(settings: Settings, model: ServedModelFacts) -> JointTokenBudget:
-    """The images-per-request and joint-token limits: the settings, with the model's defaults where unset."""
-    try:
-        return JointTokenBudget.for_model(model, max_images_per_request=settings.max_images_per_request,
-                                          max_joint_tokens=settings.max_joint_tokens)
-    except ValueError as e:
-        raise ValueError(f"MMSERVE_MAX_JOINT_TOKENS: {e}") from e
-
-
 def _watch_cold_compiles(router: Router, metrics: ServingMetrics) -> CompileWatch:
     """Count Triton compiles of our kernels; those after ready are cold (``mmserve_cold_compiles_total``)."""
 
@@ -104,20 +87,6 @@ def _watch_cold_compiles(router: Router, metrics: ServingMetrics) -> CompileWatc
     watch = CompileWatch(on_compile)
     watch.install()
     return watch
-
-
-def _openapi(app: FastAPI) -> dict:
-    """FastAPI's schema plus ``InferRequest``, which the handler parses itself (JSON or multipart)."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=documented_routes(app),
-                             description=app.description)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (InferRequest, ClassifyRequest, RankRequest):  # bodies the handlers parse themselves
-            request_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            components.update(request_schema.pop("$defs", {}))
-            components[model.__name__] = request_schema
-        app.openapi_schema = schema
-    return app.openapi_schema
 
 
 def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
@@ -205,48 +174,3 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     )
     wire_routes(app, settings, metrics, registry)
     return app
-
-
-def add_routes_of(app: FastAPI, router: APIRouter) -> None:
-    """``router``'s routes on the app's own router, in order: what ``include_router`` would serve.
-
-    FastAPI keeps an included router as one entry and matches a request
-    against its routes twice (once to pick the router, once inside it), and
-    every router before the right one is searched in full: a per-request cost
-    the floor does not pay. The routes added as they are match once; the
-    OpenAPI schema is the same (the routers carry no prefix, dependencies or
-    limits of their own).
-    """
-    app.router.routes.extend(router.routes)
-
-
-def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, registry: CollectorRegistry,
-                rate_buckets: TokenBucketStore | None = None) -> None:
-    """Every route, guard and limit of the HTTP side (the single process's, and each API process's).
-
-    ``rate_buckets``: the rate limit's store when not this process's memory (API processes share one).
-    """
-    app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
-    app.add_exception_handler(ApiError, lambda request, error: error.response())
-
-    def count_early_rejection(path: str, code: str) -> None:
-        if path == "/v1/infer":
-            route = "invalid"
-        elif path.startswith("/v2/"):
-            route = v2.METRICS_ROUTE
-        elif path == "/v1/embeddings":
-            route = openai.METRICS_ROUTE
-        elif path in zero_shot.METRICS_ROUTES:
-            route = zero_shot.METRICS_ROUTES[path]
-        else:
-            route = "other"  # not the raw path: anyone could mint label values
-        metrics.requests_total.labels(route=route, code=code).inc()
-
-    direct_routes = DirectRouteTable()
-    app.add_middleware(DirectRoutes, table=direct_routes)  # added first: the innermost layer, below every guard
-    add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
-    for module in (infer, health, admin, v2, openai, zero_shot, monitoring):
-        add_routes_of(app, module.router)
-    match_inference_routes_first(app)
-    direct_routes.take(app.router.routes, INFERENCE_ROUTES)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

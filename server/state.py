@@ -14,12 +14,12 @@ from models.served_facts import ServedModelFacts
 from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.faults import FaultInjector
-from router.intake import RequestIntake
-from router.router import Router
 from server.protocols.model_names import ServedModelNames, served_model_names
 from server.settings import Settings
 
 if TYPE_CHECKING:
+    from router.intake import RequestIntake
+    from router.router import Router
     from server.http.tracing import RequestTracer
     from server.protocols.zero_shot_run import ZeroShotScorer
 

@@ -42,6 +42,7 @@ from safetensors.torch import load_file, save_file
 from transformers import PreTrainedTokenizerBase
 
 from models.loading.config import ModelConfig
+from models.torch_free.description import ModelDescription
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.multimodal import MultimodalModel
@@ -64,19 +65,6 @@ WEIGHTS_FILE = "weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
 TEXT_PREFIX = "text."
 VISION_PREFIX = "vision."
-
-
-@dataclass(frozen=True)
-class ModelDescription:
-    """What clients are told about the served model, in every answer and in ``/v1/models``."""
-
-    name: str
-    fingerprint: str
-    family: str  # "mmserve", "siglip", "clip", "open_clip"
-    score: str | None  # the ``score`` an answer carries (``models.scores.ScoreKind``); None: no score
-    normalized_embeddings: bool
-    fusion_head: str  # "trained" (``match_score`` served) or "untrained" (no ``match_score``)
-    dtype: str = "float32"  # what the model computes in (``models.precision``); answers are float32 numbers
 
 
 @dataclass(frozen=True)

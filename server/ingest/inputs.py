@@ -5,8 +5,9 @@
     intake_item            ``ParsedInput`` -> the router's ``IntakeItem``
     image_decoder          what the intake calls, in the decode pool, for an
                            image its segment plan still needs
-    device_jpeg_decoder    with ``--decode-device cuda``, what the intake hands
-                           the JPEGs it needs to, a call's worth at a time
+
+With ``--decode-device cuda`` the intake also gets the nvJPEG decoder
+(``server.runtime.device_decode``, engine-side).
 
 Tokenizing, planning against the cache and decoding belong to the router's
 intake (``router.intake``); this module only gets the body into shape.
@@ -22,9 +23,7 @@ from PIL import Image
 from pydantic import ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from models.jpeg_decode import DeviceJpegDecoder
 from models.loading.config import PreprocessConfig
-from models.loading.repository import ModelBundle
 from router.intake import IntakeItem
 from router.request import Priority
 from router.segments import ImageContent
@@ -216,17 +215,3 @@ def image_decoder(settings: Settings, preprocess: PreprocessConfig) -> Callable[
         return decode_image(data, max_pixels, draft_side=draft_side)
 
     return decode
-
-
-def device_jpeg_decoder(settings: Settings, bundle: ModelBundle) -> DeviceJpegDecoder | None:
-    """With ``--decode-device cuda``, the nvJPEG batch decoder on the model's device, at its input geometry.
-
-    It takes only JPEGs under the same pixel limit (``MMSERVE_MAX_IMAGE_PIXELS``)
-    whose header says RGB or grey and no EXIF rotation; every other image, and
-    any nvJPEG refuses, goes to ``image_decoder`` with its checks and 4xx errors.
-    Start-up has already refused ``cuda`` on a machine without it
-    (``server.runtime.model_loading.plan_device``).
-    """
-    if settings.decode_device != "cuda":
-        return None
-    return DeviceJpegDecoder(bundle.model.device, bundle.config.preprocess, max_pixels=settings.max_image_pixels)

@@ -31,17 +31,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from models.zero_shot import best_first
+from models.torch_free.ranking import best_first
 from monitoring import RequestInputs
 from router.image_header import images_encoding, largest_image_pixels
 from router.request import Priority
 from router.segments import ImageContent
-from router.zero_shot import ZeroShotEncoder, ZeroShotOptions
+from router.zero_shot import ZeroShotOptions
 from server.errors import ERROR_RESPONSE_SCHEMA, ApiError
 from server.ingest import json_body
 from server.ingest.inputs import ParsedInput
 from server.protocols.rows import RowOutcome
-from server.protocols.zero_shot_run import LocalZeroShot, Pairing, ZeroShotScorer, ZeroShotScores, ZeroShotWork
+from server.protocols.zero_shot_run import Pairing, ZeroShotScorer, ZeroShotScores, ZeroShotWork
 from server.protocols.zero_shot_schemas import (
     ClassifyInput,
     ClassifyRequest,
@@ -104,9 +104,8 @@ def _check_can_score(state: ServerState) -> None:
 
 
 def _scorer(state: ServerState) -> ZeroShotScorer:
-    if state.zero_shot is None:  # a state built without one (tests): the server's own parts
-        state.zero_shot = LocalZeroShot(ZeroShotEncoder(state.router, state.intake, state.decode_pool),
-                                        state.router.bundle.model.score)
+    if state.zero_shot is None:  # server.app and the API process always build one
+        raise RuntimeError("the app's state has no zero-shot scorer")
     return state.zero_shot
 
 

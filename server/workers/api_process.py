@@ -1,6 +1,6 @@
 """One API process: HTTP, protocols, keys and limits, image decode, in front of the engine.
 
-The app is the single process's (``server.app.wire_routes``: the same routes,
+The app is the single process's (``server.app_routes.wire_routes``: the same routes,
 guards, limits and error answers) on a state whose intake is the engine
 client (``server.workers.engine_client``) and whose router is the engine's
 state as polled. It serves on the listening socket the supervisor bound and
@@ -47,7 +47,7 @@ from router.decode_pool import BoundedDecodePool
 from router.faults import FaultInjector
 from router.item_text import ItemTextFitter
 from router.segments import SegmentCatalog
-from server.app import joint_token_budget, wire_routes
+from server.app_routes import joint_token_budget, wire_routes
 from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests

@@ -67,12 +67,13 @@ import numpy as np
 from fastapi import FastAPI
 from prometheus_client import generate_latest
 
-from models.tokenizer_files import pack_tokenizer
+from models.tokenizer_packing import pack_tokenizer
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey
 from server.app import create_app
-from server.ingest.inputs import device_jpeg_decoder, image_decoder
+from server.ingest.inputs import image_decoder
+from server.runtime.device_decode import device_jpeg_decoder
 from server.workers.orphan_guard import exit_when_orphaned
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
 from server.runtime.log_output import configure_logging

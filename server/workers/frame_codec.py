@@ -41,9 +41,9 @@ import numpy as np
 from cache.keys import Modality, SegmentKey
 from monitoring.inputs import RequestInputs
 from models.loading.config import FusionConfig, ModelConfig, PreprocessConfig, TextConfig, VisionConfig
-from models.loading.repository import ModelDescription
+from models.torch_free.description import ModelDescription
 from models.served_facts import ServedModelFacts
-from models.tokenizer import TokenizedText
+from models.torch_free.text_ids import TokenizedText
 from models.tokenizer_files import TokenizerFiles
 from router.faults import FaultPlan
 from router.intake import IntakeItem, IntakeOutcome

@@ -32,7 +32,7 @@ import asyncio
 import dataclasses
 from concurrent.futures import Executor
 
-from models.tokenizer import TextTokenizer
+from models.torch_free.text_ids import LimitedTokenizer
 from router.errors import IntakeItemError
 from router.intake import IntakeItem
 from router.segments import SegmentCatalog
@@ -53,7 +53,7 @@ class ZeroShotClient:
         executor: Where texts are tokenized (the decode pool, as for every route).
     """
 
-    def __init__(self, client: EngineClient, tokenizer: TextTokenizer, catalog: SegmentCatalog, executor: Executor,
+    def __init__(self, client: EngineClient, tokenizer: LimitedTokenizer, catalog: SegmentCatalog, executor: Executor,
                  *, max_memoized_texts: int = MAX_MEMOIZED_TEXTS) -> None:
         self._client = client
         self._tokenizer = tokenizer

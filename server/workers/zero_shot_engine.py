@@ -5,7 +5,7 @@
         slots[i]         image i's pixels in the API process's block, or None (the peek said cached)
     -> ("ok", id, ZeroShotScores) | ("error", id, None, error fields) | ("cancelled", id)
 
-The call runs the single process's middle (``server.protocols.zero_shot_run.LocalZeroShot``)
+The call runs the single process's middle (``server.protocols.zero_shot_local.LocalZeroShot``)
 on the engine's router: the texts planned against the segment cache (hits
 cost nothing, misses go through the text lane, a label another request
 computes is awaited), the images through the engine's intake with the API
@@ -27,7 +27,8 @@ import numpy as np
 
 from router.intake import RequestIntake
 from router.zero_shot import ZeroShotEncoder
-from server.protocols.zero_shot_run import LocalZeroShot, ZeroShotWork
+from server.protocols.zero_shot_local import LocalZeroShot
+from server.protocols.zero_shot_run import ZeroShotWork
 from server.state import ServerState
 from server.workers.engine_answers import error_fields, portable
 from server.workers.pixel_slots import AttachedSlots

@@ -3,17 +3,21 @@
 With ``MMSERVE_TEST_DECODE_LOG`` set, each call of the server's image
 decoder appends ``<pid>\\n`` to that file, so a test sees which process
 decoded how many images across the supervisor's children. Likewise
-``MMSERVE_TEST_TOKENIZE_LOG`` for each text tokenized (``TextTokenizer.encode``;
+``MMSERVE_TEST_TOKENIZE_LOG`` for each text tokenized (``LimitedTokenizer.encode``, which every tokenizer uses;
 ``MMSERVE_TEST_TOKENIZE_DELAY_S`` makes each call take that much longer, so a
 test can find tokenizing in a stage's time) and ``MMSERVE_TEST_PIXELS_LOG``
 for each array turned into the model's input (raw uploads, arrays a decoder
 returned: ``models.preprocessing.pixels_to_model_input``), and
 ``MMSERVE_TEST_PEEK_LOG`` for each time an API process asks the engine which images it holds.
 ``MMSERVE_TEST_TOKENIZER_REFUSED`` makes every API process's start-up fail as one whose
-tokenizer cannot be rebuilt as the engine's does.
+tokenizer cannot be rebuilt as the engine's does. With ``MMSERVE_TEST_MODULES_DIR`` set, a
+process sent SIGUSR2 writes the names in its ``sys.modules`` to ``<dir>/<pid>`` (what a live
+process has imported by then).
 """
 
 import os
+import signal
+import sys
 import time
 
 
@@ -32,16 +36,16 @@ if os.environ.get("MMSERVE_TEST_PIXELS_LOG"):  # first: later imports take the f
     _preprocessing.pixels_to_model_input = _logging(_preprocessing.pixels_to_model_input, "MMSERVE_TEST_PIXELS_LOG")
 
 if os.environ.get("MMSERVE_TEST_TOKENIZE_LOG") or os.environ.get("MMSERVE_TEST_TOKENIZE_DELAY_S"):
-    from models.tokenizer import TextTokenizer as _TextTokenizer
+    from models.torch_free.text_ids import LimitedTokenizer as _LimitedTokenizer  # no torch in API processes
 
-    _real_encode = _TextTokenizer.encode
+    _real_encode = _LimitedTokenizer.encode
     _delay_s = float(os.environ.get("MMSERVE_TEST_TOKENIZE_DELAY_S") or 0)
 
     def _slow_encode(self, text, *, truncate):  # noqa: ANN001, ANN202
         time.sleep(_delay_s)
         return _real_encode(self, text, truncate=truncate)
 
-    _TextTokenizer.encode = (_logging(_slow_encode, "MMSERVE_TEST_TOKENIZE_LOG")
+    _LimitedTokenizer.encode = (_logging(_slow_encode, "MMSERVE_TEST_TOKENIZE_LOG")
                              if os.environ.get("MMSERVE_TEST_TOKENIZE_LOG") else _slow_encode)
 
 if os.environ.get("MMSERVE_TEST_DECODE_LOG"):
@@ -67,3 +71,12 @@ if os.environ.get("MMSERVE_TEST_TOKENIZER_REFUSED"):  # only API processes rebui
         raise RuntimeError("the engine's tokenizer files build a different tokenizer here")
 
     _tokenizer_files.unpack_tokenizer = _refuse
+
+if os.environ.get("MMSERVE_TEST_MODULES_DIR"):
+    def _write_modules(signum, frame):  # noqa: ANN001, ANN202, ARG001 - a signal handler
+        path = os.path.join(os.environ["MMSERVE_TEST_MODULES_DIR"], str(os.getpid()))
+        with open(path + ".part", "w") as out:
+            out.write("\n".join(sorted(sys.modules)))
+        os.replace(path + ".part", path)  # whole, or not there
+
+    signal.signal(signal.SIGUSR2, _write_modules)

@@ -13,7 +13,8 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute, Match
 
-from server.app import _openapi, create_app
+from server.app import create_app
+from server.app_routes import _openapi
 from server.http.route_order import INFERENCE_ROUTES, documented_routes
 from server.routes import admin, health, infer, monitoring, openai, v2, zero_shot
 from server.settings import Settings

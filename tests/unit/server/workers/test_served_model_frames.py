@@ -17,7 +17,8 @@ from models.errors import ModelRepositoryError, TextTooLongError
 from models.families.open_clip_tokenizer import OpenClipTokenizer
 from models.families.pretrained import load_pretrained
 from models.served_facts import ServedModelFacts, served_model_facts
-from models.tokenizer_files import TokenizerFiles, pack_tokenizer, unpack_tokenizer
+from models.tokenizer_files import TokenizerFiles, unpack_tokenizer
+from models.tokenizer_packing import pack_tokenizer
 from router.joint_budget import JointTokenBudget
 from server.workers.frame_codec import FrameDecodeError, decode, encode
 

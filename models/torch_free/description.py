@@ -1,0 +1,18 @@
+"""What clients are told about the served model: built by the engine, sent to every API process as it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """What clients are told about the served model, in every answer and in ``/v1/models``."""
+
+    name: str
+    fingerprint: str
+    family: str  # "mmserve", "siglip", "clip", "open_clip"
+    score: str | None  # the ``score`` an answer carries (``models.scores.ScoreKind``); None: no score
+    normalized_embeddings: bool
+    fusion_head: str  # "trained" (``match_score`` served) or "untrained" (no ``match_score``)
+    dtype: str = "float32"  # what the model computes in (``models.precision``); answers are float32 numbers
