@@ -47,7 +47,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-import httpx
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from starlette.routing import BaseRoute
@@ -143,6 +142,8 @@ class EngineRoutes:
 
     async def answer(self, method: str, path: str, headers: list[tuple[str, str]], body: bytes,
                      client: tuple[str, int]) -> tuple[int, list[tuple[str, str]], bytes]:
+        import httpx  # the engine's side only: API processes import this module too, and httpx brings rich
+
         transport = httpx.ASGITransport(app=self._routes, client=client)
         async with httpx.AsyncClient(transport=transport, base_url="http://mmserve-engine") as http:
             answer = await http.request(method, path, headers=headers, content=body)
