@@ -10,28 +10,34 @@ other operator (layer norm, softmax, GELU, the patch convolution) stays float32.
                                                  ──> MatMulInteger(x_u8, W_s8) ──> Cast, Mul(scales) ──> y
                                                (ORT fuses the tail into MatMulIntegerToFloat)
 
-Dynamic, not static, quantization. Measured on a ViT-B/16-shaped transformers
-CLIP vision tower (random weights, batch 8, 2 threads, on the shared 2-core
-Intel Xeon with AVX-512 VNNI and AMX; ``benchmarks/runtime_rates.py`` prints
-both rows): dynamic per-tensor quantization kept cosine 0.99982 to torch,
-static QDQ (per-channel weights, uint8 activations, MinMax calibration on the
-probe images) 0.99981, and neither was faster by more than the machine's noise
-(static 0.86x dynamic's time in one run, 1.7x in the next, under a load
-average of 14-19 from other engineers' tests); static with int8 activations
-fell off ORT's fast path (3.4x dynamic's time). With no measured speed to gain,
-dynamic wins on what it does not need: static quantization fixes each
-activation's scale from calibration inputs, which a serving engine would have
-to ship per family and which a transformer's outlier activations (the
-attention output, the MLP after GELU, larger on trained weights than on these
-random ones) make fragile, since one fixed range either clips them or wastes
-the 8 bits; dynamic quantization measures each activation's range per batch
-(one cheap pass beside the matrix multiply) and quantizes any family's tower
-with the same call. Weights are signed int8 per tensor (per channel measured
-slower, 1.16x against 1.34x float32's speed, for +0.00005 cosine). ORT's u8s8
-kernels use VNNI / AMX where the CPU has them; without VNNI (plain AVX2 or
-AVX-512) they run slower and u8s8 products can saturate, which shows up as a
-lower cosine, and the serving engine's probe check (``quantize_min_cosine``)
-is what catches it.
+Dynamic quantization with per-channel int8 weights, measured (BENCHMARKS.md,
+"Runtimes on the CPU"; ViT-B/16-shaped transformers CLIP and timm ViT-L/16
+vision towers, random weights, batch 8, 2 threads, on a shared 2-core Intel
+Xeon with AVX-512 VNNI and AMX, under heavy load from other tests):
+
+- Dynamic beats static. On the CLIP tower dynamic (per-tensor) ran 1.94x ONNX
+  Runtime float32 at cosine 0.99983 to torch, static QDQ (uint8 activations,
+  per-channel weights, MinMax calibration on the probe images) 1.67x at
+  0.99980; static with int8 activations fell off ORT's fast path (3.4x
+  dynamic's time in an earlier trial). Static quantization fixes each
+  activation's scale from calibration inputs, which an engine would have to
+  ship per family and which a transformer's outlier activations (attention
+  output, the MLP after GELU) make fragile: one fixed range either clips them
+  or wastes the 8 bits. Dynamic quantization measures each activation's range
+  per batch (one cheap pass beside the matrix multiply) and quantizes any
+  family's tower with the same call, no calibration set.
+- Per-channel weights, not per-tensor. Per-tensor weights ran ViT-L/16 2.79x
+  float32 but at cosine 0.955, below the serving floor (``quantize_min_cosine``,
+  0.99): one scale per weight matrix, set by its largest entry, leaves its
+  smaller output columns few of the 256 levels, and the error compounds over
+  ViT-L's 24 blocks. Per-channel weights (one scale per output column) on the
+  same graph and batch: cosine 0.9991 (CLIP 0.99987 against 0.99982), at 1.34x
+  per-tensor's time on ViT-L and 1.16x on CLIP (one batch each), still about
+  2x float32.
+
+ORT's u8s8 kernels use VNNI / AMX where the CPU has them; without VNNI (plain
+AVX2 or AVX-512) they run slower and u8s8 products can saturate, which shows
+up as a lower cosine, and the serving engine's probe check is what catches it.
 
 ``embedding_cosine`` is that check's measure: the lowest cosine between a row
 of the float32 embeddings and the same row of the int8 ones. ``probe_images``
@@ -72,7 +78,7 @@ def _graph_bytes(path: Path) -> int:
 
 
 def quantize_onnx_int8(src_path: Path, dst_path: Path) -> None:
-    """Write ``src_path``'s float32 graph with its MatMul/Gemm weights in int8 (dynamic quantization) to ``dst_path``.
+    """Write ``src_path``'s float32 graph with its MatMul/Gemm weights in int8 (dynamic, per channel) to ``dst_path``.
 
     The result is written beside ``dst_path`` under a temporary name and moved
     into place with one rename, so a reader never sees half a graph. The
@@ -89,7 +95,7 @@ def quantize_onnx_int8(src_path: Path, dst_path: Path) -> None:
         quantize_dynamic(
             src_path, temporary,
             op_types_to_quantize=list(QUANTIZED_OP_TYPES),
-            per_channel=False,
+            per_channel=True,
             weight_type=QuantType.QInt8,
             use_external_data_format=use_external_data,
             # MatMulConstBOnly: quantize only products with a weight (constant) operand; attention's
