@@ -49,3 +49,11 @@ class TrainingDataError(ModelError):
     number (``pairs.jsonl:12: ...``), as compilers do, so it can be fixed in
     an editor.
     """
+
+
+class OnnxExportError(ModelError):
+    """A tower could not be exported to ONNX, or its graph does not compute what torch computes.
+
+    ``--runtime auto`` then serves torch and logs this message; ``--runtime
+    onnxruntime`` stops with it.
+    """

@@ -55,6 +55,8 @@ class ModelInfo(BaseModel):
         description="An untrained fusion head sends no `match_score`; `fused_embedding` is then not meaningful.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         description="What the model computes in (--dtype); the embeddings are float32 numbers whatever it is.")
+    runtime: Literal["torch", "onnxruntime"] = Field(
+        description="What runs the towers (--runtime): torch, or ONNX Runtime on the CPU.")
 
 
 class TextInfo(BaseModel):

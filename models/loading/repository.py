@@ -77,6 +77,7 @@ class ModelDescription:
     normalized_embeddings: bool
     fusion_head: str  # "trained" (``match_score`` served) or "untrained" (no ``match_score``)
     dtype: str = "float32"  # what the model computes in (``models.precision``); answers are float32 numbers
+    runtime: str = "torch"  # what runs the towers: "torch" or "onnxruntime" (``models.onnx``)
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ class ModelBundle:
     source: str  # "preset:<name> seed=<n>", the repository path, or the pretrained model's directory
     has_random_weights: bool
     fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False)
+    runtime: str = "torch"  # what runs the towers (``with_runtime``)
+    torch_fingerprint: str = ""  # the fingerprint under torch, which ``with_runtime`` derives from; "": ``fingerprint``
 
     def describe(self) -> ModelDescription:
         score = self.model.score
@@ -98,8 +101,22 @@ class ModelBundle:
             score=None if score is None else score.kind.value,
             normalized_embeddings=self.model.normalize_embeddings,
             fusion_head="trained" if self.fusion_head.is_trained else "untrained",
-            dtype=self.config.dtype,
+            dtype=self.config.dtype, runtime=self.runtime,
         )
+
+
+def with_runtime(bundle: ModelBundle, runtime: str) -> ModelBundle:
+    """``bundle`` served by ``runtime``, which is part of its fingerprint as the dtype is.
+
+    Two runtimes compute the same function with other kernels, so their
+    numbers differ in the last bits: a segment cached under one never answers
+    for the other. Under torch the fingerprint is the one ``fingerprint``
+    gives (the fusion head's towers check never sees a runtime).
+    """
+    torch_fingerprint = bundle.torch_fingerprint or bundle.fingerprint
+    served = torch_fingerprint if runtime == "torch" else hashlib.blake2b(
+        f"{torch_fingerprint}|runtime={runtime}".encode(), digest_size=32).hexdigest()
+    return replace(bundle, runtime=runtime, fingerprint=served, torch_fingerprint=torch_fingerprint)
 
 
 def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None,
