@@ -27,6 +27,23 @@ from server.runtime.lifecycle import uvicorn_config
 from server.settings import Settings
 
 
+EXPORT_CACHE_ENV = "MMSERVE_EXPORT_CACHE_DIR"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_export_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One ONNX export cache for every server of the test run, in-process or not (``--runtime auto`` exports a
+    model's towers once, then every later server of that model reads them); a test may point its own elsewhere."""
+    previous = os.environ.get(EXPORT_CACHE_ENV)
+    os.environ[EXPORT_CACHE_ENV] = os.environ.get("MMSERVE_TEST_EXPORT_CACHE_DIR") or str(
+        tmp_path_factory.mktemp("onnx-export-cache"))
+    yield os.environ[EXPORT_CACHE_ENV]
+    if previous is None:
+        os.environ.pop(EXPORT_CACHE_ENV, None)
+    else:
+        os.environ[EXPORT_CACHE_ENV] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_bundle() -> ModelBundle:
     """The tiny preset, seed 0, on CPU, shared read-only by the whole session."""
