@@ -57,3 +57,9 @@ class OnnxExportError(ModelError):
     ``--runtime auto`` then serves torch and logs this message; ``--runtime
     onnxruntime`` stops with it.
     """
+
+
+class QuantizationError(ModelError):
+    """``--quantize int8`` cannot be served as asked: not under this runtime, or its embeddings fall below
+    ``quantize_min_cosine`` of float32's. The server stops with the message; it never serves int8 silently
+    worse, nor float32 when int8 was asked for."""

@@ -3,10 +3,11 @@
     mmserve serve [--preset vit-l16|vit-b16|tiny|synthetic | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
                   [--api-workers N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
                   [--decode-device cpu|cuda] [--jpeg-draft] [--served-model-name NAME] [--config FILE]
-                  [--runtime auto|torch|onnxruntime] [--compute-threads N] [--export-cache-dir DIR]
+                  [--runtime auto|torch|onnxruntime] [--quantize int8] [--compute-threads N]
+                  [--export-cache-dir DIR]
     mmserve init-model-repo DIR --preset NAME [--seed N]
     mmserve export [--preset NAME | --model-repo DIR | --model DIR_OR_HUB_ID] [--runtime auto|onnxruntime]
-                   [--export-cache-dir DIR]    (fills the exported-graph cache ahead of time)
+                   [--quantize int8] [--export-cache-dir DIR]    (fills the exported-graph cache ahead of time)
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
                          [--keep-untrained-result]     (exit 3: the head learned nothing)
     mmserve bench URL ...           (the load generator; see `mmserve bench --help`)
@@ -86,6 +87,8 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
 def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runtime", choices=("auto", "torch", "onnxruntime"),
                         help="what runs the towers (default auto: ONNX Runtime on the CPU, torch on CUDA)")
+    parser.add_argument("--quantize", choices=("int8",),
+                        help="run the towers' matrix multiplies in int8 (ONNX Runtime only; default off)")
     parser.add_argument("--compute-threads", type=_positive_int, metavar="N",
                         help="intra-op threads of the runtime computing the towers (default: its own)")
     parser.add_argument("--export-cache-dir", type=Path, metavar="DIR",
@@ -228,7 +231,7 @@ def _serve(args: argparse.Namespace) -> int:
         jpeg_draft=args.jpeg_draft,
         served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
         allow_open_admin=args.allow_open_admin, api_workers=args.api_workers, runtime=args.runtime,
-        compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir,
+        quantize=args.quantize, compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir,
     )
     from server.runtime.log_output import configure_logging
 
@@ -269,7 +272,7 @@ def _export(args: argparse.Namespace) -> int:
 
     settings = load_settings(
         args.config, preset=args.preset, model_repo=args.model_repo, model=args.model, fusion_head=args.fusion_head,
-        seed=args.seed, served_model_name=args.served_model_name, runtime=args.runtime,
+        seed=args.seed, served_model_name=args.served_model_name, runtime=args.runtime, quantize=args.quantize,
         compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir)
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_export(settings)

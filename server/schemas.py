@@ -57,6 +57,10 @@ class ModelInfo(BaseModel):
         description="What the model computes in (--dtype); the embeddings are float32 numbers whatever it is.")
     runtime: Literal["torch", "onnxruntime"] = Field(
         description="What runs the towers (--runtime): torch, or ONNX Runtime on the CPU.")
+    quantization: Literal["none", "int8"] = Field(
+        "none", description="int8: the towers' matrix multiplies run quantized (--quantize int8).")
+    int8_cosine: float | None = Field(
+        None, description="With int8: the lowest cosine of int8 to float32 outputs on the start-up probe set.")
 
 
 class TextInfo(BaseModel):

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
         None, description="Where exported ONNX graphs are kept between starts (one directory per model, runtime, "
                           "exporter and ONNX Runtime versions, opset and quantization); default: "
                           "$XDG_CACHE_HOME/mmserve/onnx (~/.cache/mmserve/onnx).")
+    quantize: Literal["int8"] | None = Field(
+        None, description="int8: quantize the towers' matrix multiplies (ONNX Runtime only; refused with "
+                          "--runtime torch); part of the fingerprint. Off by default.")
+    quantize_min_cosine: float = Field(
+        0.99, gt=0, le=1, description="With --quantize int8: the start-up probe set's int8-to-float32 cosine "
+                                      "below which the server refuses to start.")
     compute_threads: int | None = Field(
         None, ge=1, le=1024, description="Intra-op threads of whichever runtime computes the towers (torch's "
                                          "pool, or each ONNX Runtime session's); default: the runtime's own "

@@ -18,6 +18,7 @@ server stops (``--runtime onnxruntime``).
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from pathlib import Path
 import onnxruntime as ort
 import torch
 
-from models.errors import OnnxExportError
+from models.errors import OnnxExportError, QuantizationError
 from models.multimodal import MultimodalModel
 from models.onnx.export import OPSET, export_text, export_vision, text_example, vision_example
 from models.onnx.export_cache import ExportCache, ExportKey
@@ -45,7 +46,8 @@ class OnnxPlan:
 
     cache_dir: Path
     intra_op_threads: int | None = None  # the compute_threads setting; None: ONNX Runtime's default
-    quantization: str = "none"
+    quantization: str = "none"  # "int8": the towers' matrix multiplies quantized (models.onnx.quantize)
+    min_cosine: float = 0.99  # int8 only: the floor of int8-to-float32 cosine on the probe set
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class OnnxTowers:
     key: ExportKey
     is_exported: bool  # False: read from the cache
     elapsed_s: float  # export (if any), sessions and probe check
+    int8_cosine: float | None = None  # int8 only: the lowest cosine of int8 to float32 outputs on the probe set
 
 
 def export_key(fingerprint: str, quantization: str = "none") -> ExportKey:
@@ -79,10 +82,24 @@ def ensure_exported(model: MultimodalModel, cache: ExportCache, key: ExportKey) 
     found = cache.lookup(key)
     if found.directory is not None:
         return found.directory, False
-    if key.quantization != "none":
-        raise OnnxExportError(f"quantization {key.quantization!r} is not available in this build")
     logger.info("exporting the towers to ONNX into %s (once per model; later starts read it)", cache.root)
-    return cache.store(key, lambda directory: export_graphs(model, directory)), True
+    if key.quantization == "none":
+        return cache.store(key, lambda directory: export_graphs(model, directory)), True
+    return cache.store(key, lambda directory: _export_int8(model, directory)), True
+
+
+def _export_int8(model: MultimodalModel, directory: Path) -> None:
+    """Export float32 graphs beside ``directory``'s, quantize their matrix multiplies into it, drop the float32."""
+    try:
+        from models.onnx.quantize import quantize_onnx_int8
+    except ImportError as e:  # the int8 module (issue 43, item 5) lands from its own branch
+        raise QuantizationError(f"--quantize int8 needs models/onnx/quantize.py, missing from this build: {e}") from e
+    float32 = directory / "float32"
+    float32.mkdir()
+    export_graphs(model, float32)
+    for name in (VISION_GRAPH, TEXT_GRAPH):
+        quantize_onnx_int8(float32 / name, directory / name)
+    shutil.rmtree(float32)
 
 
 def serve_towers_from_onnx(model: MultimodalModel, fingerprint: str, plan: OnnxPlan) -> OnnxTowers:
@@ -99,12 +116,21 @@ def serve_towers_from_onnx(model: MultimodalModel, fingerprint: str, plan: OnnxP
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors for a graph it cannot load
         cache.remove(key)
         raise OnnxExportError(f"ONNX Runtime cannot load the graphs in {directory}: {e}") from e
-    mismatch = probe_mismatch(model, vision, text)
-    if mismatch is not None:
-        cache.remove(key)
-        raise OnnxExportError(f"the ONNX graphs in {directory} do not compute what torch computes: {mismatch}")
+    int8_cosine = None
+    if key.quantization == "none":
+        mismatch = probe_mismatch(model, vision, text)
+        if mismatch is not None:
+            cache.remove(key)
+            raise OnnxExportError(f"the ONNX graphs in {directory} do not compute what torch computes: {mismatch}")
+    else:
+        int8_cosine = probe_cosine(model, vision, text)
+        if int8_cosine < plan.min_cosine:
+            raise QuantizationError(
+                f"--quantize {key.quantization}: the quantized towers' outputs reach cosine {int8_cosine:.5f} to "
+                f"float32's on the probe set, below quantize_min_cosine {plan.min_cosine}; serve float32 "
+                "(no --quantize) or lower the floor knowingly")
     model.vision.graph, model.text.graph = vision, text
-    return OnnxTowers(directory, key, is_exported, time.perf_counter() - started)
+    return OnnxTowers(directory, key, is_exported, time.perf_counter() - started, int8_cosine)
 
 
 def _holds_graphs_of(model: MultimodalModel, key: ExportKey) -> bool:
@@ -118,19 +144,36 @@ def _row_error(want: torch.Tensor, got: torch.Tensor) -> float:
     return float(((want - got).norm(dim=1) / want.norm(dim=1).clamp_min(1e-12)).max())
 
 
-def probe_mismatch(model: MultimodalModel, vision: OnnxForward, text: OnnxForward,
-                   max_relative_error: float = PROBE_MAX_RELATIVE_ERROR) -> str | None:
-    """What differs between the graphs and the torch forward on the probe batches; None when they agree."""
+def _probes(model: MultimodalModel, vision: OnnxForward, text: OnnxForward) -> list[tuple]:
+    """(tower, graph, torch forward, inputs, real lengths of text rows) of the probe batches."""
     width = model.text.fixed_length or min(16, model.text.max_tokens)
-    probes = [
+    return [
         ("vision", vision, model.vision.features, vision_example(model.vision, 1, seed=1), None),
         ("vision", vision, model.vision.features, vision_example(model.vision, 3, seed=2), None),
         ("text", text, model.text.encode, text_example(model.text, [width], width, seed=1), [width]),
         ("text", text, model.text.encode,
          text_example(model.text, [width, 1, max(1, width // 2)], width, seed=2), [width, 1, max(1, width // 2)]),
     ]
+
+
+def probe_cosine(model: MultimodalModel, vision: OnnxForward, text: OnnxForward) -> float:
+    """The lowest cosine of the graphs' embeddings to torch's float32 ones over the probe batches
+    (``models.onnx.quantize.embedding_cosine``): what int8 gives up."""
+    from models.onnx.quantize import embedding_cosine
+
+    cosines = []
     with torch.inference_mode():
-        for tower, graph, forward, inputs, lengths in probes:
+        for _, graph, forward, inputs, _ in _probes(model, vision, text):
+            want, got = forward(*inputs)[1], graph(*inputs)[1]  # pooled (B, E) each
+            cosines.append(float(embedding_cosine(want.float().numpy(), got.float().numpy())))
+    return min(cosines)
+
+
+def probe_mismatch(model: MultimodalModel, vision: OnnxForward, text: OnnxForward,
+                   max_relative_error: float = PROBE_MAX_RELATIVE_ERROR) -> str | None:
+    """What differs between the graphs and the torch forward on the probe batches; None when they agree."""
+    with torch.inference_mode():
+        for tower, graph, forward, inputs, lengths in _probes(model, vision, text):
             want, got = forward(*inputs), graph(*inputs)
             for name, expected, actual in zip(("tokens", "pooled"), want, got, strict=True):
                 if tuple(expected.shape) != tuple(actual.shape):

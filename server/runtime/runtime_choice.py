@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from models.errors import DeviceSettingError, OnnxExportError
+from models.errors import DeviceSettingError, OnnxExportError, QuantizationError
 from models.families.presets import SYNTHETIC_ARCHITECTURE
 from models.loading.repository import ModelBundle, with_runtime
 from models.onnx.towers import OnnxPlan, serve_towers_from_onnx
@@ -61,15 +61,22 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
 
     Returns the bundle as served (its ``runtime`` and fingerprint); raises
     ``OnnxExportError`` or ``DeviceSettingError`` when ``--runtime onnxruntime``
-    cannot be met. Torch's graphs (TorchScript, CUDA graphs) are the caller's
+    cannot be met, ``QuantizationError`` when ``--quantize`` cannot (under
+    either runtime setting: int8 is never silently dropped). Torch's graphs (TorchScript, CUDA graphs) are the caller's
     to set up after, when this returns torch.
     """
     apply_threads(settings)
     model = bundle.model
+    quantization = settings.quantize or "none"
     if settings.runtime == "torch":
+        if settings.quantize is not None:
+            raise QuantizationError(f"--quantize {settings.quantize} runs in ONNX Runtime only; with --runtime torch "
+                                    "leave it out (or use --runtime onnxruntime)")
         _leave_onnx(bundle)
         return with_runtime(bundle, "torch")
     reason = onnx_unavailable_reason(bundle)
+    if reason is not None and settings.quantize is not None:
+        raise QuantizationError(f"--quantize {settings.quantize} needs ONNX Runtime, which cannot serve here: {reason}")
     if reason is not None:
         if settings.runtime == "onnxruntime":
             raise DeviceSettingError(f"--runtime onnxruntime (MMSERVE_RUNTIME): {reason}; use --runtime torch or auto")
@@ -79,12 +86,13 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
         return with_runtime(bundle, "torch")
     ignored = [name for name in ("torchscript_encoders", "cuda_graphs") if getattr(settings, name)]
     model.drop_encoder_graphs()
-    plan = OnnxPlan(cache_dir=export_cache_dir(settings), intra_op_threads=settings.compute_threads)
+    plan = OnnxPlan(cache_dir=export_cache_dir(settings), intra_op_threads=settings.compute_threads,
+                    quantization=quantization, min_cosine=settings.quantize_min_cosine)
     try:
         towers = serve_towers_from_onnx(model, bundle.torch_fingerprint or bundle.fingerprint, plan)
-    except OnnxExportError as e:
+    except (OnnxExportError, QuantizationError) as e:
         model.drop_encoder_graphs()
-        if settings.runtime == "onnxruntime":
+        if settings.runtime == "onnxruntime" or settings.quantize is not None:
             logger.error("--runtime onnxruntime cannot serve this model: %s", e)
             raise
         logger.warning("--runtime auto: torch runs the towers, ONNX Runtime cannot: %s", e)
@@ -93,7 +101,10 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
     logger.info("the towers run in ONNX Runtime (%s %s in %.1f s; %s intra-op threads each, no spinning)%s",
                 how, towers.directory, towers.elapsed_s, settings.compute_threads or "default",
                 f"; {' and '.join(ignored)} ignored under ONNX Runtime" if ignored else "")
-    return with_runtime(bundle, "onnxruntime")
+    if towers.int8_cosine is not None:
+        logger.info("--quantize %s: cosine of int8 to float32 outputs on the probe set %.5f (floor %s)",
+                    quantization, towers.int8_cosine, settings.quantize_min_cosine)
+    return with_runtime(bundle, "onnxruntime", quantization, towers.int8_cosine)
 
 
 def _leave_onnx(bundle: ModelBundle) -> None:
@@ -104,5 +115,6 @@ def _leave_onnx(bundle: ModelBundle) -> None:
 
 def log_served_model(bundle: ModelBundle) -> None:
     """The start-up line naming what serves: model, device, dtype, runtime and the fingerprint cache keys carry."""
-    logger.info("model %s on %s in %s, runtime %s, fingerprint %s", bundle.config.name, bundle.model.device,
-                bundle.config.dtype, bundle.runtime, bundle.fingerprint)
+    logger.info("model %s on %s in %s, runtime %s%s, fingerprint %s", bundle.config.name, bundle.model.device,
+                bundle.config.dtype, bundle.runtime,
+                "" if bundle.quantization == "none" else f" ({bundle.quantization})", bundle.fingerprint)

@@ -118,3 +118,15 @@ def test_the_first_request_of_each_warmed_shape_is_no_slower_than_steady_state(l
     if statistics.median(attempts[0]) > 1.5:
         attempts.append(_first_to_steady_ratios(live_server_factory))
     assert statistics.median(attempts[-1]) <= 1.5, attempts
+
+
+def test_int8_is_refused_with_the_torch_runtime_and_changes_the_fingerprint(tmp_path: Path, tiny_bundle):
+    from models.errors import QuantizationError
+    from models.loading.repository import with_runtime
+
+    with pytest.raises(QuantizationError, match="--quantize int8 runs in ONNX Runtime only"):
+        choose_runtime(tiny_bundle, Settings(runtime="torch", quantize="int8", export_cache_dir=tmp_path))
+    fingerprints = {with_runtime(tiny_bundle, "torch").fingerprint,
+                    with_runtime(tiny_bundle, "onnxruntime").fingerprint,
+                    with_runtime(tiny_bundle, "onnxruntime", "int8").fingerprint}
+    assert len(fingerprints) == 3 and tiny_bundle.fingerprint in fingerprints  # torch keeps the loaded one
