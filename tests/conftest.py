@@ -122,6 +122,30 @@ def tiny_server(tiny_bundle: ModelBundle) -> Iterator[LiveServer]:
         yield server
 
 
+_tiny_exported_into: set[str] = set()
+
+
+def _export_tiny_ahead(args: list[str], env: dict[str, str]) -> None:
+    """Export the tiny preset into the run's shared export cache in this process, once per run, before a serve
+    process of it starts: its ready timeout then measures a start, not the run's one export on a busy machine.
+
+    A test that points ``MMSERVE_EXPORT_CACHE_DIR`` elsewhere (to watch exports happen) is left alone.
+    """
+    cache_dir = env.get(EXPORT_CACHE_ENV, os.environ.get(EXPORT_CACHE_ENV))
+    is_tiny = "--preset" in args and args[args.index("--preset") + 1] == "tiny" and "--seed" not in args
+    is_torch = "--runtime" in args and args[args.index("--runtime") + 1] == "torch"
+    if (not is_tiny or is_torch or cache_dir is None or cache_dir != os.environ.get(EXPORT_CACHE_ENV)
+            or cache_dir in _tiny_exported_into):
+        return
+    from pathlib import Path
+
+    from models.onnx.towers import OnnxPlan, serve_towers_from_onnx
+
+    bundle = build_preset("tiny", seed=0)
+    serve_towers_from_onnx(bundle.model, bundle.fingerprint, OnnxPlan(cache_dir=Path(cache_dir)))
+    _tiny_exported_into.add(cache_dir)
+
+
 @dataclass
 class ServeProcess:
     process: subprocess.Popen
@@ -135,6 +159,7 @@ def run_serve_process(args: list[str], env: dict[str, str] | None = None,
 
     Output (stdout and stderr together) stays readable from ``process.stdout``.
     """
+    _export_tiny_ahead(args, env or {})
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
