@@ -49,3 +49,17 @@ class TrainingDataError(ModelError):
     number (``pairs.jsonl:12: ...``), as compilers do, so it can be fixed in
     an editor.
     """
+
+
+class OnnxExportError(ModelError):
+    """A tower could not be exported to ONNX, or its graph does not compute what torch computes.
+
+    ``--runtime auto`` then serves torch and logs this message; ``--runtime
+    onnxruntime`` stops with it.
+    """
+
+
+class QuantizationError(ModelError):
+    """``--quantize int8`` cannot be served as asked: not under this runtime, or its embeddings fall below
+    ``quantize_min_cosine`` of float32's. The server stops with the message; it never serves int8 silently
+    worse, nor float32 when int8 was asked for."""

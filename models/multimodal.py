@@ -129,11 +129,21 @@ class MultimodalModel(KeepsWeightsPlacement):
 
         The fusion head is as small as the text it projects; the towers'
         size decides. The compute thread applies it to itself
-        (the router's compute thread applies it to itself).
+        (the router's compute thread applies it to itself). Under ONNX
+        Runtime torch only normalises pixels and runs the fusion head, on one
+        thread, so its pool never spins on the cores the sessions compute on.
         """
+        if self.runtime != "torch":  # the towers run in their own runtime's pool; torch's would spin beside it
+            return 1
         caps = [cap for cap in (self.vision.max_intra_op_threads, self.text.max_intra_op_threads)
                 if cap is not None]
         return min(caps) if caps else None
+
+    @property
+    def runtime(self) -> str:
+        """``"onnxruntime"`` when both towers run from ONNX Runtime sessions (``models.onnx``), else ``"torch"``."""
+        towers = (self.vision.graph, self.text.graph)
+        return "onnxruntime" if all(getattr(graph, "runs_outside_torch", False) for graph in towers) else "torch"
 
     def _served(self, embedding: torch.Tensor) -> torch.Tensor:
         """(B, E) -> (B, E) float32, L2-normalised if this model serves normalised embeddings.
@@ -178,7 +188,7 @@ class MultimodalModel(KeepsWeightsPlacement):
                 encoder.graph.seal()
 
     def drop_encoder_graphs(self) -> None:
-        """Run both encoders eager again (after ``trace_encoders``)."""
+        """Run both encoders eager again (after ``trace_encoders``, or from ONNX Runtime sessions)."""
         self.vision.graph = self.text.graph = None
 
     @torch.inference_mode()

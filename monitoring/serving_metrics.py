@@ -72,6 +72,12 @@ class ServingMetrics:
         )
         for kind in ("shape", "triton_kernel"):
             self.cold_compiles_total.labels(kind=kind)  # exported as 0 from the start
+        self.model_info = Gauge(
+            "mmserve_model_info",
+            "1, labelled with what computes the served model: runtime (torch | onnxruntime) and dtype.",
+            ("runtime", "dtype"),
+            registry=registry,
+        )
         self.queue_depth = Gauge(
             "mmserve_queue_depth",
             "Requests waiting in a lane's queue.",

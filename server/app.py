@@ -40,6 +40,7 @@ from server.ingest.inputs import image_decoder
 from server.runtime.device_decode import device_jpeg_decoder
 from server.runtime.device_metrics import register_device_decode_metrics, register_device_metrics
 from server.runtime.model_loading import load_model, seal_graphs_when_ready, trace_encoders
+from server.runtime.runtime_choice import choose_runtime, log_served_model
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
@@ -106,10 +107,15 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = bundle if bundle is not None else await asyncio.to_thread(load_model, settings)
-        if settings.torchscript_encoders or settings.cuda_graphs:
+        model = await asyncio.to_thread(choose_runtime, model, settings)
+        if model.runtime != "torch":
+            pass  # the towers run from ONNX Runtime sessions (server.runtime.runtime_choice)
+        elif settings.torchscript_encoders or settings.cuda_graphs:
             await asyncio.to_thread(trace_encoders, model, settings)
         else:  # a bundle shared between apps may have been traced by another
             model.model.drop_encoder_graphs()
+        log_served_model(model)
+        metrics.model_info.labels(runtime=model.runtime, dtype=model.config.dtype).set(1)
         register_device_metrics(registry, model)  # CUDA only: on the CPU the series are absent
         facts = served_model_facts(model)
         faults = FaultInjector() if settings.enable_fault_injection else None

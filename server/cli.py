@@ -3,7 +3,11 @@
     mmserve serve [--preset vit-l16|vit-b16|tiny|synthetic | --model-repo DIR | --model DIR_OR_HUB_ID] [--host H] [--port P]
                   [--api-workers N] [--device auto|cpu|cuda] [--dtype auto|float32|bfloat16|float16]
                   [--decode-device cpu|cuda] [--jpeg-draft] [--served-model-name NAME] [--config FILE]
+                  [--runtime auto|torch|onnxruntime] [--quantize int8] [--compute-threads N]
+                  [--export-cache-dir DIR]
     mmserve init-model-repo DIR --preset NAME [--seed N]
+    mmserve export [--preset NAME | --model-repo DIR | --model DIR_OR_HUB_ID] [--runtime auto|onnxruntime]
+                   [--quantize int8] [--export-cache-dir DIR]    (fills the exported-graph cache ahead of time)
     mmserve train-fusion --model DIR_OR_HUB_ID --pairs FILE.jsonl --out DIR [--epochs N] [--lr LR] [--seed N]
                          [--keep-untrained-result]     (exit 3: the head learned nothing)
     mmserve bench URL ...           (the load generator; see `mmserve bench --help`)
@@ -70,6 +74,7 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--jpeg-draft", action="store_true", default=None,
                        help="decode large JPEGs reduced in the DCT, down to the model's input size (faster, pixels "
                             "within about one level; default off: the exact decode)")
+    _runtime_arguments(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
                        help="the model's name in answers (default: the Hub id or directory name of --model)")
     serve.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
@@ -77,6 +82,34 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="turn on POST /v1/admin/faults for alert drills (off by default)")
     serve.add_argument("--allow-open-admin", action="store_true", default=None,
                        help="with no admin keys, leave the admin routes open off loopback too (default: 403 there)")
+
+
+def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnxruntime"),
+                        help="what runs the towers (default auto: ONNX Runtime on the CPU, torch on CUDA)")
+    parser.add_argument("--quantize", choices=("int8",),
+                        help="run the towers' matrix multiplies in int8 (ONNX Runtime only; default off)")
+    parser.add_argument("--compute-threads", type=_positive_int, metavar="N",
+                        help="intra-op threads of the runtime computing the towers (default: its own)")
+    parser.add_argument("--export-cache-dir", type=Path, metavar="DIR",
+                        help="where exported ONNX graphs are kept (default ~/.cache/mmserve/onnx)")
+
+
+def _export_parser(subparsers: argparse._SubParsersAction) -> None:
+    export = subparsers.add_parser(
+        "export", help="fill the exported-graph cache ahead of time",
+        description="Export the towers of the model `mmserve serve` would load with the same options to ONNX, "
+                    "check them against torch and keep them in the export cache, so a later start reads them.",
+    )
+    source = export.add_mutually_exclusive_group()
+    source.add_argument("--preset", choices=PRESET_NAMES, help=f"a preset (default {DEFAULT_PRESET})")
+    source.add_argument("--model-repo", type=Path, metavar="DIR")
+    source.add_argument("--model", metavar="DIR_OR_HUB_ID")
+    export.add_argument("--fusion-head", type=Path, metavar="FILE")
+    export.add_argument("--seed", type=int, help="seed of a preset's random weights (default 0)")
+    export.add_argument("--served-model-name", metavar="NAME")
+    export.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
+    _runtime_arguments(export)
 
 
 def _init_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -174,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve_parser(subparsers)
     _init_parser(subparsers)
+    _export_parser(subparsers)
     _train_fusion_parser(subparsers)
     _quantiles_parser(subparsers)
     subparsers.add_parser(
@@ -201,7 +235,8 @@ def _serve(args: argparse.Namespace) -> int:
             host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
             jpeg_draft=args.jpeg_draft,
             served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
-            allow_open_admin=args.allow_open_admin, api_workers=args.api_workers,
+            allow_open_admin=args.allow_open_admin, api_workers=args.api_workers, runtime=args.runtime,
+            quantize=args.quantize, compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir,
         )
     except ValidationError as e:
         raise settings_error(e) from e
@@ -251,6 +286,19 @@ def _default_api_workers(settings: Settings) -> int:
     logging.getLogger(__name__).info("--api-workers not given: %d for %d usable CPUs and device %s "
                                      "(server/workers/default_count.py)", count, num_cpus, device)
     return count
+
+
+def _export(args: argparse.Namespace) -> int:
+    from server.export_command import run_export
+    from server.runtime.log_output import configure_logging
+    from server.settings import load_settings
+
+    settings = load_settings(
+        args.config, preset=args.preset, model_repo=args.model_repo, model=args.model, fusion_head=args.fusion_head,
+        seed=args.seed, served_model_name=args.served_model_name, runtime=args.runtime, quantize=args.quantize,
+        compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir)
+    configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_export(settings)
 
 
 def _init_model_repo(args: argparse.Namespace) -> int:
@@ -339,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "serve":
             return _serve(args)
+        if args.command == "export":
+            return _export(args)
         if args.command == "train-fusion":
             return _train_fusion(args)
         return _init_model_repo(args)

@@ -55,6 +55,12 @@ class ModelInfo(BaseModel):
         description="An untrained fusion head sends no `match_score`; `fused_embedding` is then not meaningful.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         description="What the model computes in (--dtype); the embeddings are float32 numbers whatever it is.")
+    runtime: Literal["torch", "onnxruntime"] = Field(
+        description="What runs the towers (--runtime): torch, or ONNX Runtime on the CPU.")
+    quantization: Literal["none", "int8"] = Field(
+        "none", description="int8: the towers' matrix multiplies run quantized (--quantize int8).")
+    int8_cosine: float | None = Field(
+        None, description="With int8: the lowest cosine of int8 to float32 outputs on the start-up probe set.")
 
 
 class TextInfo(BaseModel):

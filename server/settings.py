@@ -65,6 +65,25 @@ class Settings(BaseSettings):
         True, description="On CUDA, capture every warmed encoder shape as a CUDA graph before ready and replay "
                           "it (models.cuda_graphs); false: TorchScript (torchscript_encoders) or eager. Ignored "
                           "on the CPU.")
+    runtime: Literal["auto", "torch", "onnxruntime"] = Field(
+        "auto", description="What runs the towers: auto = ONNX Runtime on the CPU for the real models and the "
+                            "tiny/ViT presets (torch when a graph cannot be exported or disagrees with torch, "
+                            "logged), torch on CUDA and for the synthetic preset; onnxruntime = ONNX Runtime or "
+                            "exit naming why. Under onnxruntime torchscript_encoders and cuda_graphs are ignored.")
+    export_cache_dir: Path | None = Field(
+        None, description="Where exported ONNX graphs are kept between starts (one directory per model, runtime, "
+                          "exporter and ONNX Runtime versions, opset and quantization); default: "
+                          "$XDG_CACHE_HOME/mmserve/onnx (~/.cache/mmserve/onnx).")
+    quantize: Literal["int8"] | None = Field(
+        None, description="int8: quantize the towers' matrix multiplies (ONNX Runtime only; refused with "
+                          "--runtime torch); part of the fingerprint. Off by default.")
+    quantize_min_cosine: float = Field(
+        0.99, gt=0, le=1, description="With --quantize int8: the start-up probe set's int8-to-float32 cosine "
+                                      "below which the server refuses to start.")
+    compute_threads: int | None = Field(
+        None, ge=1, le=1024, description="Intra-op threads of whichever runtime computes the towers (torch's "
+                                         "pool, or each ONNX Runtime session's); default: the runtime's own "
+                                         "(one per physical core).")
     fusion_backend: Literal["auto", "triton", "torch"] = Field(
         "auto", description="Cross-attention kernel: auto = Triton on CUDA, torch on CPU.")
 

@@ -78,6 +78,10 @@ class ModelBundle:
     source: str  # "preset:<name> seed=<n>", the repository path, or the pretrained model's directory
     has_random_weights: bool
     fusion_head: FusionHeadInfo = FusionHeadInfo(is_trained=False)
+    runtime: str = "torch"  # what runs the towers (``with_runtime``)
+    quantization: str = "none"  # ``with_runtime``
+    int8_cosine: float | None = None  # ``with_runtime``
+    torch_fingerprint: str = ""  # the fingerprint under torch, which ``with_runtime`` derives from; "": ``fingerprint``
 
     def describe(self) -> ModelDescription:
         score = self.model.score
@@ -86,8 +90,27 @@ class ModelBundle:
             score=None if score is None else score.kind.value,
             normalized_embeddings=self.model.normalize_embeddings,
             fusion_head="trained" if self.fusion_head.is_trained else "untrained",
-            dtype=self.config.dtype,
+            dtype=self.config.dtype, runtime=self.runtime, quantization=self.quantization,
+            int8_cosine=self.int8_cosine,
         )
+
+
+def with_runtime(bundle: ModelBundle, runtime: str, quantization: str = "none",
+                 int8_cosine: float | None = None) -> ModelBundle:
+    """``bundle`` served by ``runtime``, which is part of its fingerprint as the dtype is.
+
+    Two runtimes compute the same function with other kernels, so their
+    numbers differ in the last bits: a segment cached under one never answers
+    for the other. Under torch the fingerprint is the one ``fingerprint``
+    gives (the fusion head's towers check never sees a runtime). A
+    quantization (``"int8"``) is part of it too.
+    """
+    torch_fingerprint = bundle.torch_fingerprint or bundle.fingerprint
+    suffix = f"|runtime={runtime}" + (f"|quantization={quantization}" if quantization != "none" else "")
+    served = torch_fingerprint if runtime == "torch" and quantization == "none" else hashlib.blake2b(
+        f"{torch_fingerprint}{suffix}".encode(), digest_size=32).hexdigest()
+    return replace(bundle, runtime=runtime, fingerprint=served, torch_fingerprint=torch_fingerprint,
+                   quantization=quantization, int8_cosine=int8_cosine)
 
 
 def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None,

@@ -92,7 +92,7 @@ def load_model(settings: Settings) -> ModelBundle:
         )
     if settings.served_model_name is not None:
         bundle = with_served_name(bundle, settings.served_model_name)
-    logger.info("model %s on %s in %s, fingerprint %s", bundle.config.name, device, dtype, bundle.fingerprint)
+    logger.info("loaded model %s on %s in %s", bundle.config.name, device, dtype)
     _report_fusion_head(bundle, settings)
     return bundle
 

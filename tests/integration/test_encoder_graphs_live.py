@@ -1,4 +1,4 @@
-"""A server running its encoders as TorchScript graphs answers what an eager server answers."""
+"""A server running its encoders as TorchScript graphs answers what an eager server answers (both --runtime torch)."""
 
 
 
@@ -22,8 +22,8 @@ EMBEDDINGS = ("image_embedding", "text_embedding", "fused_embedding")
 
 def test_traced_and_eager_servers_give_the_same_answers(live_server_factory):
     eager_bundle = build_preset("tiny", seed=0)  # its own model: the setting changes the encoders' forward
-    with live_server_factory(torchscript_encoders=True) as traced_server, \
-            live_server_factory(bundle=eager_bundle, torchscript_encoders=False) as eager_server, \
+    with live_server_factory(runtime="torch", torchscript_encoders=True) as traced_server, \
+            live_server_factory(bundle=eager_bundle, runtime="torch", torchscript_encoders=False) as eager_server, \
             traced_server.client() as traced_client, eager_server.client() as eager_client:
         traced_model = traced_server.app.state.mmserve.router.bundle.model
         assert traced_model.vision.graph is not None and traced_model.text.graph is not None

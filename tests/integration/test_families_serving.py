@@ -26,6 +26,7 @@ from transformers import AutoModel, AutoTokenizer, SiglipImageProcessorPil
 from benchmarks.random_pretrained import write_hub_cache, write_open_clip, write_siglip, write_timm_bert_repository
 from server.settings import Settings
 from tests.encoded_images import encoded_image
+from tests.onnx_runtimes import RUNTIMES
 
 TOLERANCE = 1e-5
 CJK_200 = ("一只猫坐在窗台上两只狗在草地上玩耍桌子上有一碗水果夜晚的城市天际线" * 7)[:200]
@@ -39,7 +40,8 @@ def _b64(png: bytes) -> dict:
     return {"b64": base64.b64encode(png).decode()}
 
 
-def test_open_clip_from_the_hub_cache_answers_as_open_clip(tmp_path: Path, serve_process):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_open_clip_from_the_hub_cache_answers_as_open_clip(tmp_path: Path, serve_process, runtime):
     snapshot = write_hub_cache(tmp_path / "hub", "acme/tiny-open-clip", write_open_clip(tmp_path / "model"))
     model, _, transform = open_clip.create_model_and_transforms(f"local-dir:{snapshot}")
     tokenizer = open_clip.get_tokenizer(f"local-dir:{snapshot}")
@@ -51,11 +53,11 @@ def test_open_clip_from_the_hub_cache_answers_as_open_clip(tmp_path: Path, serve
         want_texts = model.encode_text(ids, normalize=True)
         want_logit = float(model.get_logits(pixels, ids[:1])[0][0, 0])
     env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
-    with serve_process(["--model", "acme/tiny-open-clip", "--device", "cpu"], env) as served:
+    with serve_process(["--model", "acme/tiny-open-clip", "--device", "cpu", "--runtime", runtime], env) as served:
         answer = httpx.post(f"{served.url}/v1/infer", timeout=60, json={"text": text, "image": _b64(image)}).json()
         long_text = httpx.post(f"{served.url}/v1/infer", timeout=60, json={"text": CJK_200})
-    assert {k: answer["model"][k] for k in ("name", "family", "score")} == {
-        "name": "acme/tiny-open-clip", "family": "open_clip", "score": "clip_logit"}
+    assert {k: answer["model"][k] for k in ("name", "family", "score", "runtime")} == {
+        "name": "acme/tiny-open-clip", "family": "open_clip", "score": "clip_logit", "runtime": runtime}
     np.testing.assert_allclose(answer["image_embedding"], want_image.numpy(), rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(answer["text_embedding"], want_texts[0].numpy(), rtol=0, atol=TOLERANCE)
     assert answer["score"] == pytest.approx(want_logit, abs=1e-4)  # a logit: ~14 times a cosine
@@ -64,7 +66,8 @@ def test_open_clip_from_the_hub_cache_answers_as_open_clip(tmp_path: Path, serve
     np.testing.assert_allclose(long_text.json()["text_embedding"], want_texts[1].numpy(), rtol=0, atol=TOLERANCE)
 
 
-def test_timm_vit_with_bert_answers_as_timm_and_transformers(tmp_path: Path, live_server_runner):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_timm_vit_with_bert_answers_as_timm_and_transformers(tmp_path: Path, live_server_runner, runtime):
     repository = write_timm_bert_repository(tmp_path / "vit-bert")
     vit = timm.create_model(f"local-dir:{repository / 'vit'}", pretrained=True).eval()
     transform = create_transform(**resolve_data_config({}, model=vit))
@@ -75,17 +78,20 @@ def test_timm_vit_with_bert_answers_as_timm_and_transformers(tmp_path: Path, liv
         want_image = vit.forward_head(vit.forward_features(transform(_rgb(image))[None]), pre_logits=True)[0]
         inputs = tokenizer([CJK_200], return_tensors="pt")
         want_text = bert(**inputs).last_hidden_state[0].mean(0)  # one unpadded text: the mean over its tokens
-    with live_server_runner(Settings(model=str(repository), device="cpu")) as server, server.client() as client:
+    with live_server_runner(Settings(model=str(repository), device="cpu", runtime=runtime)) as server, \
+            server.client() as client:
         fused = client.post("/v1/infer", json={"text": CJK_200, "image": _b64(image)})
     assert fused.status_code == 200, fused.text
     answer = fused.json()
     assert answer["model"]["family"] == "mmserve" and "score" not in answer
+    assert answer["model"]["runtime"] == runtime
     assert answer["text"] == {"num_tokens": 202, "truncated": False, "num_tokens_before_truncation": 202}
     np.testing.assert_allclose(answer["image_embedding"], want_image.numpy(), rtol=0, atol=TOLERANCE)
     np.testing.assert_allclose(answer["text_embedding"], want_text.numpy(), rtol=0, atol=TOLERANCE)
 
 
-def test_siglip_takes_200_cjk_characters_cut_as_its_pipeline_cuts_them(tmp_path: Path, live_server_runner):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_siglip_takes_200_cjk_characters_cut_as_its_pipeline_cuts_them(tmp_path: Path, live_server_runner, runtime):
     directory = write_siglip(tmp_path / "tiny-siglip")
     model = AutoModel.from_pretrained(str(directory)).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
@@ -97,10 +103,12 @@ def test_siglip_takes_200_cjk_characters_cut_as_its_pipeline_cuts_them(tmp_path:
     with torch.no_grad():
         want_text = F.normalize(model.get_text_features(**inputs).pooler_output, dim=-1)[0]
         want_score = torch.sigmoid(model(**pixels, **inputs).logits_per_image[0, 0])
-    with live_server_runner(Settings(model=str(directory), device="cpu")) as server, server.client() as client:
+    with live_server_runner(Settings(model=str(directory), device="cpu", runtime=runtime)) as server, \
+            server.client() as client:
         fused = client.post("/v1/infer", json={"text": CJK_200, "image": _b64(image)})
     assert fused.status_code == 200, fused.text
     answer = fused.json()
+    assert answer["model"]["runtime"] == runtime
     assert answer["text"]["truncated"] is True and answer["text"]["num_tokens"] == tokenizer.model_max_length
     np.testing.assert_allclose(answer["text_embedding"], want_text.numpy(), rtol=0, atol=TOLERANCE)
     assert answer["score"] == pytest.approx(float(want_score), abs=TOLERANCE)

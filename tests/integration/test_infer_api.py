@@ -12,7 +12,7 @@ from PIL import Image
 
 from encoded_images import b64, encoded_image
 from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from models.loading.repository import ModelBundle
+from models.loading.repository import ModelBundle, with_runtime
 
 TOLERANCE = 1e-5
 
@@ -52,9 +52,11 @@ def test_text_only_is_routed_text_and_equals_the_model(tiny_server, tiny_bundle)
     assert answer["route"] == "text"
     assert set(answer) >= {"id", "model", "text_embedding", "timings_ms", "cache"}
     assert "image_embedding" not in answer and "fused_embedding" not in answer
-    assert answer["model"] == {"name": "tiny", "fingerprint": tiny_bundle.fingerprint, "family": "mmserve",
-                               "score": None, "normalized_embeddings": False, "fusion_head": "untrained",
-                               "dtype": "float32"}
+    # --runtime auto on the CPU: ONNX Runtime runs the towers, and the fingerprint says so
+    assert answer["model"] == {"name": "tiny", "fingerprint": with_runtime(tiny_bundle, "onnxruntime").fingerprint,
+                               "family": "mmserve", "score": None, "normalized_embeddings": False,
+                               "fusion_head": "untrained", "dtype": "float32", "runtime": "onnxruntime",
+                               "quantization": "none", "int8_cosine": None}
     assert_matches_direct(answer, direct_outputs(tiny_bundle, "a red bicycle", None))
 
 

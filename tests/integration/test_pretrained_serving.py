@@ -27,6 +27,7 @@ from transformers import AutoModel, AutoTokenizer, CLIPImageProcessorPil, Siglip
 from benchmarks.random_pretrained import write_clip, write_hub_cache, write_siglip
 from server.settings import Settings
 from tests.encoded_images import encoded_image
+from tests.onnx_runtimes import RUNTIMES
 
 TOLERANCE = 1e-5
 
@@ -56,15 +57,16 @@ def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def test_siglip_from_the_hub_cache_answers_as_transformers_on_every_protocol(siglip_hub, serve_process):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_siglip_from_the_hub_cache_answers_as_transformers_on_every_protocol(siglip_hub, serve_process, runtime):
     cache, snapshot = siglip_hub
     image, text = encoded_image(3, (48, 40)), "a photo of a cat"
     want = _reference(snapshot, SiglipImageProcessorPil, text, image, {"padding": "max_length"})
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    with serve_process(["--model", "acme/tiny-siglip", "--device", "cpu"], env) as served:
+    with serve_process(["--model", "acme/tiny-siglip", "--device", "cpu", "--runtime", runtime], env) as served:
         answer = httpx.post(f"{served.url}/v1/infer", timeout=60,
                             json={"text": text, "image": {"b64": base64.b64encode(image).decode()}}).json()
-        assert answer["model"]["name"] == "acme/tiny-siglip"
+        assert answer["model"]["name"] == "acme/tiny-siglip" and answer["model"]["runtime"] == runtime
         assert {k: answer["model"][k] for k in ("family", "score", "normalized_embeddings", "fusion_head")} == {
             "family": "siglip", "score": "siglip_sigmoid", "normalized_embeddings": True, "fusion_head": "untrained"}
         np.testing.assert_allclose(answer["image_embedding"], want["image_embedding"], rtol=0, atol=TOLERANCE)
@@ -99,16 +101,46 @@ def test_a_hub_id_missing_from_the_cache_offline_stops_with_the_id_and_the_cache
     assert "acme/absent" in done.stderr and str(tmp_path / "hub") in done.stderr
 
 
-def test_clip_from_a_directory_answers_as_transformers_on_each_route(tmp_path: Path, live_server_runner):
+# CLIP pools at the end-of-text token under a causal mask: texts of one word up to the 77-token limit, so the
+# batch pads each to another length bucket. Images: square, landscape, portrait strip, smaller and larger than 224.
+CLIP_TEXTS = ["dogs", "two dogs playing on the grass", "一只猫坐在窗台上，看着外面的雨",
+              " ".join(["a very long caption about a red bicycle leaning on a wall"] * 7)]
+CLIP_IMAGES = [(70, 50), (100, 300), (224, 224), (500, 20)]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_clip_from_a_directory_answers_as_transformers_on_each_route(tmp_path: Path, live_server_runner, runtime):
     directory = write_clip(tmp_path / "tiny-clip")
     image, text = encoded_image(4, (70, 50)), "two dogs playing on the grass"
     want = _reference(directory, CLIPImageProcessorPil, text, image, {})
     image_b64 = base64.b64encode(image).decode()
-    with live_server_runner(Settings(model=str(directory), device="cpu")) as server, server.client() as client:
+    images = [encoded_image(10 + i, size) for i, size in enumerate(CLIP_IMAGES)]
+    wants = [_reference(directory, CLIPImageProcessorPil, words, png, {"truncation": True})
+             for words, png in zip(CLIP_TEXTS, images, strict=True)]
+    with live_server_runner(Settings(model=str(directory), device="cpu", runtime=runtime)) as server, \
+            server.client() as client:
         fused = client.post("/v1/infer", json={"text": text, "image": {"b64": image_b64}}).json()
         vision = client.post("/v1/infer", json={"image": {"b64": image_b64}}).json()
         words = client.post("/v1/infer", json={"text": text}).json()
+        # one request of several items: the lanes batch them (batch buckets above 1, padded text lengths)
+        batched = client.post("/v1/embeddings", json={"model": str(directory), "input": [
+            *CLIP_TEXTS[:3], *[_data_uri(png) for png in images]]})
+        pairs = [client.post("/v1/infer", json={"text": t, "image": {"b64": base64.b64encode(png).decode()},
+                                                "truncate": True}).json()
+                 for t, png in zip(CLIP_TEXTS, images, strict=True)]
     assert fused["model"]["family"] == "clip" and fused["model"]["score"] == "clip_logit"
+    assert fused["model"]["runtime"] == runtime
+    assert batched.status_code == 200, batched.text
+    rows = [item["embedding"] for item in batched.json()["data"]]
+    for row, reference in zip(rows[:3], wants[:3], strict=True):
+        np.testing.assert_allclose(row, reference["text_embedding"], rtol=0, atol=TOLERANCE)
+    for row, reference in zip(rows[3:], wants, strict=True):
+        np.testing.assert_allclose(row, reference["image_embedding"], rtol=0, atol=TOLERANCE)
+    for answer, reference in zip(pairs, wants, strict=True):
+        np.testing.assert_allclose(answer["text_embedding"], reference["text_embedding"], rtol=0, atol=TOLERANCE)
+        np.testing.assert_allclose(answer["image_embedding"], reference["image_embedding"], rtol=0, atol=TOLERANCE)
+        # a logit: exp(logit_scale) ~ 14 times a cosine; upscaled images stay within the resize bound
+        assert answer["score"] == pytest.approx(reference["logit"], abs=2e-4)
     assert (vision["route"], words["route"]) == ("vision", "text")
     for answer in (fused, vision):
         np.testing.assert_allclose(answer["image_embedding"], want["image_embedding"], rtol=0, atol=TOLERANCE)

@@ -23,6 +23,7 @@ from kernels import preprocess_uint8
 from models.errors import ModelRepositoryError
 from models.preprocessing import resize_to_model_input
 from models.families.pretrained import load_pretrained
+from tests.onnx_runtimes import RUNTIMES, on_runtime
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs!! playing on the grass", "一只猫坐在窗台上，看着外面的雨", "猫" * 200]
@@ -68,9 +69,10 @@ def test_token_ids_are_open_clips_own(checkpoint):
     assert bundle.tokenizer.encode(TEXTS[-1], truncate=False).is_truncated
 
 
-def test_embeddings_and_score_equal_open_clip(checkpoint):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_embeddings_and_score_equal_open_clip(checkpoint, runtime):
     name, directory = checkpoint
-    bundle = load_pretrained(str(directory))
+    bundle = on_runtime(load_pretrained(str(directory)), runtime)
     model, transform, tokenizer = _reference(directory)
     images = _images()
     with torch.no_grad():

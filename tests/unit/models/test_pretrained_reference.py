@@ -24,6 +24,7 @@ from kernels import preprocess_uint8
 from models.errors import ModelRepositoryError, TextTooLongError
 from models.preprocessing import resize_to_model_input
 from models.families.pretrained import load_pretrained
+from tests.onnx_runtimes import RUNTIMES, on_runtime
 
 TOLERANCE = 1e-5
 FAMILIES = {
@@ -65,9 +66,10 @@ def test_pixel_values_equal_the_image_processor(family):
         torch.testing.assert_close(ours, expected, rtol=0, atol=TOLERANCE)
 
 
-def test_embeddings_and_score_equal_transformers(family):
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_embeddings_and_score_equal_transformers(family, runtime):
     name, directory = family
-    bundle = load_pretrained(str(directory))
+    bundle = on_runtime(load_pretrained(str(directory)), runtime)
     model, tokenizer, processor = _reference(family)
     images = _images()
     pixel_values = processor(images=images, return_tensors="pt")["pixel_values"]

@@ -26,6 +26,7 @@ from models.errors import ModelRepositoryError
 from models.preprocessing import resize_to_model_input
 from models.families.pretrained import load_pretrained
 from models.loading.repository import load_repository
+from tests.onnx_runtimes import RUNTIMES, on_runtime
 
 TOLERANCE = 1e-5
 TEXTS = ["a photo of a cat", "two dogs playing", "一只猫坐在窗台上", "猫" * 200]
@@ -58,8 +59,9 @@ def test_pixel_values_equal_timms_eval_transform(repository):
                                    expected, rtol=0, atol=TOLERANCE)
 
 
-def test_image_embeddings_are_timms_pre_logits(repository):
-    bundle = load_repository(repository)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_image_embeddings_are_timms_pre_logits(repository, runtime):
+    bundle = on_runtime(load_repository(repository), runtime)
     model, transform = _timm_reference(repository / "vit")
     images = _images()
     with torch.no_grad():
@@ -70,8 +72,9 @@ def test_image_embeddings_are_timms_pre_logits(repository):
     torch.testing.assert_close(got, want, rtol=0, atol=TOLERANCE)
 
 
-def test_text_ids_and_embeddings_are_the_encoders_own(repository):
-    bundle = load_repository(repository)
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_text_ids_and_embeddings_are_the_encoders_own(repository, runtime):
+    bundle = on_runtime(load_repository(repository), runtime)
     tokenizer = AutoTokenizer.from_pretrained(str(repository / "bert"))
     model = AutoModel.from_pretrained(str(repository / "bert")).eval()
     inputs = tokenizer(TEXTS, padding=True, return_tensors="pt")

@@ -1,0 +1,157 @@
+"""Exported graphs on disk: one directory per key, checked when read, written whole or not at all.
+
+    <export_cache_dir>/
+    ├── <key digest>/                one model's graphs for one runtime, exporter, ONNX Runtime, opset, quantization
+    │   ├── manifest.json            the key it was written for; each file's size and BLAKE2b digest
+    │   ├── vision.onnx  vision.onnx.data
+    │   └── text.onnx    text.onnx.data
+    └── .tmp-<random>/               an export in progress (or one killed half-way: never read)
+
+An entry is written into a temporary directory beside its final place, its
+manifest last, and moved there with one ``os.replace``: a reader sees a whole
+entry or none. When two servers export the same key at once, the first move
+wins and the second server drops its own copy and reads the winner's. A read
+checks the manifest's key and every file's size and digest; an entry that
+fails (a disk error, a copy cut short, a key written by another version) is
+moved aside and deleted, and the caller exports again. What the graph
+computes is checked after this, against the torch forward
+(``models.onnx.towers``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+_TMP_PREFIX = ".tmp-"
+_TRASH_PREFIX = ".trash-"
+_ABANDONED_AFTER_S = 24 * 3600  # a temporary directory this old belongs to a start that died
+
+
+@dataclass(frozen=True)
+class ExportKey:
+    """Everything that decides what an exported graph computes."""
+
+    fingerprint: str  # the model's (models.loading.repository.fingerprint): weights, config, dtype, tokenizer
+    runtime: str  # "onnxruntime"
+    exporter: str  # "torch <version>"
+    onnxruntime: str  # ONNX Runtime's version
+    opset: int
+    quantization: str  # "none" | "int8"
+
+    def digest(self) -> str:
+        return hashlib.blake2b(json.dumps(asdict(self), sort_keys=True).encode(), digest_size=32).hexdigest()
+
+
+def _file_digest(path: Path) -> str:
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "blake2b").hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """A valid entry's directory, or None and why there is none."""
+
+    directory: Path | None
+    reason: str = ""  # "absent", or what was wrong with the entry found (it has been removed)
+
+
+class ExportCache:
+    """The export cache under ``root`` (see the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def entry_dir(self, key: ExportKey) -> Path:
+        return self.root / key.digest()
+
+    def lookup(self, key: ExportKey) -> CacheLookup:
+        """The entry for ``key`` if it is whole and was written for ``key``; a broken one is removed."""
+        directory = self.entry_dir(key)
+        if not directory.exists():
+            return CacheLookup(None, "absent")
+        problem = self._problem(directory, key)
+        if problem is None:
+            return CacheLookup(directory)
+        logger.warning("the cached ONNX graphs in %s are unusable (%s): removing them and exporting again",
+                       directory, problem)
+        self.remove(key)
+        return CacheLookup(None, problem)
+
+    def _problem(self, directory: Path, key: ExportKey) -> str | None:
+        try:
+            manifest = json.loads((directory / MANIFEST_FILE).read_text())
+        except (OSError, ValueError) as e:
+            return f"no readable {MANIFEST_FILE}: {e}"
+        if manifest.get("key") != asdict(key):
+            return f"{MANIFEST_FILE} was written for another key: {manifest.get('key')}"
+        for name, facts in manifest.get("files", {}).items():
+            path = directory / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != facts["size_bytes"]:
+                return f"{name} has {path.stat().st_size} bytes, the manifest says {facts['size_bytes']}"
+            if _file_digest(path) != facts["blake2b"]:
+                return f"{name} does not have the digest the manifest names"
+        return None
+
+    def store(self, key: ExportKey, write: Callable[[Path], None]) -> Path:
+        """Run ``write(tmp_dir)`` and publish what it wrote as ``key``'s entry; returns the entry's directory.
+
+        If another process published the key meanwhile, its entry is kept and
+        this one dropped (both hold the same graphs).
+        """
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._remove_abandoned()
+        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=self.root))
+        try:
+            write(tmp)
+            files = {path.name: {"size_bytes": path.stat().st_size, "blake2b": _file_digest(path)}
+                     for path in sorted(tmp.iterdir()) if path.is_file()}
+            manifest = tmp / MANIFEST_FILE
+            manifest.write_text(json.dumps({"key": asdict(key), "files": files}, indent=1, sort_keys=True))
+            for name in [*files, MANIFEST_FILE]:  # on disk before the move that makes the entry visible
+                with (tmp / name).open("rb") as f:
+                    os.fsync(f.fileno())
+            final = self.entry_dir(key)
+            try:
+                os.replace(tmp, final)
+            except OSError:  # another process published it first: the same key, the same graphs
+                if not final.is_dir():
+                    raise
+                logger.info("another process exported %s first; using its copy", final)
+            return final
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def remove(self, key: ExportKey) -> None:
+        """Delete ``key``'s entry: moved aside first, so no reader sees it half-deleted."""
+        directory = self.entry_dir(key)
+        trash = self.root / f"{_TRASH_PREFIX}{directory.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.replace(directory, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _remove_abandoned(self) -> None:
+        now_s = time.time()
+        for path in self.root.iterdir():
+            if path.name.startswith((_TMP_PREFIX, _TRASH_PREFIX)):
+                try:
+                    if now_s - path.stat().st_mtime > _ABANDONED_AFTER_S:
+                        shutil.rmtree(path, ignore_errors=True)
+                except FileNotFoundError:
+                    pass

@@ -1,0 +1,28 @@
+"""``mmserve export``: fill the export cache ahead of time, so a container or pod starts without exporting.
+
+Loads the model exactly as ``mmserve serve`` with the same settings would
+(same fingerprint, so the same cache key), puts its towers on ONNX Runtime
+(export, probe check against torch) and prints where the graphs are. A
+later ``mmserve serve`` with the same model, settings and ``export_cache_dir``
+reads them instead of exporting.
+"""
+
+from __future__ import annotations
+
+from models.errors import DeviceSettingError
+from server.runtime.model_loading import load_model
+from server.runtime.runtime_choice import choose_runtime, export_cache_dir
+from server.settings import Settings
+
+
+def run_export(settings: Settings) -> int:
+    """Export (or find) ``settings``' model's graphs; 0 when ONNX Runtime can serve it, else raises the reason."""
+    if settings.runtime == "torch":
+        raise DeviceSettingError("mmserve export --runtime torch: torch runs the modules themselves and has nothing "
+                                 "to export; use --runtime onnxruntime (or auto)")
+    settings = settings.model_copy(update={"runtime": "onnxruntime", "device": "cpu"})
+    bundle = choose_runtime(load_model(settings), settings)
+    graph = bundle.model.vision.graph
+    print(f"ONNX graphs of {bundle.config.name} (fingerprint {bundle.fingerprint}) in {graph.path.parent} "
+          f"(export cache {export_cache_dir(settings)})")
+    return 0

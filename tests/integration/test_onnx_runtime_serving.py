@@ -1,0 +1,132 @@
+"""Live servers on ONNX Runtime: filled ahead by ``mmserve export``, two starting at once on one cache, a model
+the exporter cannot hold served by torch under auto, and every warmed shape as fast at its first request as later.
+
+Each test that writes an export cache gets its own directory (the run's shared one is for the other tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from models.errors import DeviceSettingError, OnnxExportError
+from server.runtime.runtime_choice import choose_runtime
+from server.settings import Settings
+from tests.encoded_images import encoded_image_b64
+from tests.unit.models.test_onnx_export_cache import unexportable_tiny
+
+
+def _entries(root: Path) -> list[str]:
+    return sorted(path.name for path in root.iterdir())
+
+
+def test_mmserve_export_fills_the_cache_and_the_next_start_exports_nothing(tmp_path: Path, live_server_runner,
+                                                                           caplog):
+    root = tmp_path / "cache"
+    done = subprocess.run([sys.executable, "-m", "server.cli", "export", "--preset", "tiny",
+                           "--export-cache-dir", str(root)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "ONNX graphs of tiny" in done.stdout and str(root) in done.stdout
+    (entry,) = _entries(root)
+    inode = (root / entry).stat().st_ino
+    with caplog.at_level(logging.INFO, logger="server.runtime.runtime_choice"), \
+            live_server_runner(Settings(preset="tiny", device="cpu", export_cache_dir=root)) as server, \
+            server.client() as client:
+        answer = client.post("/v1/infer", json={"text": "a kite"}).json()
+    assert answer["model"]["runtime"] == "onnxruntime"
+    assert "read from the export cache" in caplog.text and "exported to" not in caplog.text
+    assert _entries(root) == [entry] and (root / entry).stat().st_ino == inode  # the same entry, not rewritten
+
+
+def test_two_servers_exporting_into_one_cache_at_once_both_serve(tmp_path: Path, serve_process):
+    root = tmp_path / "cache"
+    env = {"MMSERVE_EXPORT_CACHE_DIR": str(root)}
+
+    def serve_and_ask() -> dict:
+        # two exports side by side on a shared 2-core machine: give them time
+        with serve_process(["--preset", "tiny", "--device", "cpu", "--runtime", "onnxruntime"], env,
+                           ready_timeout_s=500.0) as served:
+            return httpx.post(f"{served.url}/v1/infer", json={"text": "a kite"}, timeout=60).json()
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: serve_and_ask(), range(2)))
+    assert [a["model"]["runtime"] for a in answers] == ["onnxruntime", "onnxruntime"]
+    assert answers[0]["text_embedding"] == answers[1]["text_embedding"]
+    assert len(_entries(root)) == 1  # one entry; the loser's temporary copy is gone
+
+
+def test_auto_serves_torch_and_says_why_when_a_tower_cannot_export(tmp_path: Path, live_server_runner, caplog):
+    bundle = unexportable_tiny()
+    settings = Settings(preset="tiny", device="cpu", runtime="auto", export_cache_dir=tmp_path / "cache")
+    with caplog.at_level(logging.WARNING, logger="server.runtime.runtime_choice"), \
+            live_server_runner(settings, bundle) as server, server.client() as client:
+        answer = client.post("/v1/infer", json={"text": "a kite"}).json()
+        info = [line for line in client.get("/metrics").text.splitlines() if line.startswith("mmserve_model_info")]
+    assert answer["model"]["runtime"] == "torch" and answer["model"]["fingerprint"] == bundle.fingerprint
+    assert info == ['mmserve_model_info{dtype="float32",runtime="torch"} 1.0']
+    assert "--runtime auto: torch runs the towers, ONNX Runtime cannot" in caplog.text
+    assert "torch.onnx.export failed for the vision tower" in caplog.text
+
+
+def test_runtime_onnxruntime_refuses_what_it_cannot_serve_naming_why(tmp_path: Path):
+    with pytest.raises(OnnxExportError, match="torch.onnx.export failed for the vision tower"):
+        choose_runtime(unexportable_tiny(), Settings(runtime="onnxruntime", export_cache_dir=tmp_path))
+    from models.loading.repository import build_preset
+
+    with pytest.raises(DeviceSettingError, match="synthetic preset's towers sleep"):
+        choose_runtime(build_preset("synthetic"), Settings(runtime="onnxruntime", export_cache_dir=tmp_path))
+
+
+def _stage_ms(client: httpx.Client, body: dict, stage: str) -> float:
+    answer = client.post("/v1/infer", json={**body, "use_cache": False})
+    assert answer.status_code == 200, answer.text
+    return float(answer.json()["timings_ms"][stage])
+
+
+def _first_to_steady_ratios(live_server_factory) -> list[float]:
+    """Per warmed shape of a new server: its first request's stage time over the median of its next five."""
+    with live_server_factory(runtime="onnxruntime", max_batch_size=1) as server, server.client() as client:
+        assert server.app.state.mmserve.router.bundle.runtime == "onnxruntime"
+        buckets = server.app.state.mmserve.router.executors[0].runner.text_buckets
+        shapes = [({"text": "x" * max(1, bucket - 2)}, "text") for bucket in buckets]
+        shapes.append(({"image": {"b64": encoded_image_b64(5)}}, "vision"))
+        ratios = []
+        for body, stage in shapes:
+            first = _stage_ms(client, body, stage)
+            steady = statistics.median(_stage_ms(client, body, stage) for _ in range(5))
+            ratios.append(first / steady)
+    return ratios
+
+
+def test_the_first_request_of_each_warmed_shape_is_no_slower_than_steady_state(live_server_factory):
+    """ONNX Runtime plans memory per input shape on first sight; warm-up must have shown it every bucket.
+
+    The median over shapes of first / steady must stay <= 1.5 (one slow neighbour on a shared machine moves one
+    ratio, not the median); a second server is measured once if the first one's median misses, since a busy
+    machine can slow a whole run of first requests (seen at load average 17 on 2 cores).
+    """
+    attempts = [_first_to_steady_ratios(live_server_factory)]
+    if statistics.median(attempts[0]) > 1.5:
+        attempts.append(_first_to_steady_ratios(live_server_factory))
+    assert statistics.median(attempts[-1]) <= 1.5, attempts
+
+
+def test_int8_is_refused_with_the_torch_runtime_and_changes_the_fingerprint(tmp_path: Path, tiny_bundle):
+    from models.errors import QuantizationError
+    from models.loading.repository import with_runtime
+
+    with pytest.raises(QuantizationError, match="--quantize int8 runs in ONNX Runtime only"):
+        choose_runtime(tiny_bundle, Settings(runtime="torch", quantize="int8", export_cache_dir=tmp_path))
+    fingerprints = {with_runtime(tiny_bundle, "torch").fingerprint,
+                    with_runtime(tiny_bundle, "onnxruntime").fingerprint,
+                    with_runtime(tiny_bundle, "onnxruntime", "int8").fingerprint}
+    assert len(fingerprints) == 3 and tiny_bundle.fingerprint in fingerprints  # torch keeps the loaded one

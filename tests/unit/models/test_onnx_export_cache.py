@@ -1,0 +1,116 @@
+"""The export cache: a broken or foreign entry is found and replaced, a graph that disagrees with torch never serves,
+and a model whose towers will not export says why.
+
+Real exports of the tiny preset into per-test cache directories (not the run's shared one: these tests break them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.errors import OnnxExportError
+from models.loading.repository import build_preset
+from models.onnx.export_cache import MANIFEST_FILE, ExportCache
+from models.onnx.session import OnnxForward
+from models.onnx.towers import OnnxPlan, export_key, serve_towers_from_onnx
+from models.vision import VisionEncoder
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    """The tiny preset's graphs, exported once for this module; tests copy the cache before breaking it."""
+    root = tmp_path_factory.mktemp("export-cache")
+    bundle = build_preset("tiny", seed=0)
+    towers = serve_towers_from_onnx(bundle.model, bundle.fingerprint, OnnxPlan(cache_dir=root))
+    assert towers.is_exported and towers.directory.parent == root
+    return root
+
+
+def _copy(exported: Path, tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    shutil.copytree(exported, root)
+    return root
+
+
+def test_an_entry_is_read_back_without_exporting(exported: Path, tmp_path: Path):
+    root = _copy(exported, tmp_path)
+    bundle = build_preset("tiny", seed=0)
+    towers = serve_towers_from_onnx(bundle.model, bundle.fingerprint, OnnxPlan(cache_dir=root))
+    assert not towers.is_exported
+    assert bundle.model.runtime == "onnxruntime" and isinstance(bundle.model.vision.graph, OnnxForward)
+    assert bundle.model.max_intra_op_threads == 1  # torch only normalises and fuses beside the sessions
+
+
+def test_a_corrupt_graph_is_detected_removed_and_exported_again(exported: Path, tmp_path: Path, caplog):
+    root = _copy(exported, tmp_path)
+    bundle = build_preset("tiny", seed=0)
+    key = export_key(bundle.fingerprint)
+    weights = ExportCache(root).entry_dir(key) / "vision.onnx.data"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the weights: still loads, computes something else
+    weights.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="models.onnx.export_cache"):
+        towers = serve_towers_from_onnx(bundle.model, bundle.fingerprint, OnnxPlan(cache_dir=root))
+    assert "vision.onnx.data does not have the digest the manifest names" in caplog.text
+    assert towers.is_exported and bundle.model.runtime == "onnxruntime"
+    assert ExportCache(root).lookup(key).directory == towers.directory  # whole again
+
+
+def test_a_half_written_entry_is_never_read(exported: Path, tmp_path: Path):
+    root = _copy(exported, tmp_path)
+    bundle = build_preset("tiny", seed=0)
+    entry = ExportCache(root).entry_dir(export_key(bundle.fingerprint))
+    (entry / MANIFEST_FILE).unlink()  # a copy cut short before its manifest
+    found = ExportCache(root).lookup(export_key(bundle.fingerprint))
+    assert found.directory is None and "no readable manifest.json" in found.reason
+    assert not entry.exists()
+
+
+def test_a_stale_graph_with_a_consistent_manifest_fails_the_probe_check_and_is_removed(exported: Path,
+                                                                                       tmp_path: Path):
+    root = _copy(exported, tmp_path)
+    other = build_preset("tiny", seed=1)  # other weights, same shapes: the tiny graphs load and run for it
+    key = export_key(other.fingerprint)
+    stale = ExportCache(root).entry_dir(key)
+    shutil.copytree(ExportCache(root).entry_dir(export_key(build_preset("tiny", seed=0).fingerprint)), stale)
+    manifest = json.loads((stale / MANIFEST_FILE).read_text())
+    manifest["key"]["fingerprint"] = other.fingerprint  # as if written for this model: only the check can tell
+    (stale / MANIFEST_FILE).write_text(json.dumps(manifest))
+    with pytest.raises(OnnxExportError, match="do not compute what torch computes"):
+        serve_towers_from_onnx(other.model, other.fingerprint, OnnxPlan(cache_dir=root))
+    assert other.model.runtime == "torch" and not stale.exists()
+    towers = serve_towers_from_onnx(other.model, other.fingerprint, OnnxPlan(cache_dir=root))
+    assert towers.is_exported and other.model.runtime == "onnxruntime"
+
+
+class _BranchingVision(VisionEncoder):
+    """A ViT whose forward branches in Python on a pixel's value: torch runs it, no graph can hold it."""
+
+    def features(self, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, pooled = super().features(pixels)
+        if float(pixels[0, 0, 0, 0]) > 2.0:  # never true for normalised pixels; the exporter cannot know
+            pooled = -pooled
+        return tokens, pooled
+
+
+def unexportable_tiny():
+    """The tiny preset with ``_BranchingVision`` as its image tower (same weights)."""
+    bundle = build_preset("tiny", seed=0)
+    model = bundle.model
+    branching = _BranchingVision(model.config.vision, model.config.preprocess, model.vision.backbone)
+    model.vision = branching
+    return bundle
+
+
+def test_a_tower_that_cannot_export_raises_the_reason_and_leaves_torch_serving(tmp_path: Path):
+    bundle = unexportable_tiny()
+    with pytest.raises(OnnxExportError, match="torch.onnx.export failed for the vision tower"):
+        serve_towers_from_onnx(bundle.model, bundle.fingerprint, OnnxPlan(cache_dir=tmp_path / "cache"))
+    assert bundle.model.runtime == "torch" and bundle.model.vision.graph is None
+    assert not any(path.name.startswith(".tmp-") for path in (tmp_path / "cache").iterdir())  # nothing left
