@@ -49,8 +49,11 @@ and ``PROBE_TEXTS`` are the fixed, deterministic probe inputs it is computed on.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -95,16 +98,17 @@ def quantize_onnx_int8(src_path: Path, dst_path: Path) -> None:
     handle, temporary = tempfile.mkstemp(prefix=f".{dst_path.name}.", suffix=".onnx", dir=dst_path.parent)
     os.close(handle)
     try:
-        quantize_dynamic(
-            src_path, temporary,
-            op_types_to_quantize=list(QUANTIZED_OP_TYPES),
-            per_channel=True,
-            weight_type=QuantType.QInt8,
-            use_external_data_format=use_external_data,
-            # MatMulConstBOnly: quantize only products with a weight (constant) operand; attention's
-            # Q @ K^T and P @ V take two activations, and quantizing both sides costs cosine for little time.
-            extra_options={"MatMulConstBOnly": True},
-        )
+        with _quantizer_lines_dropped():
+            quantize_dynamic(
+                src_path, temporary,
+                op_types_to_quantize=list(QUANTIZED_OP_TYPES),
+                per_channel=True,
+                weight_type=QuantType.QInt8,
+                use_external_data_format=use_external_data,
+                # MatMulConstBOnly: quantize only products with a weight (constant) operand; attention's
+                # Q @ K^T and P @ V take two activations, and quantizing both sides costs cosine for little time.
+                extra_options={"MatMulConstBOnly": True},
+            )
         if use_external_data:
             # The external data file is named after the temporary graph; one ``os.replace`` per file would
             # leave a window, so a graph this large is re-saved under its final name by onnx instead.
@@ -184,3 +188,21 @@ def probe_images(size: int, num_images: int = NUM_PROBE_IMAGES, seed: int = PROB
         image += rng.normal(0.0, 6.0, image.shape)
         images[index] = np.clip(np.rint(image), 0, 255).astype(np.uint8)
     return images
+
+
+class _DropQuantizerLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "/onnxruntime/quantization/" not in record.pathname.replace(os.sep, "/")
+
+
+@contextmanager
+def _quantizer_lines_dropped() -> Iterator[None]:
+    """ONNX Runtime's quantizer logs a line per tensor and per skipped product on the root logger (INFO and a
+    pre-processing hint at WARNING): at start-up a user could act on none of them. Dropped while it runs."""
+    root = logging.getLogger()
+    dropped = _DropQuantizerLines()
+    root.addFilter(dropped)
+    try:
+        yield
+    finally:
+        root.removeFilter(dropped)

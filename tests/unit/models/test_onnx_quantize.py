@@ -8,6 +8,7 @@ built with the library's own constructors, exported with ``torch.onnx.export``
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -107,3 +108,12 @@ def test_probe_set_is_fixed_and_photo_like():
     assert not np.array_equal(images[0], images[1])
     assert images.min() < 40 and images.max() > 215  # dark disc, bright rectangle: a real range to quantize
     assert len(set(PROBE_TEXTS)) == len(PROBE_TEXTS) >= 8
+
+
+def test_the_quantizers_per_tensor_lines_stay_out_of_the_log(exported, tmp_path: Path, caplog):
+    caplog.set_level(logging.DEBUG)
+    quantize_onnx_int8(exported[0], tmp_path / "int8.onnx")
+    from_quantizer = [record for record in caplog.records if "/onnxruntime/quantization/" in record.pathname]
+    assert not from_quantizer, [record.getMessage() for record in from_quantizer[:3]]
+    logging.getLogger().info("after quantizing")  # the root logger's filter is gone again
+    assert caplog.records[-1].getMessage() == "after quantizing"
