@@ -140,17 +140,17 @@ class Engine:
                 kind, call_id = message[0], message[1]
                 if kind == "run":
                     items, arrival_ns, block, slots = message[2:]
-                    if block not in attached:
-                        attached[block] = AttachedSlots(block, self._input_shape)
-                    task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, attached[block], slots, reply))
+                    # The pixels are copied out now, before the call's task: each slot is free again at once,
+                    # even for a call cancelled before it starts (server.workers.pixel_slots).
+                    prepared_ids = self._take_pixels(items, self._attached(attached, block), slots)
+                    task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, prepared_ids, reply))
                     calls[call_id] = task
                     task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
                 elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
                     work, arrival_ns, block, slots = message[2:]
-                    if block not in attached:
-                        attached[block] = AttachedSlots(block, self._input_shape)
-                    task = asyncio.ensure_future(self._zero_shot.answer(call_id, work, arrival_ns, attached[block],
-                                                                        slots, reply))
+                    prepared_ids = self._zero_shot.take_pixels(work, self._attached(attached, block), slots)
+                    task = asyncio.ensure_future(self._zero_shot.answer(call_id, work, arrival_ns, prepared_ids,
+                                                                        reply))
                     calls[call_id] = task
                     task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
                 elif kind == "http":
@@ -206,9 +206,14 @@ class Engine:
         store = self._state.router.cache.store
         return [key is not None and store.get(key) is not None for key in keys]
 
-    async def _run(self, call_id: int, items: list[IntakeItem], arrival_ns: int, block: AttachedSlots,
-                   slots: list[list[int | None]], reply) -> None:  # noqa: ANN001
-        prepared_ids = self._take_pixels(items, block, slots)
+    def _attached(self, attached: dict[str, AttachedSlots], block: str) -> AttachedSlots:
+        """The connection's API process's block, attached at its first call that names it."""
+        if block not in attached:
+            attached[block] = AttachedSlots(block, self._input_shape)
+        return attached[block]
+
+    async def _run(self, call_id: int, items: list[IntakeItem], arrival_ns: int, prepared_ids: list[int],
+                   reply) -> None:  # noqa: ANN001
         try:
             outcomes = await self._intake.run(items, arrival_ns)
             reply("ok", call_id, [portable(outcome) for outcome in outcomes])
@@ -223,7 +228,7 @@ class Engine:
                 self._prepared.pop(content_id, None)
 
     def _take_pixels(self, items: list[IntakeItem], block: AttachedSlots, slots: list[list[int | None]]) -> list[int]:
-        """The slots' pixels copied out for the intake, by image (the slots are free once this call answers).
+        """The slots' pixels copied out for the intake, by image; each slot is the API process's again at once.
 
         An image's cache key and facts are a single process's (its bytes, or
         for raw pixels left behind their key and length); only its decoding is done.
@@ -232,7 +237,7 @@ class Engine:
         for item, item_slots in zip(items, slots):
             for content, slot in zip(item.images, item_slots):
                 if slot is not None:
-                    self._prepared[id(content)] = block.copy_out(slot)
+                    self._prepared[id(content)] = block.take_out(slot)
                     prepared_ids.append(id(content))
         return prepared_ids
 
