@@ -82,7 +82,7 @@ from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
-from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame
+from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_messages
 from server.workers.pixel_slots import PixelSlots
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
 
@@ -179,14 +179,14 @@ class EngineClient:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                kind, call_id, *fields = await read_frame(reader)
-                if kind == "faults":  # unasked: the drills changed
-                    if self._faults is not None:
-                        self._faults.adopt(fields[0])
-                    continue
-                future = self._waiting.pop(call_id, None)
-                if future is not None and not future.done():
-                    future.set_result((kind, fields))
+                for kind, call_id, *fields in await read_messages(reader):  # a turn of the engine's answers
+                    if kind == "faults":  # unasked: the drills changed
+                        if self._faults is not None:
+                            self._faults.adopt(fields[0])
+                        continue
+                    future = self._waiting.pop(call_id, None)
+                    if future is not None and not future.done():
+                        future.set_result((kind, fields))
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             self.fault = EngineGone(f"the engine closed its connection ({type(e).__name__})")
         except asyncio.CancelledError:
