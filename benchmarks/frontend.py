@@ -41,6 +41,10 @@ The JPEG is synthesised (``benchmarks/photo_like``), not a photograph.
 ``wrk`` is Debian's package: ``apt-get install wrk`` (``.ci/run`` installs it
 for the test that drives wrk; the benchmark itself is not run there). A server that refuses ``--api-workers`` (a build without API
 processes) is reported as such; ``--api-workers 1`` then runs without it.
+``--baseline-tree DIR`` adds the servers of another source tree (say the
+commit before a change, exported with ``git archive``), alternated with this
+checkout's in the same rounds, so a change is measured against its base
+under the same load.
 """
 
 from __future__ import annotations
@@ -105,13 +109,16 @@ def decode_alone_ms(jpeg: bytes, seconds: float) -> float:
     return 1000.0 * (time.process_time() - started_s) / num_done
 
 
-def mmserve_with_workers(num_workers: int | None, args: argparse.Namespace) -> ServerCommand:
+def mmserve_with_workers(num_workers: int | None, args: argparse.Namespace,
+                         tree: Path | None = None) -> ServerCommand:
+    """mmserve of this checkout, or (``tree``) of another source tree on ``PYTHONPATH``, named ``base wN``."""
     settings = {"CACHE_TEXT_BYTES": "0", "CACHE_IMAGE_BYTES": "0", "LOG_LEVEL": args.log_level,
                 "SYNTHETIC_VISION_MS": str(args.vision_ms), "SYNTHETIC_TEXT_MS": str(args.text_ms)}
     command = mmserve_command("synthetic", settings)
-    name = "mmserve" if num_workers is None else f"mmserve w{num_workers}"
+    name = ("mmserve" if tree is None else "base") + ("" if num_workers is None else f" w{num_workers}")
     workers = () if num_workers is None else ("--api-workers", str(num_workers))
-    return dataclasses.replace(command, name=name, argv=command.argv + workers)
+    env = dict(command.env) if tree is None else {**command.env, "PYTHONPATH": str(tree)}
+    return dataclasses.replace(command, name=name, argv=command.argv + workers, env=env)
 
 
 def floor_command(answers_file: Path) -> ServerCommand:
@@ -121,10 +128,11 @@ def floor_command(answers_file: Path) -> ServerCommand:
     return ServerCommand(FLOOR, argv, port, "/health")
 
 
-def start_mmserve(num_workers: int, args: argparse.Namespace, stack: ExitStack) -> ServerProcess | None:
+def start_mmserve(num_workers: int, args: argparse.Namespace, stack: ExitStack,
+                  tree: Path | None = None) -> ServerProcess | None:
     """A ready, paused mmserve with ``--api-workers N``; ``None`` (said on stdout) if it refuses the flag."""
     try:
-        server = start_paused(mmserve_with_workers(num_workers, args))
+        server = start_paused(mmserve_with_workers(num_workers, args, tree))
     except ServerStartError as e:
         if "--api-workers" not in e.stderr_tail:
             raise
@@ -215,6 +223,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--vision-ms", type=float, default=1.0, help="synthetic vision tower sleep per batch (1)")
     parser.add_argument("--text-ms", type=float, default=0.5, help="synthetic text tower sleep per batch (0.5)")
     parser.add_argument("--log-level", default="info", help="mmserve's log level (default info, its default)")
+    parser.add_argument("--baseline-tree", type=Path, default=None, metavar="DIR",
+                        help="also run mmserve from this source tree (e.g. `git archive BASE | tar -x -C DIR`), "
+                             "named 'base wN', alternated with this checkout's in the same rounds")
+    parser.add_argument("--baseline-workers", type=int, nargs="+", default=[2], metavar="N",
+                        help="--api-workers of the baseline tree's servers (default 2)")
     args = parser.parse_args(argv)
     if wrk_path() is None:
         print("benchmarks/frontend.py needs wrk: apt-get install wrk (Debian's package)", file=sys.stderr)
@@ -234,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = start_mmserve(num_workers, args, stack)
             if server is not None:
                 servers[server.command.name] = server
+        if args.baseline_tree is not None:
+            for num_workers in args.baseline_workers:
+                server = start_mmserve(num_workers, args, stack, args.baseline_tree.resolve())
+                if server is not None:
+                    servers[server.command.name] = server
         answers_file = Path(scratch) / "answers.json"
         answers_file.write_text(json.dumps(record_answers(next(iter(servers.values())), bodies)))
         floor = start_paused(floor_command(answers_file))
