@@ -65,6 +65,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -85,6 +86,9 @@ from server.errors import ApiError
 from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_messages
 from server.workers.pixel_slots import PixelSlots
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
+
+if TYPE_CHECKING:
+    from models.tokenizer import TokenizedText
 
 logger = logging.getLogger(__name__)
 
@@ -256,8 +260,8 @@ class EngineClient:
             fitted = raw_pixels_left_behind(fitted, pixels, self._catalog)  # type: ignore[arg-type]
             slots = self.put_pixels(pixels)
             kind, fields = await call.send(slots, "run", fitted, arrival_ns, self._slots.name, slots)
-        if kind == "ok":
-            return [call.counted(outcome) for outcome in fields[0]]
+        if kind == "ok":  # the token ids this process sent are not sent back (engine_answers.portable_of_item)
+            return [call.counted(outcome, item.tokens) for outcome, item in zip(fields[0], fitted)]
         row, (status, code, message, field, retry_after_s) = fields
         error = ApiError(status, code, message, field, retry_after_s)
         raise IntakeItemError(row, error) if row is not None else error
@@ -394,7 +398,9 @@ class CallInFlight:
         self.prepare_ns = time.perf_counter_ns() - self.started_ns
         return await self._client.call_with_slots(slots, *message)
 
-    def counted(self, outcome: IntakeOutcome) -> IntakeOutcome:
-        """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
+    def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None) -> IntakeOutcome:
+        """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``),
+        and the token ids this process sent for its item put back (the engine does not send them back)."""
+        text = sent_tokens if outcome.text is None else outcome.text
         return dataclasses.replace(outcome, decode_ns=self.prepare_ns + outcome.decode_ns,
-                                   decode_started_ns=self.started_ns)
+                                   decode_started_ns=self.started_ns, text=text)

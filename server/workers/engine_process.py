@@ -77,7 +77,7 @@ from server.runtime.log_output import configure_logging
 from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
-from server.workers.engine_answers import error_fields, portable
+from server.workers.engine_answers import error_fields, portable_of_item
 from server.workers.engine_routes import answer_in_engine
 from server.workers.frames import CorkedFrameWriter, read_messages
 from server.workers.handoff import (
@@ -217,7 +217,7 @@ class Engine:
                    reply) -> None:  # noqa: ANN001
         try:
             outcomes = await self._intake.run(items, arrival_ns)
-            reply("ok", call_id, [portable(outcome) for outcome in outcomes])
+            reply("ok", call_id, [portable_of_item(outcome, item) for outcome, item in zip(outcomes, items)])
         except asyncio.CancelledError:
             reply("cancelled", call_id)
         except IntakeItemError as e:
