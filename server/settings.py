@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -111,6 +111,10 @@ class Settings(BaseSettings):
     decode_threads: int = Field(4, ge=1, description="Threads decoding images and tokenizing text.")
     max_decode_queue: int = Field(
         1024, ge=1, description="Items (requests or protocol rows) waiting for a decode thread before 503.")
+    pixel_slots: int | None = Field(
+        None, ge=1, description="With --api-workers N > 1, shared-memory slots per API process for decoded images on "
+        "their way to the engine, each one model input (S x S x 3 bytes), free again once the engine copied it; "
+        "default: max_images_per_request x the vision or fusion lane's queue bound, whichever is larger.")
     inline_image_max_pixels: int = Field(
         INLINE_IMAGE_MAX_PIXELS, ge=0,
         description="An item whose images (W x H from their headers, summed) are no larger is decoded on the event "
@@ -224,6 +228,14 @@ class Settings(BaseSettings):
             if float(rate.split("/")[0]) <= 0 or (burst and int(burst.split("=")[1]) < 1):
                 raise ValueError("the rate must be > 0 requests per second and the burst >= 1, e.g. 100/s,burst=20")
         return value
+
+    @model_validator(mode="after")
+    def _pixel_slots_hold_a_request(self) -> Settings:
+        """A request of the most images must fit in the pixel slots, or it could never be sent."""
+        if self.pixel_slots is not None and self.pixel_slots < self.max_images_per_request:
+            raise ValueError(f"pixel_slots ({self.pixel_slots}) must be at least max_images_per_request "
+                             f"({self.max_images_per_request})")
+        return self
 
     def lane_value(self, lane: LaneName, name: str) -> float:
         """A batching knob for one lane: its override if set, else the shared value."""

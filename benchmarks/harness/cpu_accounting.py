@@ -47,18 +47,24 @@ def process_cpu_s(pid: int) -> float:
 
 
 def cpu_by_process_kind(root_pid: int) -> dict[str, float]:
-    """CPU seconds so far of ``root_pid`` and each child, summed by what they run (``process_label``).
+    """CPU seconds so far of ``root_pid`` and each child with what it started, summed by what they run.
 
-    A server of several processes (``--api-workers N``: ``mmserve``, the
-    supervisor; ``engine_process``; ``api_process`` x N) shows where its
-    CPU goes; two readings' difference is a run's.
+    A server of several processes (``--api-workers N``: ``supervisor``, the
+    root; ``engine_process``; ``api_process`` x N) shows where its CPU goes
+    (a server of one: ``one process``);
+    what a child starts (a resource tracker, a probe) counts as that child's
+    kind. Two readings' difference is a run's.
     """
     from benchmarks.harness.process_resources import child_pids, process_label
 
-    by_kind: dict[str, float] = {}
-    for pid in (root_pid, *child_pids(root_pid)):
-        label = process_label(pid)
-        by_kind[label] = by_kind.get(label, 0.0) + process_cpu_s(pid)
+    children = child_pids(root_pid)
+    by_kind: dict[str, float] = {"supervisor" if children else "one process": process_cpu_s(root_pid)}
+    for child in children:
+        label = process_label(child)
+        family = [child]
+        for pid in family:  # the child and every process under it
+            family.extend(child_pids(pid))
+        by_kind[label] = by_kind.get(label, 0.0) + sum(map(process_cpu_s, family))
     return by_kind
 
 

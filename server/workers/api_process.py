@@ -67,7 +67,7 @@ from server.workers.handoff import (
     settings_from_environment,
     supervisor_pid,
 )
-from server.workers.pixel_slots import PixelSlots
+from server.workers.pixel_slots import PixelSlots, pixel_slots_of
 from server.workers.readiness import ReadyMarks
 from server.workers.metrics_snapshots import answer_snapshot_requests
 from server.workers.metrics_view import merged_registry
@@ -92,7 +92,7 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         tokenizer = await asyncio.to_thread(unpack_tokenizer, tokenizer_files)
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
         preprocess = facts.config.preprocess
-        slots = PixelSlots((preprocess.input_size, preprocess.input_size, 3))
+        slots = PixelSlots((preprocess.input_size, preprocess.input_size, 3), pixel_slots_of(settings))
         texts = ItemTextFitter(tokenizer, joint_token_budget(settings, facts), decode_pool)
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         keys = SegmentCatalog(None, facts.fingerprint, facts.preprocess_id)  # type: ignore[arg-type]  # keys only

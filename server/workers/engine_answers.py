@@ -3,14 +3,15 @@
 Frames carry no exceptions and no torch tensors (``server.workers.frame_codec``):
 an error goes back as the fields of its ``ApiError`` (status, code, message,
 field, Retry-After), which the API process raises again as the same answer;
-an outcome goes back without its plan (cache claims) and segments (tensors).
+an outcome goes back without its plan (cache claims) and segments (tensors),
+and without the token ids the API process sent for it.
 """
 
 from __future__ import annotations
 
 import logging
 
-from router.intake import IntakeOutcome
+from router.intake import IntakeItem, IntakeOutcome
 from router.request import InferenceResult
 from server.errors import ApiError
 from server.http.error_mapping import api_error_from
@@ -36,6 +37,21 @@ def portable(outcome: IntakeOutcome) -> IntakeOutcome:
     the engine answers one per item.
     """
     result = copy_with(outcome.result, image_segments=(), text_segment=None)
+    return copy_with(outcome, result=result, plan=None)
+
+
+def portable_of_item(outcome: IntakeOutcome, item: IntakeItem) -> IntakeOutcome:
+    """``portable``, and without its token ids when they are the very ones ``item`` brought.
+
+    The API process tokenized the text and sent the ids (``IntakeItem.tokens``);
+    the intake runs them as they came, so sending them back costs the engine an
+    encode per answer for nothing: the API process puts its own back
+    (``CallInFlight.counted``). An item with tokens always has a text outcome,
+    so a missing one can only mean this.
+    """
+    result = copy_with(outcome.result, image_segments=(), text_segment=None)
+    if outcome.text is not None and outcome.text is item.tokens:
+        return copy_with(outcome, result=result, plan=None, text=None)
     return copy_with(outcome, result=result, plan=None)
 
 

@@ -9,12 +9,13 @@ protocol above it are unchanged:
                 here: the engine tokenizes nothing
     peek        ask the engine which images' segments it holds (no claim)
     decode      only the others, in this process's decode pool, to the model's
-                (S, S, 3) uint8 input, written into shared-memory slots
-    run         the items (token ids, encoded images' bytes for the cache keys, slot
-                numbers; raw pixels decoded here go as their key and length) -> the
-                engine's intake
-    settle      the slots are free again when the engine answers; a cancelled
-                call (the client went away) is cancelled in the engine too
+                (S, S, 3) uint8 input
+    run         the decoded images written into shared-memory slots, and the items
+                (token ids, encoded images' bytes for the cache keys, slot numbers;
+                raw pixels decoded here go as their key and length) -> the engine's intake
+    settle      the engine frees each slot as it copies the pixels out, when the
+                call arrives (``server.workers.pixel_slots``); a cancelled call
+                (the client went away) is cancelled in the engine too
 
 The ``decode`` stage of an answer (``timings_ms``, its span, the monitor's
 record) is this process's preparing (the drill, the peek, the decode) plus the
@@ -41,8 +42,8 @@ drain read from ``state.router``: ready, alive, draining, in flight, a fault
 
 ``/v1/classify`` and ``/v1/rank`` prepare their own call
 (``server.workers.zero_shot_client``) with the same two steps: images into
-slots (``decode_into_slots``: the drill, the peek, the decode) and one call
-that holds the slots until the engine answers, both inside a ``CallInFlight``.
+pixels (``decode_pixels``: the drill, the peek, the decode), then slots and one
+call (``put_pixels``, ``call_with_slots``), both inside a ``CallInFlight``.
 
 Refusals are the single process's, item for item: that intake prepares every
 item at once and answers with the first refused one by index, each item's
@@ -64,6 +65,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -81,9 +83,12 @@ from router.item_text import ItemTextFitter
 from router.segments import ImageContent, SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
-from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame
+from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_messages
 from server.workers.pixel_slots import PixelSlots
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
+
+if TYPE_CHECKING:
+    from models.tokenizer import TokenizedText
 
 logger = logging.getLogger(__name__)
 
@@ -178,14 +183,14 @@ class EngineClient:
     async def _read_answers(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                kind, call_id, *fields = await read_frame(reader)
-                if kind == "faults":  # unasked: the drills changed
-                    if self._faults is not None:
-                        self._faults.adopt(fields[0])
-                    continue
-                future = self._waiting.pop(call_id, None)
-                if future is not None and not future.done():
-                    future.set_result((kind, fields))
+                for kind, call_id, *fields in await read_messages(reader):  # a turn of the engine's answers
+                    if kind == "faults":  # unasked: the drills changed
+                        if self._faults is not None:
+                            self._faults.adopt(fields[0])
+                        continue
+                    future = self._waiting.pop(call_id, None)
+                    if future is not None and not future.done():
+                        future.set_result((kind, fields))
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             self.fault = EngineGone(f"the engine closed its connection ({type(e).__name__})")
         except asyncio.CancelledError:
@@ -249,13 +254,14 @@ class EngineClient:
             await self._drill_decode(items)
             fitted = await self._texts.fit_all(items)
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
-            slots = await self._decode_missing(items if refused is None else items[:refused], call.taken)
+            pixels = await self._decode_missing(items if refused is None else items[:refused])
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
-            fitted = raw_pixels_left_behind(fitted, slots, self._catalog)  # type: ignore[arg-type]
-            kind, fields = await call.send("run", fitted, arrival_ns, self._slots.name, slots)
-        if kind == "ok":
-            return [call.counted(outcome) for outcome in fields[0]]
+            fitted = raw_pixels_left_behind(fitted, pixels, self._catalog)  # type: ignore[arg-type]
+            slots = self.put_pixels(pixels)
+            kind, fields = await call.send(slots, "run", fitted, arrival_ns, self._slots.name, slots)
+        if kind == "ok":  # the token ids this process sent are not sent back (engine_answers.portable_of_item)
+            return [call.counted(outcome, item.tokens) for outcome, item in zip(fields[0], fitted)]
         row, (status, code, message, field, retry_after_s) = fields
         error = ApiError(status, code, message, field, retry_after_s)
         raise IntakeItemError(row, error) if row is not None else error
@@ -265,38 +271,46 @@ class EngineClient:
         """The shared-memory block of this process's pixel slots (the engine attaches it by name)."""
         return self._slots.name
 
-    async def decode_into_slots(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
-        """A ``decode`` drill's delay, then every image the engine does not hold decoded into a slot.
+    async def decode_pixels(self, items: Sequence[IntakeItem]) -> list[list[np.ndarray | None]]:
+        """A ``decode`` drill's delay, then every image the engine does not hold decoded to the model's input.
 
-        The slot numbers per item and image (``None``: held by the engine);
-        each slot is appended to ``taken`` (a ``CallInFlight``'s) as it is taken.
+        Per item and image: the pixels, or ``None`` (the engine holds the
+        image). Nothing is in a pixel slot yet: ``put_pixels`` writes them when
+        the call is sent, so a call that ends before holds no slot.
         """
         await self._drill_decode(items)
-        return await self._decode_missing(items, taken)
+        return await self._decode_missing(items)
 
-    def give_back_slots(self, taken: list[int]) -> None:
-        """Slots taken for a call that is not sent (an item was refused first); ``taken`` is emptied."""
-        self._slots.give_back(taken)
-        taken.clear()
+    def put_pixels(self, pixels: Sequence[Sequence[np.ndarray | None]]) -> list[list[int | None]]:
+        """Each decoded image written into a pixel slot, held until the engine copies it out; the slot numbers.
 
-    async def call_holding_slots(self, taken: list[int], *message: object) -> tuple[str, list]:
-        """Send ``message``, await the engine's ``ok`` or ``error``, and give ``taken``'s slots back after.
+        Call it right before the call that names the slots (``call_with_slots``),
+        on the loop's thread with no await between. 503 ``overloaded`` when too
+        few slots are free (``server.workers.pixel_slots``).
+        """
+        images = [image for item_pixels in pixels for image in item_pixels if image is not None]
+        numbers = iter(self._slots.put(images) if images else ())
+        return [[next(numbers) if image is not None else None for image in item_pixels] for item_pixels in pixels]
 
-        A caller cancelled meanwhile (its client went away) cancels the call in
-        the engine; the slots are free once the engine answers ``cancelled``.
+    async def call_with_slots(self, slots: Sequence[Sequence[int | None]], *message: object) -> tuple[str, list]:
+        """Send ``message``, which names ``slots`` (``put_pixels``), and await the engine's ``ok`` or ``error``.
+
+        The engine frees the slots as it copies the pixels out, when the call
+        arrives, whatever happens to the call after; a call that cannot be sent
+        gives them back here. A caller cancelled meanwhile (its client went
+        away) cancels the call in the engine.
         """
         try:
             call_id, future = self._send(*message)
-            try:
-                kind, fields = await asyncio.shield(future)
-            except asyncio.CancelledError:
-                self._send("cancel", call_id)  # the answer ("cancelled") frees the slots
-                held = list(taken)
-                future.add_done_callback(lambda _: self._slots.give_back(held))
-                taken.clear()
-                raise
-        finally:
-            self.give_back_slots(taken)
+        except BaseException:
+            self._slots.give_back([slot for item_slots in slots for slot in item_slots if slot is not None])
+            raise
+        try:
+            kind, fields = await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if self.fault is None and self._writer is not None:
+                self._writer.write(("cancel", call_id))  # the engine answers "cancelled" to the call itself
+            raise
         if kind == "cancelled":
             raise asyncio.CancelledError()
         return kind, fields
@@ -310,61 +324,49 @@ class EngineClient:
                   for item in items]
         await asyncio.gather(*(asyncio.wrap_future(delay) for delay in delays))
 
-    async def _decode_missing(self, items: Sequence[IntakeItem], taken: list[int]) -> list[list[int | None]]:
-        """Decode every image the engine does not hold into a slot; the slot numbers per item and image."""
+    async def _decode_missing(self, items: Sequence[IntakeItem]) -> list[list[np.ndarray | None]]:
+        """Decode every image the engine does not hold; the model's input per item and image (``None``: held)."""
         keys = [self._catalog.image_key(content) if item.use_cache and self._is_image_cache_on else None
                 for item in items for content in item.images]  # raw pixels keyed as one process does
         cached = iter(await self._call("peek", keys) if any(key is not None for key in keys) else [False] * len(keys))
         work = []
-        slots: list[list[int | None]] = []
+        pixels: list[list[np.ndarray | None]] = []
         for item_index, item in enumerate(items):
-            item_slots: list[int | None] = []
+            item_pixels: list[np.ndarray | None] = []
             for image_index, content in enumerate(item.images):
-                if next(cached):
-                    item_slots.append(None)
-                    continue
-                slot = self._slots.take(1)[0]
-                taken.append(slot)
-                item_slots.append(slot)
-                work.append((item_index, item, image_index, content, slot))
-            slots.append(item_slots)
+                item_pixels.append(None)
+                if not next(cached):
+                    work.append((item_index, item, image_index, content))
+            pixels.append(item_pixels)
         if work and self._faults is None and decodes_inline([image_pixels(job[3]) for job in work],
                                                             self._inline_image_max_pixels):
             for job in work:  # together small enough that a hop to the pool costs more (router.inline_decode)
-                self._decode_into(*job)
+                pixels[job[0]][job[2]] = self._decode(*job)
         elif work:
             jobs: list[Future] = []
             try:
                 for job in work:
-                    jobs.append(self._executor.submit(self._decode_into, *job))
+                    jobs.append(self._executor.submit(self._decode, *job))
                 outcomes = await asyncio.gather(*map(asyncio.wrap_future, jobs), return_exceptions=True)
-            except BaseException:  # cancelled (the client left), or the pool refused a job
-                self._hold_slots_being_written(jobs, [job[4] for job in work], taken)
+            except BaseException:  # cancelled (the client left), or the pool refused a job: drop what waits
+                for job in jobs:
+                    job.cancel()
                 raise
-            for outcome in outcomes:
+            for job, outcome in zip(work, outcomes):
                 if isinstance(outcome, BaseException):
                     raise outcome
-        return slots
+                pixels[job[0]][job[2]] = outcome
+        return pixels
 
-    def _hold_slots_being_written(self, jobs: list[Future], job_slots: list[int], taken: list[int]) -> None:
-        """A decode still running when its call ends writes into its slot: that slot goes back after it, not now."""
-        for job, slot in zip(jobs, job_slots):
-            if not job.cancel() and not job.done():
-                taken.remove(slot)
-                job.add_done_callback(lambda _, slot=slot: self._slots.give_back([slot]))
-
-    def _decode_into(self, item_index: int, item: IntakeItem, image_index: int, content: ImageContent,
-                     slot: int) -> None:
-        """One image -> the model's input in ``slot`` (a decode-pool thread); errors as the intake names them."""
+    def _decode(self, item_index: int, item: IntakeItem, image_index: int, content: ImageContent) -> np.ndarray:
+        """One image -> the model's input (a decode-pool thread, or the loop); errors as the intake names them."""
         try:
             if content.pixels is not None:
                 pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)
-                model_input = pixels_to_model_input(pixels, self._preprocess)
-            else:
-                decoded = self._decode_image(content.encoded)
-                model_input = (pixels_to_model_input(decoded, self._preprocess) if isinstance(decoded, np.ndarray)
-                               else resize_to_model_input(decoded, self._preprocess))
-            self._slots.write(slot, model_input)
+                return pixels_to_model_input(pixels, self._preprocess)
+            decoded = self._decode_image(content.encoded)
+            return (pixels_to_model_input(decoded, self._preprocess) if isinstance(decoded, np.ndarray)
+                    else resize_to_model_input(decoded, self._preprocess))
         except Exception as e:
             error: Exception = ImageItemError(image_index, e) if item.images_as_list else e
             raise IntakeItemError(item_index, error) from e
@@ -372,16 +374,14 @@ class EngineClient:
 
 class CallInFlight:
     """One call to the engine, from its first preparing step to its answer (a ``with`` block): refused while
-    draining, counted in flight, its preparing here timed (this process's part of ``decode``), and every
-    pixel slot it took (``taken``) given back whatever is raised."""
+    draining, counted in flight, and its preparing here timed (this process's part of ``decode``)."""
 
-    __slots__ = ("_client", "started_ns", "prepare_ns", "taken")
+    __slots__ = ("_client", "started_ns", "prepare_ns")
 
     def __init__(self, client: EngineClient) -> None:
         self._client = client
         self.started_ns = 0
         self.prepare_ns = 0
-        self.taken: list[int] = []
 
     def __enter__(self) -> CallInFlight:
         if self._client.is_draining:
@@ -391,15 +391,16 @@ class CallInFlight:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._client.give_back_slots(self.taken)  # refused before the call (the call gives its own back)
         self._client.num_in_flight -= 1
 
-    async def send(self, *message: object) -> tuple[str, list]:
-        """The call, once everything is prepared: the engine's ``ok`` or ``error`` (``call_holding_slots``)."""
+    async def send(self, slots: Sequence[Sequence[int | None]], *message: object) -> tuple[str, list]:
+        """The call, once everything is prepared: the engine's ``ok`` or ``error`` (``call_with_slots``)."""
         self.prepare_ns = time.perf_counter_ns() - self.started_ns
-        return await self._client.call_holding_slots(self.taken, *message)
+        return await self._client.call_with_slots(slots, *message)
 
-    def counted(self, outcome: IntakeOutcome) -> IntakeOutcome:
-        """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``)."""
+    def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None) -> IntakeOutcome:
+        """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``),
+        and the token ids this process sent for its item put back (the engine does not send them back)."""
+        text = sent_tokens if outcome.text is None else outcome.text
         return dataclasses.replace(outcome, decode_ns=self.prepare_ns + outcome.decode_ns,
-                                   decode_started_ns=self.started_ns)
+                                   decode_started_ns=self.started_ns, text=text)

@@ -80,9 +80,9 @@ from server.runtime.log_output import configure_logging
 from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
-from server.workers.engine_answers import error_fields, portable
+from server.workers.engine_answers import error_fields, portable_of_item
 from server.workers.engine_routes import EngineRoutes
-from server.workers.frames import CorkedFrameWriter, read_frame
+from server.workers.frames import CorkedFrameWriter, read_messages
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
@@ -137,57 +137,58 @@ class Engine:
         try:
             while True:
                 try:
-                    message = await read_frame(reader)
+                    messages = await read_messages(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
-                kind, call_id = message[0], message[1]
-                if kind == "run":
-                    items, arrival_ns, block, slots = message[2:]
-                    if block not in attached:
-                        attached[block] = AttachedSlots(block, self._input_shape)
-                    task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, attached[block], slots, reply))
-                    calls[call_id] = task
-                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
-                elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
-                    work, arrival_ns, block, slots = message[2:]
-                    if block not in attached:
-                        attached[block] = AttachedSlots(block, self._input_shape)
-                    task = asyncio.ensure_future(self._zero_shot.answer(call_id, work, arrival_ns, attached[block],
-                                                                        slots, reply))
-                    calls[call_id] = task
-                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
-                elif kind == "http":
-                    task = asyncio.ensure_future(self._http(call_id, message[2:], reply))
-                    calls[call_id] = task
-                    task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
-                elif kind == "cancel":
-                    if (task := calls.get(call_id)) is not None:
-                        task.cancel()
-                elif kind == "peek":
-                    reply("ok", call_id, self._peek(message[2]))
-                elif kind == "status":
-                    router = self._state.router
-                    reply("ok", call_id, (router.is_ready, router.is_alive, router.is_draining))
-                elif kind == "describe":
-                    reply("ok", call_id, self._description)
-                elif kind == "watch_faults":
-                    self._fault_watchers.add(reply)
-                    faults = self._state.faults
-                    reply("faults", None, faults.entries() if faults is not None else ())
-                    reply("ok", call_id, None)
-                elif kind == "record":  # an API process's answered request (server.workers.engine_monitor)
-                    route, stage_ns, batch_size, cache_hit, inputs = message[2:]
-                    self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
-                                               inputs=inputs)
-                elif kind == "batch_spans":
-                    if self._state.tracer is not None:
-                        self._state.tracer.emit_batches(message[2])
-                elif kind == "metrics":
-                    reply("ok", call_id, (generate_latest(self._state.registry).decode(),
-                                          self._state.monitor.digests_view(),
-                                          exemplars_of(self._state.metrics.request_duration_seconds)))
-                elif kind == "clear_cache":
-                    reply("ok", call_id, self._state.router.cache.clear())
+                for message in messages:  # one frame holds a turn of the API process's messages
+                    kind, call_id = message[0], message[1]
+                    if kind == "run":
+                        items, arrival_ns, block, slots = message[2:]
+                        # The pixels are copied out now, before the call's task: each slot is free again at once,
+                        # even for a call cancelled before it starts (server.workers.pixel_slots).
+                        prepared_ids = self._take_pixels(items, self._attached(attached, block), slots)
+                        task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, prepared_ids, reply))
+                        calls[call_id] = task
+                        task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                    elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
+                        work, arrival_ns, block, slots = message[2:]
+                        prepared_ids = self._zero_shot.take_pixels(work, self._attached(attached, block), slots)
+                        task = asyncio.ensure_future(self._zero_shot.answer(call_id, work, arrival_ns, prepared_ids,
+                                                                            reply))
+                        calls[call_id] = task
+                        task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                    elif kind == "http":
+                        task = asyncio.ensure_future(self._http(call_id, message[2:], reply))
+                        calls[call_id] = task
+                        task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                    elif kind == "cancel":
+                        if (task := calls.get(call_id)) is not None:
+                            task.cancel()
+                    elif kind == "peek":
+                        reply("ok", call_id, self._peek(message[2]))
+                    elif kind == "status":
+                        router = self._state.router
+                        reply("ok", call_id, (router.is_ready, router.is_alive, router.is_draining))
+                    elif kind == "describe":
+                        reply("ok", call_id, self._description)
+                    elif kind == "watch_faults":
+                        self._fault_watchers.add(reply)
+                        faults = self._state.faults
+                        reply("faults", None, faults.entries() if faults is not None else ())
+                        reply("ok", call_id, None)
+                    elif kind == "record":  # an API process's answered request (server.workers.engine_monitor)
+                        route, stage_ns, batch_size, cache_hit, inputs = message[2:]
+                        self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
+                                                   inputs=inputs)
+                    elif kind == "batch_spans":
+                        if self._state.tracer is not None:
+                            self._state.tracer.emit_batches(message[2])
+                    elif kind == "metrics":
+                        reply("ok", call_id, (generate_latest(self._state.registry).decode(),
+                                              self._state.monitor.digests_view(),
+                                              exemplars_of(self._state.metrics.request_duration_seconds)))
+                    elif kind == "clear_cache":
+                        reply("ok", call_id, self._state.router.cache.clear())
         finally:
             self._fault_watchers.discard(reply)
             for task in list(calls.values()):
@@ -209,12 +210,17 @@ class Engine:
         store = self._state.router.cache.store
         return [key is not None and store.get(key) is not None for key in keys]
 
-    async def _run(self, call_id: int, items: list[IntakeItem], arrival_ns: int, block: AttachedSlots,
-                   slots: list[list[int | None]], reply) -> None:  # noqa: ANN001
-        prepared_ids = self._take_pixels(items, block, slots)
+    def _attached(self, attached: dict[str, AttachedSlots], block: str) -> AttachedSlots:
+        """The connection's API process's block, attached at its first call that names it."""
+        if block not in attached:
+            attached[block] = AttachedSlots(block, self._input_shape)
+        return attached[block]
+
+    async def _run(self, call_id: int, items: list[IntakeItem], arrival_ns: int, prepared_ids: list[int],
+                   reply) -> None:  # noqa: ANN001
         try:
             outcomes = await self._intake.run(items, arrival_ns)
-            reply("ok", call_id, [portable(outcome) for outcome in outcomes])
+            reply("ok", call_id, [portable_of_item(outcome, item) for outcome, item in zip(outcomes, items)])
         except asyncio.CancelledError:
             reply("cancelled", call_id)
         except IntakeItemError as e:
@@ -226,7 +232,7 @@ class Engine:
                 self._prepared.pop(content_id, None)
 
     def _take_pixels(self, items: list[IntakeItem], block: AttachedSlots, slots: list[list[int | None]]) -> list[int]:
-        """The slots' pixels copied out for the intake, by image (the slots are free once this call answers).
+        """The slots' pixels copied out for the intake, by image; each slot is the API process's again at once.
 
         An image's cache key and facts are a single process's (its bytes, or
         for raw pixels left behind their key and length); only its decoding is done.
@@ -235,7 +241,7 @@ class Engine:
         for item, item_slots in zip(items, slots):
             for content, slot in zip(item.images, item_slots):
                 if slot is not None:
-                    self._prepared[id(content)] = block.copy_out(slot)
+                    self._prepared[id(content)] = block.take_out(slot)
                     prepared_ids.append(id(content))
         return prepared_ids
 

@@ -17,9 +17,13 @@ from router.intake import IntakeItem
 from router.segments import ImageContent, SegmentCatalog
 
 
-def raw_pixels_left_behind(items: list[IntakeItem], slots: list[list[int | None]],
+def raw_pixels_left_behind(items: list[IntakeItem], slots: Sequence[Sequence[object | None]],
                            catalog: SegmentCatalog) -> list[IntakeItem]:
-    """The items as the engine gets them: raw pixels decoded into a slot go as their key and length."""
+    """The items as the engine gets them: raw pixels decoded into a slot go as their key and length.
+
+    ``slots``: per item and image, what goes to a slot (its number, or the
+    decoded pixels about to be put there), ``None`` for an image not decoded.
+    """
     sent = items
     for index, (item, item_slots) in enumerate(zip(items, slots)):
         images = images_left_behind(item.images, item_slots, catalog)
@@ -30,7 +34,7 @@ def raw_pixels_left_behind(items: list[IntakeItem], slots: list[list[int | None]
     return sent
 
 
-def images_left_behind(images: tuple[ImageContent, ...], slots: Sequence[int | None],
+def images_left_behind(images: tuple[ImageContent, ...], slots: Sequence[object | None],
                        catalog: SegmentCatalog) -> tuple[ImageContent, ...]:
     """``images`` with each raw one that has a slot as its key and length; the same tuple when there is none."""
     if not any(slot is not None and content.pixels for content, slot in zip(images, slots)):

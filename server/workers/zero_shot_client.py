@@ -2,8 +2,9 @@
 
     texts      tokenized and keyed in this process's decode pool, remembered in a
                ``TokenMemo`` (``router.zero_shot.tokenize_texts``): the engine tokenizes nothing
-    images     the engine's cache peeked, the others decoded into pixel slots
-               (``EngineClient.decode_into_slots``: a cached image is not decoded)
+    images     the engine's cache peeked, the others decoded, then put into pixel slots
+               as the call is sent (``EngineClient.decode_pixels``, ``put_pixels``: a
+               cached image is not decoded)
     ── both at once; a refused text or image is answered here, named by its field ──
     zero_shot  ("zero_shot", id, work with tokens and keys, arrival_ns, block, slots; raw pixels
                decoded here go as their key and length, ``server.workers.raw_pixels_sent``)
@@ -18,8 +19,8 @@ them as it does there. ``decode`` counts this process's preparing (tokenize,
 peek, decode) plus the engine's (plans, pixels out of their slots), as
 ``EngineClient.run`` counts it for every other route. Deadlines count from
 arrival here (``arrival_ns``, one monotonic clock for the machine); a client
-that goes away cancels the call in the engine, and the slots are free once the
-engine has let go of them.
+that goes away cancels the call in the engine; the slots are free once the
+engine has copied the pixels out, as the call arrives.
 
 A label's segment key is made here with the engine's fingerprint (the
 catalog of ``describe``), beside its tokens, so the engine neither tokenizes
@@ -31,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from concurrent.futures import Executor
+
+import numpy as np
 
 from models.torch_free.text_ids import LimitedTokenizer
 from router.errors import IntakeItemError
@@ -65,9 +68,11 @@ class ZeroShotClient:
         """The engine's scores for ``work``; a refused item raises here, as one process names it."""
         client = self._client
         with CallInFlight(client) as call:
-            tokenized, slots = await self._prepare(work, call.taken)
-            sent = work.with_tokens(tokenized, images_left_behind(work.images, slots, self._catalog))
-            kind, fields = await call.send("zero_shot", sent, arrival_ns, client.slots_name, slots)
+            tokenized, pixels = await self._prepare(work)
+            sent = work.with_tokens(tokenized, images_left_behind(work.images, pixels, self._catalog))
+            slots = client.put_pixels([[image] for image in pixels])
+            image_slots = [item_slots[0] for item_slots in slots]
+            kind, fields = await call.send(slots, "zero_shot", sent, arrival_ns, client.slots_name, image_slots)
         if kind != "ok":
             _, (status, code, message, field, retry_after_s) = fields
             raise ApiError(status, code, message, field, retry_after_s)
@@ -75,12 +80,12 @@ class ZeroShotClient:
         stage_ns = {**scores.stage_ns, "decode": call.prepare_ns + scores.stage_ns["decode"]}
         return dataclasses.replace(scores, stage_ns=stage_ns, outcomes=tuple(map(call.counted, scores.outcomes)))
 
-    async def _prepare(self, work: ZeroShotWork, taken: list[int]) -> tuple[TokenizedTexts, list[int | None]]:
+    async def _prepare(self, work: ZeroShotWork) -> tuple[TokenizedTexts, list[np.ndarray | None]]:
         """Texts tokenized and images in slots, at once; the first refused image, else text, named by its field.
 
         Each image is its own item, as the single process's intake runs it
         (``ZeroShotEncoder.encode_images``), so a drill delays it and a bad one
-        is refused as there. Returns each image's slot (``None``: the engine holds it).
+        is refused as there. Returns each image's model input (``None``: the engine holds it).
         """
         options = work.options
         items = [IntakeItem(request_id=f"{options.request_id}-image-{index}", images=(content,),
@@ -89,9 +94,9 @@ class ZeroShotClient:
                  for index, content in enumerate(work.images)]
         texts = asyncio.wrap_future(self._executor.submit(
             tokenize_texts, self._tokenizer, self._catalog, self.token_memo, work.texts, options.truncate))
-        images = asyncio.ensure_future(self._client.decode_into_slots(items, taken))
+        images = asyncio.ensure_future(self._client.decode_pixels(items))
         decoded, tokenized = await asyncio.gather(images, texts, return_exceptions=True)
         for outcome, field in ((decoded, work.image_field), (tokenized, work.text_field)):
             if isinstance(outcome, BaseException):
                 raise (named(outcome, field) if isinstance(outcome, IntakeItemError) else outcome) from outcome
-        return tokenized, [item_slots[0] for item_slots in decoded]  # type: ignore[return-value,union-attr]
+        return tokenized, [item_pixels[0] for item_pixels in decoded]  # type: ignore[return-value,union-attr]

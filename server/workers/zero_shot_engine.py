@@ -2,7 +2,8 @@
 
     ("zero_shot", id, ZeroShotWork, arrival_ns, block, slots)
         work.tokenized   the texts' tokens and keys (the API process tokenized them)
-        slots[i]         image i's pixels in the API process's block, or None (the peek said cached)
+        slots[i]         image i's pixels in the API process's block, or None (the peek said cached);
+                         copied out as the call arrives (``take_pixels``), which frees the slot
     -> ("ok", id, ZeroShotScores) | ("error", id, None, error fields) | ("cancelled", id)
 
 The call runs the single process's middle (``server.protocols.zero_shot_local.LocalZeroShot``)
@@ -48,13 +49,18 @@ class ZeroShotEngine:
                                      state.router.bundle.model.score)
         self._prepared = prepared
 
-    async def answer(self, call_id: int, work: ZeroShotWork, arrival_ns: int, block: AttachedSlots,
-                     slots: list[int | None], reply: Callable[..., None]) -> None:
+    def take_pixels(self, work: ZeroShotWork, block: AttachedSlots, slots: list[int | None]) -> list[int]:
+        """The slots' pixels copied out as the call arrives (each slot is free again at once); the images' ids."""
         prepared_ids = []
         for content, slot in zip(work.images, slots):
-            if slot is not None:  # copied out now: the slot is free again once this call answers
-                self._prepared[id(content)] = block.copy_out(slot)
+            if slot is not None:
+                self._prepared[id(content)] = block.take_out(slot)
                 prepared_ids.append(id(content))
+        return prepared_ids
+
+    async def answer(self, call_id: int, work: ZeroShotWork, arrival_ns: int, prepared_ids: list[int],
+                     reply: Callable[..., None]) -> None:
+        """Score ``work``, whose pixels ``take_pixels`` took out (``prepared_ids``), and reply."""
         try:
             scores = await self._scorer.score(work, arrival_ns)
             reply("ok", call_id, dataclasses.replace(scores, outcomes=tuple(map(portable, scores.outcomes))))

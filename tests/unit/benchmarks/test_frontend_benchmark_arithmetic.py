@@ -122,12 +122,34 @@ def test_jpeg_draft_arithmetic():
 def test_a_server_of_several_processes_gets_its_cpu_split_by_process_pooled_over_runs():
     from benchmarks.frontend_measure import process_split_rows
 
-    split = (("mmserve", 0.1), ("engine_process", 2.0), ("api_process", 6.0))
+    split = (("supervisor", 0.1), ("engine_process", 2.0), ("api_process", 6.0))
     runs = [RunResult("mmserve w2", "text", 8.1, 10.0, 4000, 0, split),
             RunResult("mmserve w2", "text", 8.1, 10.0, 6000, 0, split),
-            RunResult("mmserve w1", "text", 9.0, 10.0, 8000, 0, (("mmserve", 9.0),))]  # one process: no split
+            RunResult("mmserve w1", "text", 9.0, 10.0, 8000, 0, (("one process", 9.0),)),
+            RunResult(FLOOR, "text", 1.0, 10.0, 8000, 0, (("one process", 1.0),))]
     rows = process_split_rows(runs)
     assert rows[0] == ["kind", "server", "process", "CPU ms/req", "cores"]
-    assert rows[1:] == [["text", "mmserve w2", "mmserve", "0.020", "0.01"],
+    assert rows[1:] == [["text", "mmserve w2", "supervisor", "0.020", "0.01"],
                         ["text", "mmserve w2", "engine_process", "0.400", "0.20"],
-                        ["text", "mmserve w2", "api_process", "1.200", "0.60"]]
+                        ["text", "mmserve w2", "api_process", "1.200", "0.60"],
+                        ["text", "mmserve w1", "one process", "1.125", "0.90"]]
+
+
+def test_the_capacity_table_takes_the_engine_as_the_serial_part():
+    from benchmarks.frontend_measure import capacity_rows
+
+    runs = [RunResult("mmserve w2", "text", 8.0, 10.0, 10_000, 0,
+                      (("supervisor", 0.1), ("engine_process", 0.5), ("api_process", 2.0))),
+            RunResult("mmserve w2", "image", 8.0, 10.0, 1000, 0,
+                      (("supervisor", 0.0), ("engine_process", 0.2), ("api_process", 0.9))),
+            RunResult("mmserve w1", "text", 9.0, 10.0, 8000, 0, (("one process", 9.0),))]  # no engine of its own
+    rows = capacity_rows(runs, {"text": 0.1, "image": 0.25})
+    assert rows[0][:3] == ["kind", "server", "engine ms/req"]
+    # text: 0.05 ms per request in the engine, 0.5 x the floor's 0.1: 20,000/s on one engine core, which
+    # needs 20,000 x 0.2 ms = 4 API-process cores
+    assert rows[1] == ["text", "mmserve w2", "0.050", "0.50", "<= 0.6 x floor", "met", "20000", "0.200", "4.00",
+                       "0.010"]
+    assert rows[2][:6] == ["image", "mmserve w2", "0.200", "0.80", "<= 1 x floor", "met"]
+    assert rows[2][6:9] == ["5000", "0.900", "4.50"]
+    assert len(rows) == 3
+    assert capacity_rows(runs, {"text": 0.08})[1][3:6] == ["0.62", "<= 0.6 x floor", "missed"]

@@ -1,7 +1,7 @@
 """An API process decodes a call's small images on its event loop, and a call over the limit in the pool.
 
 The same rule as the intake's (``router.inline_decode``), on the real decoder:
-the pixels written to each slot are the model input the pool's path writes.
+the pixels decoded on the loop are the model input the pool's path decodes.
 """
 
 from __future__ import annotations
@@ -36,10 +36,9 @@ def _decoded(items: list[IntakeItem], executor: Executor, limit: int) -> list[np
     client = EngineClient("/nonexistent", SegmentCatalog(None, "fp", "size=8"),  # type: ignore[arg-type]
                           PREPROCESS, decode_image, executor, slots, texts=None,  # type: ignore[arg-type]
                           is_image_cache_on=False, inline_image_max_pixels=limit)  # no peek: no engine
-    taken: list[int] = []
     try:
-        numbers = asyncio.run(client.decode_into_slots(items, taken))
-        return [slots.view(number).copy() for item_numbers in numbers for number in item_numbers]
+        pixels = asyncio.run(client.decode_pixels(items))
+        return [image for item_pixels in pixels for image in item_pixels]
     finally:
         slots.close()
 

@@ -280,3 +280,25 @@ def test_a_portable_outcome_is_the_outcome_less_its_plan_and_segments_and_packs_
     assert sent.plan is None and sent.result.image_segments == () and sent.result.text_segment is None
     assert held.plan is plan and held.result.text_segment is segment and held.result.image_segments == (segment,)
     assert _same(decode(encode(sent)), text)
+
+
+def test_an_answer_leaves_out_the_token_ids_its_item_brought_and_the_api_process_puts_them_back():
+    from server.workers.engine_answers import portable_of_item
+    from server.workers.engine_client import CallInFlight
+
+    text = _outcomes()[0]
+    item = IntakeItem("r-1", tokens=text.text)
+    sent = decode(encode(portable_of_item(text, item)))
+    assert sent.text is None, "the engine ran the ids the API process sent: they do not travel back"
+    assert len(encode(portable_of_item(text, item))) < len(encode(portable_of_item(text, IntakeItem("r-1"))))
+    other = IntakeItem("r-1", tokens=TokenizedText(text.text.token_ids, False, 5))  # equal, not the ones run
+    assert _same(decode(encode(portable_of_item(text, other))).text, text.text)
+
+    class Client:
+        is_draining, num_in_flight = False, 0
+
+    with CallInFlight(Client()) as call:  # type: ignore[arg-type]
+        pass
+    assert call.counted(sent, item.tokens).text is item.tokens
+    images = _outcomes()[1]
+    assert call.counted(decode(encode(portable_of_item(images, IntakeItem("r-2")))), None).text is None

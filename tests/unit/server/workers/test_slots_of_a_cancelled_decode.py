@@ -1,10 +1,9 @@
-"""An API process's pixel slot is not handed out again while a decode of a call that ended still writes into it.
+"""A call whose client goes away while its images decode holds no pixel slot, and its queued decodes never run.
 
-The client of a call can go away while its images are being decoded in the
-pool; the call then ends at once, but a decode already running cannot be
-stopped and will still write its pixels. Its slot goes back when that decode
-is done, not when the call ends, so no other request's pixels are overwritten.
-The decoder here is the real one (``server.ingest.inputs.decode_image``),
+Slots are taken only as the call is sent (``EngineClient.put_pixels``), so a
+decode still running when its call ends writes into its own array, never into
+a slot another request may hold; a decode still waiting for a pool thread is
+dropped. The decoder here is the real one (``server.ingest.inputs.decode_image``),
 held at its start by an event so the test decides when it runs.
 """
 
@@ -14,24 +13,26 @@ import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
+import numpy as np
 
 from encoded_images import encoded_image
 from models.loading.config import PreprocessConfig
 from router.intake import IntakeItem
 from router.segments import ImageContent, SegmentCatalog
-from server.errors import ApiError
 from server.ingest.inputs import decode_image
 from server.workers.engine_client import EngineClient
 from server.workers.pixel_slots import PixelSlots
 
 
-def test_a_running_decode_keeps_its_slot_until_it_is_done_and_a_queued_one_gives_it_back_at_once():
+def test_a_cancelled_decode_takes_no_slot_and_its_queued_decode_never_runs():
     started, release = threading.Event(), threading.Event()
+    num_decoded = 0
 
     def held_decoder(data: bytes):  # noqa: ANN202 - whatever the real decoder returns
+        nonlocal num_decoded
         started.set()
         release.wait(10)
+        num_decoded += 1
         return decode_image(data)
 
     slots = PixelSlots((8, 8, 3), num_slots=4)
@@ -42,27 +43,25 @@ def test_a_running_decode_keeps_its_slot_until_it_is_done_and_a_queued_one_gives
                           inline_image_max_pixels=0)  # the pool's path, whatever the images' size
     items = [IntakeItem(f"r-{seed}", images=(ImageContent(encoded=encoded_image(seed, (12, 10), "PNG")),))
              for seed in (1, 2)]
-    taken: list[int] = []
 
     async def scenario() -> None:
-        call = asyncio.ensure_future(client.decode_into_slots(items, taken))
+        call = asyncio.ensure_future(client.decode_pixels(items))
         while not started.is_set():
             await asyncio.sleep(0.01)
+        assert slots.num_held == 0, "decoding takes no slot"
         call.cancel()  # the client went away
         try:
             await call
         except asyncio.CancelledError:
             pass
-        client.give_back_slots(taken)  # what every caller does when the call ends
 
     try:
         asyncio.run(scenario())
-        assert len(slots.take(slots.num_slots - 1)) == 3  # all but the one still being written, the queued one's too
-        with pytest.raises(ApiError):
-            slots.take(1)  # that one is not handed out while its decode writes into it
         release.set()
-        pool.shutdown(wait=True)  # the running decode is done: its slot is back
-        assert len(slots.take(1)) == 1
+        pool.shutdown(wait=True)
+        assert num_decoded == 1, "the decode waiting for a thread was dropped"
+        assert slots.num_held == 0
+        assert slots.put([np.zeros((8, 8, 3), np.uint8)] * 4) == [0, 1, 2, 3], "every slot is free"
     finally:
         release.set()
         pool.shutdown(wait=True)

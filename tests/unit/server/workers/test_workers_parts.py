@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from multiprocessing import resource_tracker
 
 import numpy as np
@@ -25,7 +26,7 @@ from server.workers.raw_pixels_sent import raw_pixels_left_behind
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.metrics_view import merge_expositions
-from server.workers.pixel_slots import AttachedSlots, PixelSlots
+from server.workers.pixel_slots import AttachedSlots, PixelSlots, pixel_slots_of
 
 
 def test_a_frame_carries_an_item_both_ways():
@@ -58,27 +59,43 @@ def test_raw_pixels_decoded_into_a_slot_do_not_travel_to_the_engine():
     assert raw_pixels_left_behind(items[1:], [[None]], catalog) == items[1:]
 
 
-def test_pixel_slots_cross_to_an_attached_block_and_run_out_with_503():
+def test_pixel_slots_are_free_once_the_engine_copied_them_out_and_run_out_with_a_paced_503():
     slots = PixelSlots((4, 4, 3), num_slots=2)
+    attached = AttachedSlots(slots.name, (4, 4, 3))
+    # The engine is another process; here attaching unregistered the owner's block from this
+    # process's resource tracker, so register it again for the owner's unlink.
+    resource_tracker.register(slots._memory._name, "shared_memory")
     try:
-        first, second = slots.take(2)
-        pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
-        slots.write(second, pixels)
-        attached = AttachedSlots(slots.name, (4, 4, 3))
-        np.testing.assert_array_equal(attached.copy_out(second), pixels)
-        attached.close()
-        # The engine is another process; here attaching unregistered the owner's block from this
-        # process's resource tracker, so register it again for the owner's unlink.
-        resource_tracker.register(slots._memory._name, "shared_memory")
+        pixels = [np.arange(48, dtype=np.uint8).reshape(4, 4, 3), np.full((4, 4, 3), 7, np.uint8)]
+        first, second = slots.put(pixels)
+        assert (first, second) == (0, 1) and slots.num_held == 2
         with pytest.raises(ApiError) as full:
-            slots.take(1)
-        assert (full.value.status, full.value.code, full.value.retry_after_s) == (503, "overloaded", 1.0)
+            slots.put(pixels[:1])
+        assert (full.value.status, full.value.code) == (503, "overloaded")
+        assert full.value.retry_after_s == pytest.approx(slots.mean_hold_s / 2)  # one slot short, at the pace
+        np.testing.assert_array_equal(attached.take_out(second), pixels[1])
+        assert slots.num_held == 1, "copied out: the slot is free again, with no answer from the engine"
+        assert slots.put(pixels[:1]) == [second]
+        time.sleep(0.05)  # both now wait 50 ms or more for their copy
+        np.testing.assert_array_equal(attached.take_out(first), pixels[0])
+        np.testing.assert_array_equal(attached.take_out(second), pixels[0])
+        assert slots.put(pixels) == [0, 1], "lowest first: pages are touched only as deep as the peak in transit"
+        assert slots.mean_hold_s > 0.004, "the 50 ms the slots waited for their copy moved the pace"
+        slots.give_back([0, 1])  # never sent
+        assert slots.num_held == 0
         with pytest.raises(ValueError, match="slot holds"):
-            slots.write(first, np.zeros((5, 4, 3), np.uint8))
-        slots.give_back([first])
-        assert slots.take(1) == [first]
+            slots.put([np.zeros((5, 4, 3), np.uint8)])
     finally:
+        attached.close()
         slots.close()
+
+
+def test_pixel_slots_follow_the_image_lanes_queue_bounds_unless_set():
+    assert pixel_slots_of(Settings()) == 4 * 256
+    assert pixel_slots_of(Settings(max_images_per_request=2, vision_max_queue_size=8, fusion_max_queue_size=3)) == 16
+    assert pixel_slots_of(Settings(pixel_slots=4)) == 4
+    with pytest.raises(ValueError, match="max_images_per_request"):
+        Settings(pixel_slots=3)
 
 
 def _exposition(requests: int, depth: float, latencies_s: list[float]) -> tuple[str, dict]:
