@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
                              api_key_file=args.api_key_file)
     from models.errors import ModelError
     from server.http.auth import ApiKeyConfigError
+    from server.workers.default_count import DeviceProbeError
 
     try:
         if args.command == "serve":
@@ -320,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train-fusion":
             return _train_fusion(args)
         return _init_model_repo(args)
-    except (ModelError, ApiKeyConfigError) as e:
+    except (ModelError, ApiKeyConfigError, DeviceProbeError) as e:
         print(f"mmserve: {e}", file=sys.stderr)
         return 2
 
