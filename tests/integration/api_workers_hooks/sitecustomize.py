@@ -10,11 +10,18 @@ for each array turned into the model's input (raw uploads, arrays a decoder
 returned: ``models.preprocessing.pixels_to_model_input``), and
 ``MMSERVE_TEST_PEEK_LOG`` for each time an API process asks the engine which images it holds.
 ``MMSERVE_TEST_TOKENIZER_REFUSED`` makes every API process's start-up fail as one whose
-tokenizer cannot be rebuilt as the engine's does.
+tokenizer cannot be rebuilt as the engine's does. While the file named by
+``MMSERVE_TEST_API_CRASH_FILE`` exists, every API process that starts exits at
+once with status 1 (a crash at start, before any import of the server's).
 """
 
 import os
 import time
+
+if os.environ.get("MMSERVE_TEST_API_CRASH_FILE") and os.path.exists(os.environ["MMSERVE_TEST_API_CRASH_FILE"]):
+    with open("/proc/self/cmdline", "rb") as _command_line:
+        if b"server.workers.api_process" in _command_line.read():
+            os._exit(1)
 
 
 def _logging(real, variable):  # noqa: ANN001, ANN202 - wraps any callable
