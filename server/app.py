@@ -47,7 +47,7 @@ from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, b
 from server.protocols.zero_shot_local import LocalZeroShot
 from server.settings import Settings
 from server.state import ServerState
-from server.workers.restarts import register_single_process_restarts
+from server.workers.restarts import register_single_process_worker_series
 from server.runtime.watchdog import watch_compute
 
 if TYPE_CHECKING:
@@ -102,7 +102,7 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     metrics = ServingMetrics(registry)
     monitor = build_monitor(settings, registry)
     if (settings.api_workers or 1) == 1:  # with API processes, the supervisor's count (server.workers.metrics_view)
-        register_single_process_restarts(registry)
+        register_single_process_worker_series(registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -7,6 +7,7 @@ run in a thread; the fixture waits until it is started and ready.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -157,6 +158,8 @@ def run_serve_process(args: list[str], env: dict[str, str] | None = None,
                       ready_timeout_s: float = 120.0) -> Iterator[ServeProcess]:
     """``mmserve serve ARGS`` as its own process on a free port, once ready; killed at the end if alive.
 
+    With ``--api-workers N`` ready means one API process serves, so this waits
+    until all N do (``mmserve_api_workers_live``), and a test finds them all.
     Output (stdout and stderr together) stays readable from ``process.stdout``.
     """
     _export_tiny_ahead(args, env or {})
@@ -174,7 +177,8 @@ def run_serve_process(args: list[str], env: dict[str, str] | None = None,
         while True:
             assert process.poll() is None, process.stdout.read()
             try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
+                if (httpx.get(f"{url}/health/ready", timeout=2).status_code == 200
+                        and _every_api_process_serves(url, args)):
                     break
             except httpx.TransportError:
                 pass
@@ -185,6 +189,17 @@ def run_serve_process(args: list[str], env: dict[str, str] | None = None,
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _every_api_process_serves(url: str, args: list[str]) -> bool:
+    """``mmserve_api_workers_live`` has reached ``--api-workers`` (or there is one process)."""
+    if "--api-workers" not in args or int(args[args.index("--api-workers") + 1]) == 1:
+        return True
+    answer = httpx.get(f"{url}/metrics", timeout=10)
+    if answer.status_code != 200:  # /metrics behind a key: readiness is all this can see
+        return True
+    match = re.search(r"^mmserve_api_workers_live (\S+)$", answer.text, re.M)
+    return match is not None and float(match.group(1)) >= int(args[args.index("--api-workers") + 1])
 
 
 @pytest.fixture

@@ -34,9 +34,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from models.errors import ModelError, ModelRepositoryError
 from server.http.auth import ApiKeyConfigError, access_policy
 from server.settings import Settings
+from server.workers.default_count import DeviceProbeError
 
 # Errors a user fixes by changing a setting: printed as one line, without a traceback.
-CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError)
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError, DeviceProbeError)
 
 
 class StartupError(Exception):

@@ -101,7 +101,7 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
                               inline_image_max_pixels=settings.inline_image_max_pixels)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         tracing = build_tracing(settings, facts, process=TracedProcess("api", send_batches=client.send_batch_spans))
-        marks = ReadyMarks(run_directory, settings.api_workers)
+        marks = ReadyMarks(run_directory)
         router = EngineRouter(client, socket_path, marks)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
         view = merged_registry(registry, run_directory, socket_path,  # /metrics: every process's

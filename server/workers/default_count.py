@@ -33,6 +33,9 @@ With ``--device auto`` on more than two CPUs the device decides, and only torch
 knows whether it sees a GPU; it is asked in a short-lived child process, so the
 supervisor of API processes never holds torch (about 500 MiB resident) for the
 server's whole life, at the cost of one torch import (a second or two) at start.
+A probe that fails (torch missing or broken, the child killed or past
+``PROBE_TIMEOUT_S``) ends start-up with one line naming the flags that skip it
+(``DeviceProbeError``, printed by the CLI), not a traceback.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ from pathlib import Path
 
 MAX_DEFAULT_API_WORKERS = 3
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+PROBE_TIMEOUT_S = 300.0  # a first CUDA initialisation can take minutes on a cold node
+PROBE = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
+
+
+class DeviceProbeError(Exception):
+    """The child process that asks torch for the device failed; the message is one line for the operator."""
 
 
 def cpus_in_quota(cpu_max: str) -> float | None:
@@ -75,7 +84,26 @@ def default_api_workers(num_cpus: int, device_type: str) -> int:
 
 
 def torch_device_in_subprocess() -> str:
-    """``cuda`` if torch sees a GPU from this environment, else ``cpu``; asked in a child process (docstring)."""
-    probe = "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')"
-    answer = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
-    return answer.stdout.strip().splitlines()[-1]
+    """``cuda`` if torch sees a GPU from this environment, else ``cpu``; asked in a child process (docstring).
+
+    Raises ``DeviceProbeError`` when the child fails, times out or cannot start.
+    """
+    try:
+        answer = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                                timeout=PROBE_TIMEOUT_S, check=True)
+    except subprocess.CalledProcessError as e:
+        last_line = (e.stderr or "").strip().splitlines()[-1:] or ["no output"]
+        raise DeviceProbeError(_probe_failed(f"exited with status {e.returncode}: {last_line[0]}")) from e
+    except subprocess.TimeoutExpired as e:
+        raise DeviceProbeError(_probe_failed(f"gave no answer within {e.timeout:g} s")) from e
+    except OSError as e:
+        raise DeviceProbeError(_probe_failed(f"could not start: {e}")) from e
+    lines = answer.stdout.strip().splitlines()
+    if not lines or lines[-1] not in ("cuda", "cpu"):
+        raise DeviceProbeError(_probe_failed(f"answered {answer.stdout.strip()[-200:]!r}"))
+    return lines[-1]
+
+
+def _probe_failed(what: str) -> str:
+    return (f"--device auto and no --api-workers: the probe that asks torch for the device (to choose the "
+            f"number of API processes) {what}; pass --device (cpu or cuda) or --api-workers N to skip it")

@@ -17,7 +17,8 @@ class EngineRouter:
     """What ``state.router`` answers in an API process: the engine's state as last polled, and this process's.
 
     Ready: this process serves (the engine ready, its connection up, not
-    draining) and so does every other API process (``server.workers.readiness``).
+    draining), whatever the other API processes do: one starting again leaves
+    the server ready, with less capacity (``server.workers.readiness``).
     """
 
     def __init__(self, client: EngineClient, socket_path: str, marks: ReadyMarks) -> None:
@@ -34,7 +35,7 @@ class EngineRouter:
     def is_ready(self) -> bool:
         is_serving = self.is_serving
         self._marks.mark(is_serving)
-        return is_serving and self._marks.all_ready()
+        return is_serving
 
     @property
     def is_alive(self) -> bool:

@@ -4,22 +4,24 @@ The API process that answers ``/metrics`` merges every other API process's
 registry (``server.workers.metrics_view``); those live in other processes, so
 each writes a snapshot file (its exposition text and its exemplars; the
 latency digests are the engine's alone, ``server.workers.engine_monitor``).
-A snapshot is written only when asked, not on a clock: written every half
-second (when they still held digests: thousands of centroids as JSON), they
-took half of an API process's CPU under load, and their GIL holds stalled its
-event loop.
+A snapshot is written only when asked, and nothing runs on a clock while
+nobody scrapes: written every half second (when they still held digests:
+thousands of centroids as JSON), they took half of an API process's CPU under
+load; a scan of the run directory every 50 ms for requests cost an idle API
+process about 40 ms of CPU every 10 s. So each process listens on a Unix
+socket of its own, and a scrape connects to it:
 
-    scraper (fresh_snapshots)                 every other API process (answer_snapshot_requests)
-    -------------------------                 -------------------------------------------------
-    token = now; create metrics/wanted-TOKEN  every POLL_S: the largest wanted-* token above
-                                              the last one answered?
-                                                write metrics/PID.json (off the event loop),
-                                                then metrics/PID.answered = token
-    wait until every running process's .answered >= token (at most WAIT_S; a process that does
-    not answer in time is read as it last wrote), remove wanted-TOKEN, read the snapshots
+    scraper (fresh_snapshots, in /metrics's thread)    every other API process (answer_snapshot_requests)
+    ------------------------------------------------    -----------------------------------------------
+    connect to each metrics/PID.sock but its own         on a connection: write metrics/PID.json (off
+    (refused or missing: that process is gone)           the event loop, one at a time), then send 1 byte
+    wait for every byte, WAIT_S at most in all
+    read each metrics/PID.json                           a process that did not answer in time is read
+                                                         as it last wrote
 
-A process writes one snapshot as it starts, so a scrape knows every running
-process; the snapshot of a process that is no longer running is left out.
+A process writes one snapshot as it starts listening, so there is always one
+to read; the files of a process that is no longer running are left out (and
+the supervisor removes them when it reaps the process, ``remove_snapshot_files``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,9 +39,8 @@ from prometheus_client.registry import Collector
 
 
 SNAPSHOT_DIRECTORY = "metrics"
-POLL_S = 0.05  # how often a process looks for a request: a scrape waits about this long
 WAIT_S = 2.0  # how long a scrape waits for the others' answers
-_WANTED_PREFIX = "wanted-"
+_WRITTEN = b"w"
 
 ExemplarRow = list  # [sample name, sample labels, exemplar labels, value, timestamp]: JSON and frames carry it
 
@@ -47,8 +49,14 @@ def snapshot_path(run_directory: str, pid: int) -> Path:
     return Path(run_directory) / SNAPSHOT_DIRECTORY / f"{pid}.json"
 
 
-def _answered_path(run_directory: str, pid: int) -> Path:
-    return Path(run_directory) / SNAPSHOT_DIRECTORY / f"{pid}.answered"
+def request_socket_path(run_directory: str, pid: int) -> Path:
+    return Path(run_directory) / SNAPSHOT_DIRECTORY / f"{pid}.sock"
+
+
+def remove_snapshot_files(run_directory: str, pid: int) -> None:
+    """The snapshot and request socket of ``pid`` removed (it stopped, or it is gone)."""
+    snapshot_path(run_directory, pid).unlink(missing_ok=True)
+    request_socket_path(run_directory, pid).unlink(missing_ok=True)
 
 
 def exemplars_of(histogram: Collector) -> list[ExemplarRow]:
@@ -58,80 +66,83 @@ def exemplars_of(histogram: Collector) -> list[ExemplarRow]:
             for family in histogram.collect() for sample in family.samples if sample.exemplar is not None]
 
 
-def write_snapshot(run_directory: str, registry: CollectorRegistry, exemplars_from: Collector,
-                   token: int = 0) -> None:
-    """This process's snapshot, then the request ``token`` it answers (so a reader never sees the token first)."""
+def write_snapshot(run_directory: str, registry: CollectorRegistry, exemplars_from: Collector) -> None:
+    """This process's snapshot, written whole and renamed into place (a reader never sees half of one)."""
     path = snapshot_path(run_directory, os.getpid())
     path.parent.mkdir(exist_ok=True)
     staging = path.with_suffix(".writing")
     staging.write_text(json.dumps({"text": generate_latest(registry).decode(),
                                    "exemplars": exemplars_of(exemplars_from)}, allow_nan=False))
     os.replace(staging, path)
-    answered = _answered_path(run_directory, os.getpid())
-    answered.with_suffix(".answering").write_text(str(token))
-    os.replace(answered.with_suffix(".answering"), answered)
-
-
-def _largest_wanted(directory: Path) -> int:
-    try:
-        names = [entry.name for entry in os.scandir(directory) if entry.name.startswith(_WANTED_PREFIX)]
-    except FileNotFoundError:
-        return 0
-    return max((int(name.removeprefix(_WANTED_PREFIX)) for name in names), default=0)
 
 
 async def answer_snapshot_requests(run_directory: str, registry: CollectorRegistry,
                                    exemplars_from: Collector) -> None:
-    """Write a snapshot now and then whenever a scrape asks (off the event loop), until cancelled."""
+    """Listen on this process's request socket and write a snapshot for each connection, until cancelled."""
     pid = os.getpid()
-    directory = Path(run_directory) / SNAPSHOT_DIRECTORY
-    answered = 0
+    writing = asyncio.Lock()  # two scrapes at once: one staging file, one writer
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            async with writing:
+                await asyncio.to_thread(write_snapshot, run_directory, registry, exemplars_from)
+            writer.write(_WRITTEN)
+            await writer.drain()
+        except ConnectionError:
+            pass  # the scraper gave up waiting
+        finally:
+            writer.close()
+
+    path = request_socket_path(run_directory, pid)
+    path.parent.mkdir(exist_ok=True)
+    path.unlink(missing_ok=True)
+    server = await asyncio.start_unix_server(answer, path=str(path))
     try:
-        await asyncio.to_thread(write_snapshot, run_directory, registry, exemplars_from)
-        while True:
-            await asyncio.sleep(POLL_S)
-            wanted = _largest_wanted(directory)
-            if wanted > answered:
-                await asyncio.to_thread(write_snapshot, run_directory, registry, exemplars_from, wanted)
-                answered = wanted
+        async with writing:  # the one a scrape reads if this process does not answer in time
+            await asyncio.to_thread(write_snapshot, run_directory, registry, exemplars_from)
+        await asyncio.Future()  # until cancelled
     finally:
-        snapshot_path(run_directory, pid).unlink(missing_ok=True)
-        _answered_path(run_directory, pid).unlink(missing_ok=True)
+        server.close()
+        remove_snapshot_files(run_directory, pid)
 
 
 def _is_running(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def _answered_token(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
-
-
 def fresh_snapshots(run_directory: str, wait_s: float = WAIT_S,
                     clock: Callable[[], float] = time.monotonic) -> dict[int, dict]:
     """Every other running API process's snapshot, written after this call began (or, past ``wait_s``, the
-    latest one it wrote), by pid."""
+    latest one it wrote), by pid. Blocking: call it off the event loop."""
     directory = Path(run_directory) / SNAPSHOT_DIRECTORY
-    directory.mkdir(exist_ok=True)
-    token = time.time_ns()
-    wanted = directory / f"{_WANTED_PREFIX}{token}"
-    wanted.touch()
+    deadline = clock() + wait_s
+    asked: dict[int, socket.socket] = {}
     try:
-        deadline = clock() + wait_s
-        while True:
-            pids = [int(path.stem) for path in directory.glob("*.json")
-                    if int(path.stem) != os.getpid() and _is_running(int(path.stem))]
-            waiting = [pid for pid in pids if _answered_token(_answered_path(run_directory, pid)) < token]
-            if not waiting or clock() >= deadline:
-                break
-            time.sleep(POLL_S / 5)
+        for path in directory.glob("*.sock"):
+            pid = int(path.stem)
+            if pid == os.getpid():
+                continue
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            connection.settimeout(wait_s)
+            try:
+                connection.connect(str(path))
+            except OSError:  # refused or removed: that process is gone
+                connection.close()
+                continue
+            asked[pid] = connection
+        for connection in asked.values():  # every process writes meanwhile
+            connection.settimeout(max(deadline - clock(), 1e-3))
+            try:
+                connection.recv(1)
+            except OSError:  # not in time (TimeoutError is one): read as it last wrote
+                pass
     finally:
-        wanted.unlink(missing_ok=True)
+        for connection in asked.values():
+            connection.close()
     snapshots = {}
-    for pid in pids:
+    for pid in asked:
+        if not _is_running(pid):
+            continue
         try:
             snapshots[pid] = json.loads(snapshot_path(run_directory, pid).read_text())
         except (FileNotFoundError, json.JSONDecodeError):

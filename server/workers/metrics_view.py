@@ -22,6 +22,7 @@ into the same families, series and labels as one process exports:
                                                 process)
     *_created                                    the earliest
     mmserve_api_worker_restarts_total            the supervisor's count (``server.workers.restarts``)
+    mmserve_api_workers_live                     the API processes serving now (``server.workers.readiness``)
     exemplars (request-duration buckets)         each bucket's most recent one, whichever process holds it
 
 and in the order OpenMetrics asks (each series' samples together, ``_created``
@@ -53,6 +54,7 @@ from monitoring.digest import quantiles_of
 from monitoring.fleet import DigestSource, merge_documents
 from server.workers.frames import encode_frame, read_frame_blocking
 from server.workers.metrics_snapshots import ExemplarRow, exemplars_of, fresh_snapshots
+from server.workers.readiness import register_live_workers
 from server.workers.restarts import register_restart_count
 
 
@@ -167,11 +169,12 @@ class MergedMetrics:
 
 def merged_registry(own: CollectorRegistry, run_directory: str, engine_socket: str,
                     exemplars_from: Collector) -> CollectorRegistry:
-    """What the API process's ``/metrics`` encodes: the merged view and the restart count.
+    """What the API process's ``/metrics`` encodes: the merged view, the restart count and the live API processes.
 
     ``exemplars_from``: this process's request-duration histogram (the others' come with their snapshots).
     """
     view = CollectorRegistry(auto_describe=False)
     view.register(MergedMetrics(own, run_directory, lambda: engine_metrics(engine_socket), exemplars_from))
     register_restart_count(view, run_directory)
+    register_live_workers(view, run_directory)
     return view

@@ -3,9 +3,12 @@
 The supervisor writes the count to a file in the server's run directory
 (written whole, then renamed into place); each API process reads it when
 ``/metrics`` is collected, so the series is the same whichever process
-answers, and 0 from the start. A single-process server (``--api-workers 1``)
-exports it too, at 0: a dashboard or alert on the series reads the same
-whatever N a deployment runs.
+answers, and 0 from the start. It counts every process started again,
+whatever killed the one before (the supervisor waits before each,
+``server.workers.restart_backoff``). A single-process server
+(``--api-workers 1``) exports it too, at 0, beside ``mmserve_api_workers_live``
+at 1 (``server.workers.readiness``): a dashboard or alert on the series reads
+the same whatever N a deployment runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily
+
+from server.workers.readiness import register_single_process_live_worker
 
 COUNT_FILE = "api_worker_restarts"
 
@@ -48,6 +53,7 @@ def register_restart_count(registry: CollectorRegistry, run_directory: str) -> N
     registry.register(_RestartCount(run_directory))
 
 
-def register_single_process_restarts(registry: CollectorRegistry) -> None:
-    """The series at 0 for a server that is one process (no API process to start again)."""
+def register_single_process_worker_series(registry: CollectorRegistry) -> None:
+    """The restart count at 0 and the live API processes at 1, for a server that is one process."""
     registry.register(_RestartCount(None))
+    register_single_process_live_worker(registry)

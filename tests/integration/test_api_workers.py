@@ -210,12 +210,14 @@ def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, singl
         p9999 = sample(text, 'mmserve_stage_latency_seconds{quantile="0.9999",route="vision",stage="total"}')
         assert 0 < p50 <= p9999
         assert sample(text, "mmserve_api_worker_restarts_total") == 0
+        assert sample(text, "mmserve_api_workers_live") == 2
     # Same series and labels as one process (after the same kinds of requests), the restart count included.
     httpx.post(f"{single.url}/v1/infer", json={"image": {"b64": b64(jpeg(100, (64, 48)))}}, timeout=60)
     for body in ({"text": "a red bicycle"}, {"image": {"b64": b64(jpeg(1))}, "text": "a photo"}):
         httpx.post(f"{single.url}/v1/infer", json=body, timeout=60)
     single_text = httpx.get(f"{single.url}/metrics").text
     assert sample(single_text, "mmserve_api_worker_restarts_total") == 0  # exported at N=1 too
+    assert sample(single_text, "mmserve_api_workers_live") == 1
     assert {name for name, _ in series(text)} == {name for name, _ in series(single_text)}
 
 

@@ -12,13 +12,20 @@ returned: ``models.preprocessing.pixels_to_model_input``), and
 ``MMSERVE_TEST_TOKENIZER_REFUSED`` makes every API process's start-up fail as one whose
 tokenizer cannot be rebuilt as the engine's does. With ``MMSERVE_TEST_MODULES_DIR`` set, a
 process sent SIGUSR2 writes the names in its ``sys.modules`` to ``<dir>/<pid>`` (what a live
-process has imported by then).
+process has imported by then). While the file named by ``MMSERVE_TEST_API_CRASH_FILE`` exists,
+every API process that starts exits at once with status 1 (a crash at start, before any import
+of the server's).
 """
 
 import os
 import signal
 import sys
 import time
+
+if os.environ.get("MMSERVE_TEST_API_CRASH_FILE") and os.path.exists(os.environ["MMSERVE_TEST_API_CRASH_FILE"]):
+    with open("/proc/self/cmdline", "rb") as _command_line:
+        if b"server.workers.api_process" in _command_line.read():
+            os._exit(1)
 
 
 def _logging(real, variable):  # noqa: ANN001, ANN202 - wraps any callable

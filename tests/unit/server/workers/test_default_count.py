@@ -9,8 +9,11 @@ import sys
 import pytest
 import torch
 
+import server.workers.default_count as default_count
+from server.cli import main
 from server.workers.default_count import (
     MAX_DEFAULT_API_WORKERS,
+    DeviceProbeError,
     cpus_in_quota,
     default_api_workers,
     torch_device_in_subprocess,
@@ -46,3 +49,35 @@ def test_usable_cpus_follow_the_affinity_of_the_process():
 def test_the_device_probe_answers_what_torch_sees_here():
     """The supervisor asks a child process; its answer is the one torch gives in this process."""
     assert torch_device_in_subprocess() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+FAILING_PROBES = {
+    "exits non-zero": dict(PROBE="import sys; sys.exit('torch cannot load libcudart here')"),
+    "times out": dict(PROBE="import time; time.sleep(30)", PROBE_TIMEOUT_S=0.5),
+}
+
+
+@pytest.mark.parametrize("failure", [*FAILING_PROBES, "cannot start"])
+def test_a_failing_probe_is_one_line_naming_the_flags_that_skip_it(failure, monkeypatch, capsys):
+    """``mmserve serve`` on a machine of 8 CPUs (this path never runs on 2) whose device probe fails:
+    exit 2 and one line on stderr, not a traceback."""
+    monkeypatch.delenv("MMSERVE_API_WORKERS", raising=False)
+    monkeypatch.delenv("MMSERVE_DEVICE", raising=False)
+    monkeypatch.setattr(default_count, "usable_cpus", lambda: 8)
+    for name, value in FAILING_PROBES.get(failure, {}).items():
+        monkeypatch.setattr(default_count, name, value)
+    if failure == "cannot start":
+        monkeypatch.setattr(sys, "executable", "/nonexistent/python")
+    assert main(["serve", "--preset", "tiny", "--device", "auto", "--port", "0"]) == 2
+    error = capsys.readouterr().err
+    assert len(error.strip().splitlines()) == 1, error
+    assert "--device" in error and "--api-workers" in error
+    assert "Traceback" not in error
+    if failure == "exits non-zero":
+        assert "torch cannot load libcudart here" in error  # the child's own last line
+
+
+def test_a_probe_that_answers_nonsense_is_refused(monkeypatch):
+    monkeypatch.setattr(default_count, "PROBE", "print('tpu')")
+    with pytest.raises(DeviceProbeError, match="--api-workers"):
+        torch_device_in_subprocess()

@@ -1,4 +1,4 @@
-"""Snapshots on request: another process writes its counts when a scrape asks, and only then."""
+"""Snapshots on request: another process writes its counts when a scrape connects to it, and only then."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.workers.metrics_snapshots import fresh_snapshots, snapshot_path
+from server.workers.metrics_snapshots import fresh_snapshots, request_socket_path, snapshot_path
 
 # A process that answers snapshot requests; its gauge holds its wall clock, set every 10 ms.
 ANSWERING_PROCESS = textwrap.dedent("""
@@ -84,3 +85,22 @@ def test_a_process_that_does_not_answer_is_read_as_it_last_wrote(tmp_path: Path,
         os.kill(answering.pid, signal.SIGCONT)
     assert 0.5 <= waited_s < 2.0
     assert _clock_of(snapshots[answering.pid]) == started_clock
+
+
+def test_a_process_gone_without_clean_up_is_left_out_at_once(tmp_path: Path, answering: subprocess.Popen) -> None:
+    """SIGKILL leaves its socket and snapshot behind: the connection is refused, no scrape waits for it."""
+    os.kill(answering.pid, signal.SIGKILL)
+    answering.wait()
+    assert request_socket_path(str(tmp_path), answering.pid).exists()
+    started = time.monotonic()
+    assert fresh_snapshots(str(tmp_path), wait_s=5.0) == {}
+    assert time.monotonic() - started < 1.0
+
+
+def test_scrapes_at_once_each_get_a_snapshot_written_after_they_asked(tmp_path: Path,
+                                                                     answering: subprocess.Popen) -> None:
+    time.sleep(0.3)
+    asked_at = time.time()
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: fresh_snapshots(str(tmp_path)), range(4)))
+    assert all(_clock_of(snapshots[answering.pid]) >= asked_at - 0.05 for snapshots in answers)
