@@ -251,12 +251,13 @@ def _serve(args: argparse.Namespace) -> int:
 
         check_without_torch(settings)
         return run_supervised(settings, settings.api_workers)  # the supervisor imports no torch and no model code
-    from server.runtime.startup_checks import (OneLineStartupFailure, bind_listening_socket, check_device,
-                                               check_without_torch)
+    from server.runtime.startup_checks import OneLineStartupFailure, bind_listening_socket, check_without_torch
 
     check_without_torch(settings)  # in a second, before torch is imported
     listening = bind_listening_socket(settings.host, settings.port)  # a bad address fails before the model loads
-    check_device(settings)
+    from server.runtime.model_loading import plan_device  # torch: this process loads the model anyway
+
+    plan_device(settings)  # --device, --dtype, --decode-device against this machine, before any weight is read
     from server.app import create_app
     from server.runtime.lifecycle import DrainingServer, uvicorn_config
 

@@ -18,9 +18,10 @@ keeps Starlette's traceback out of the log for those errors and hands the
 error back, so ``mmserve serve`` prints it as its last line and exits 2. With
 ``--log-level debug`` the traceback is logged as before.
 
-This module is the single process's; with ``--api-workers N`` the supervisor
-runs the checks that need no torch (``check_without_torch``) and the engine
-process the device checks as it starts.
+The checks here import no torch (the supervisor of ``--api-workers N`` runs
+them too); the device checks are ``server.runtime.model_loading.plan_device``,
+which ``mmserve serve`` runs before loading in one process and the engine
+process as it starts.
 """
 
 from __future__ import annotations
@@ -64,13 +65,6 @@ def check_without_torch(settings: Settings) -> None:
     elif settings.model_repo is not None and not Path(settings.model_repo).is_dir():
         raise ModelRepositoryError(f"--model-repo {settings.model_repo} (MMSERVE_MODEL_REPO) is not a directory: "
                                    "write one with `mmserve init-model-repo DIR --preset NAME`")
-
-
-def check_device(settings: Settings) -> None:
-    """``--device``, ``--dtype`` and ``--decode-device`` against this machine (imports torch to ask it)."""
-    from server.runtime.model_loading import plan_device
-
-    plan_device(settings)
 
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:
