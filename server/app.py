@@ -107,7 +107,11 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         model = bundle if bundle is not None else await asyncio.to_thread(load_model, settings)
+        was_on_torch = model.model.runtime == "torch"
         model = await asyncio.to_thread(choose_runtime, model, settings)
+        # A bundle shared between apps (tests) goes back to torch when the app that put it on ONNX Runtime
+        # stops, so what runs it next (an app, or a test calling it directly) finds it as it was given.
+        gives_back_torch = bundle is not None and was_on_torch and model.runtime != "torch"
         if model.runtime != "torch":
             pass  # the towers run from ONNX Runtime sessions (server.runtime.runtime_choice)
         elif settings.torchscript_encoders or settings.cuda_graphs:
@@ -170,6 +174,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
             compile_watch.uninstall()
             if tracing is not None:
                 await asyncio.to_thread(tracing.shutdown)
+            if gives_back_torch:
+                model.model.drop_encoder_graphs()
 
     app = FastAPI(
         title="mmserve",

@@ -123,6 +123,13 @@ def tiny_server(tiny_bundle: ModelBundle) -> Iterator[LiveServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def tiny_torch_server(tiny_bundle: ModelBundle) -> Iterator[LiveServer]:
+    """One live tiny server on torch (``runtime=torch``: how a peer that runs the towers in torch computes)."""
+    with run_live_server(Settings(preset="tiny", device="cpu", runtime="torch"), tiny_bundle) as server:
+        yield server
+
+
 _tiny_exported_into: set[str] = set()
 
 

@@ -28,6 +28,13 @@ JPEG = {"size_px": (96, 64), "fmt": "JPEG", "quality": 90}  # the photos both se
 
 
 @pytest.fixture(scope="module")
+def tiny_server(tiny_torch_server) -> object:
+    """mmserve on torch, as the peer app runs the towers: the same fingerprint is then a claim these tests hold
+    (under ``--runtime auto`` mmserve runs them in ONNX Runtime, another fingerprint by design)."""
+    return tiny_torch_server
+
+
+@pytest.fixture(scope="module")
 def litserve_server() -> Iterator[ServerProcess]:
     with running(litserve_command("tiny", max_batch_size=8, max_queue_delay_ms=5.0, is_fast_queue=True),
                  ready_timeout_s=120.0) as server:
