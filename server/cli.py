@@ -225,7 +225,8 @@ def _serve(args: argparse.Namespace) -> int:
     """Settings, then every check that needs no weights (``server.runtime.startup_checks``), then the server."""
     from pydantic import ValidationError
 
-    from server.runtime.startup_checks import settings_error
+    from server.runtime.startup_checks import (OneLineStartupFailure, bind_listening_socket, check_without_torch,
+                                               settings_error)
     from server.settings import load_settings
 
     try:
@@ -245,15 +246,11 @@ def _serve(args: argparse.Namespace) -> int:
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.api_workers is None:
         settings = settings.model_copy(update={"api_workers": _default_api_workers(settings)})
+    check_without_torch(settings)  # keys and the model's location, in a second, before torch is imported
     if settings.api_workers > 1:
-        from server.runtime.startup_checks import check_without_torch
         from server.workers.supervisor import run_supervised
 
-        check_without_torch(settings)
         return run_supervised(settings, settings.api_workers)  # the supervisor imports no torch and no model code
-    from server.runtime.startup_checks import OneLineStartupFailure, bind_listening_socket, check_without_torch
-
-    check_without_torch(settings)  # in a second, before torch is imported
     listening = bind_listening_socket(settings.host, settings.port)  # a bad address fails before the model loads
     from server.runtime.model_loading import plan_device  # torch: this process loads the model anyway
 
