@@ -12,6 +12,7 @@ files without them (``models.torch_free.json_tokenizer``,
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from models.errors import TextTooLongError
@@ -26,7 +27,7 @@ class TokenizedText:
     num_tokens_before_truncation: int
 
 
-class LimitedTokenizer:
+class LimitedTokenizer(ABC):
     """A tokenizer with the encoder's limit; subclasses define ``token_ids`` and ``identity``.
 
     ``truncates_by_default`` is the family's own policy for a text over the
@@ -42,13 +43,13 @@ class LimitedTokenizer:
     truncates_by_default: bool
     pad_token_id: int
 
+    @abstractmethod
     def token_ids(self, text: str) -> list[int]:
         """Every token id of ``text`` with the special tokens, untruncated."""
-        raise NotImplementedError
 
+    @abstractmethod
     def identity(self) -> str:
         """A canonical string naming this tokenization (part of the model's fingerprint)."""
-        raise NotImplementedError
 
     def encode(self, text: str, *, truncate: bool) -> TokenizedText:
         """Token ids (with special tokens); ``TextTooLongError`` unless ``truncate`` or the family truncates.
