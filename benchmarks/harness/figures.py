@@ -1,0 +1,84 @@
+"""A benchmark's headline figures as a JSON result file, for ``benchmarks.headline`` to put in BENCHMARKS.md.
+
+Every entry point that guards a headline figure takes ``--save-figures PATH``
+(``add_save_figures_argument``) and, after printing its table, writes the
+figures it printed with ``save_figures``: each figure's headline row (a key
+of ``benchmarks.headline.ROWS``), name, value and unit, and once per file the
+date, the machine, the command line and the git commit. The values are the
+ones the table printed, rounded as it rounds them, so the headline never
+disagrees with the table below it::
+
+    {"date": "2026-12-05 00:37 UTC", "machine": "x86_64 AMD EPYC, 2 CPUs",
+     "command": "python -m benchmarks.segment_cache ...", "commit": "5c89bb7",
+     "figures": [{"row": "cache_gain", "name": "Zipf(1.1) saturation, cache on over off",
+                  "value": 9.71, "unit": "x"}]}
+
+A file seeded from a run already pasted in BENCHMARKS.md (not rerun) also
+carries ``"source"``, which says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from benchmarks.harness.machine import cpu_model_name, num_usable_cpus, utc_now
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One printed figure: the headline row it answers, what it is, its value as printed, and its unit."""
+
+    row: str
+    name: str
+    value: float | int | str
+    unit: str
+
+
+def add_save_figures_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--save-figures", type=Path, default=None, metavar="PATH",
+                        help="also write the headline figures as JSON to PATH (benchmarks/results/, "
+                             "read by python -m benchmarks.headline)")
+
+
+def short_machine() -> str:
+    """Architecture, ``lscpu`` model name and usable CPUs: the headline's machine column."""
+    return f"{platform.machine()} {cpu_model_name()}, {num_usable_cpus()} CPUs"
+
+
+def git_commit() -> str:
+    """The checkout's short commit, ``+dirty`` when files differ from it; "unknown" outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{commit}+dirty" if dirty else commit
+
+
+def this_command() -> str:
+    """The command line that ran this benchmark, as a user would type it."""
+    argv = sys.argv[:]
+    module = sys.modules["__main__"].__spec__
+    head = ["python", "-m", module.name] if module is not None else ["python", argv[0]]
+    return shlex.join(head + argv[1:])
+
+
+def save_figures(path: Path | None, figures: list[Figure], *, date: str | None = None) -> None:
+    """Write ``figures`` with the date, machine, command and commit to ``path``; nothing when ``path`` is None."""
+    if path is None:
+        return
+    document = {"date": date or utc_now(), "machine": short_machine(), "command": this_command(),
+                "commit": git_commit(), "figures": [asdict(figure) for figure in figures]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    print(f"figures saved to {path}", file=sys.stderr)
