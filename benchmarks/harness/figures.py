@@ -25,9 +25,13 @@ import platform
 import shlex
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from benchmarks.harness.alternation import ServerRuns
+from benchmarks.harness.comparison_table import Targets, verdicts
 from benchmarks.harness.machine import cpu_model_name, num_usable_cpus, utc_now
 
 
@@ -73,12 +77,24 @@ def this_command() -> str:
     return shlex.join(head + argv[1:])
 
 
+def result_document(figures: list[Figure], *, date: str | None = None) -> dict[str, Any]:
+    """``figures`` with the date, machine, command and commit: a result file's content."""
+    return {"date": date or utc_now(), "machine": short_machine(), "command": this_command(),
+            "commit": git_commit(), "figures": [asdict(figure) for figure in figures]}
+
+
 def save_figures(path: Path | None, figures: list[Figure], *, date: str | None = None) -> None:
-    """Write ``figures`` with the date, machine, command and commit to ``path``; nothing when ``path`` is None."""
+    """Write ``result_document(figures)`` to ``path``; nothing when ``path`` is None."""
     if path is None:
         return
-    document = {"date": date or utc_now(), "machine": short_machine(), "command": this_command(),
-                "commit": git_commit(), "figures": [asdict(figure) for figure in figures]}
+    document = result_document(figures, date=date)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
     print(f"figures saved to {path}", file=sys.stderr)
+
+
+def comparison_figures(row: str, runs: Mapping[str, ServerRuns], peer: str, ours: str) -> list[Figure]:
+    """Ours' saturation and open-loop p99 over the peer's, rounded as ``format_comparison`` prints them."""
+    judged = verdicts(runs[peer], runs[ours], Targets(0.0, float("inf")))
+    return [Figure(row, f"saturation ok/s over {peer}'s", round(judged.throughput_ratio, 2), "x"),
+            Figure(row, f"open-loop p99 over {peer}'s", round(judged.p99_ratio, 2), "x")]

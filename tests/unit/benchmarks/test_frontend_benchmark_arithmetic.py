@@ -135,3 +135,19 @@ def test_the_capacity_table_takes_the_engine_as_the_serial_part():
     assert rows[2][6:9] == ["5000", "0.900", "4.50"]
     assert len(rows) == 3
     assert capacity_rows(runs, {"text": 0.08})[1][3:6] == ["0.62", "<= 0.6 x floor", "missed"]
+
+
+def test_the_headline_figures_are_read_off_the_printed_tables():
+    from benchmarks.frontend_measure import headline_figures
+
+    table = [["kind", "server", "answered/s", "CPU ms/req", "cores", "x floor"],
+             ["text", "floor", "1786", "0.158", "0.28", ""], ["text", "mmserve w1", "577", "0.606", "0.35", "3.85"],
+             ["image", "mmserve w1", "128", "2.342", "0.30", "12.32"]]
+    capacity = [["kind", "server", "engine ms/req", "x floor", "target", "verdict", "engine/s/core"],
+                ["text", "mmserve w2", "0.295", "1.87", "", "", "3391"], ["text", "base w2", "0.393", "", "", "", "2547"]]
+    figures = {(figure.row, figure.name): (figure.value, figure.unit) for figure in headline_figures(table, capacity)}
+    assert figures == {("cpu_vs_floor", "text, one process, x floor"): (3.85, ""),
+                       ("cpu_vs_floor", "image, one process, x floor"): (12.32, ""),
+                       ("cpu_vs_floor", "text CPU ms/req (floor 0.158)"): (0.606, ""),
+                       ("engine_capacity", "text, engine ms/req"): (0.295, ""),
+                       ("engine_capacity", "texts per engine core"): (3391, "/s")}
