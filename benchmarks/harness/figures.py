@@ -45,7 +45,16 @@ class Figure:
     unit: str
 
 
+_run_stamp: dict[str, str] = {}  # the run's start and commit, taken when its arguments are declared
+
+
 def add_save_figures_argument(parser: argparse.ArgumentParser) -> None:
+    """Declare ``--save-figures PATH``, and note the run's start time and commit for the file.
+
+    Both are taken now, as the run starts: a run takes minutes, and the date
+    its table prints and the code that measured are the start's.
+    """
+    _run_stamp.update(date=utc_now(), commit=git_commit())
     parser.add_argument("--save-figures", type=Path, default=None, metavar="PATH",
                         help="also write the headline figures as JSON to PATH (benchmarks/results/, "
                              "read by python -m benchmarks.headline)")
@@ -57,12 +66,15 @@ def short_machine() -> str:
 
 
 def git_commit() -> str:
-    """The checkout's short commit, ``+dirty`` when files differ from it; "unknown" outside git."""
+    """The checkout's short commit, ``+dirty`` when files (untracked ones too) differ from it; "unknown" outside git.
+
+    The result files themselves do not count: writing one is what a run does.
+    """
     root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True,
                                 text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", ".", ":!benchmarks/results"], cwd=root,
                                capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -79,8 +91,8 @@ def this_command() -> str:
 
 def result_document(figures: list[Figure], *, date: str | None = None) -> dict[str, Any]:
     """``figures`` with the date, machine, command and commit: a result file's content."""
-    return {"date": date or utc_now(), "machine": short_machine(), "command": this_command(),
-            "commit": git_commit(), "figures": [asdict(figure) for figure in figures]}
+    return {"date": date or _run_stamp.get("date") or utc_now(), "machine": short_machine(), "command": this_command(),
+            "commit": _run_stamp.get("commit") or git_commit(), "figures": [asdict(figure) for figure in figures]}
 
 
 def save_figures(path: Path | None, figures: list[Figure], *, date: str | None = None) -> None:
