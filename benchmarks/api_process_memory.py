@@ -45,6 +45,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from benchmarks.harness.figures import Figure, add_save_figures_argument, save_figures
+
 MIB = 1024 * 1024
 RSS_TARGET_MIB = 200.0
 RESTART_TARGET_S = 1.0
@@ -222,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=12, help="rounds of (text, JPEG, PNG, fused) before measuring")
     parser.add_argument("--restarts", type=int, default=3, help="API processes killed and timed, per model")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory(prefix="mmserve-bench-") as directory:
@@ -231,7 +234,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows.append(["-", "bare python: import torch, transformers, timm", f"{old_import_set_mib():.1f}", "", "yes",
                  "what an API process imported before"])
     print(table(["model", "process", "RSS - shm (MiB)", "shm: pixel slots (MiB)", "maps libtorch", "target"], rows))
+    save_figures(args.save_figures, headline_figures(rows))
     return 0
+
+
+def headline_figures(rows: list[list[str]]) -> list[Figure]:
+    """The largest API process's own RSS and the quickest restart to a first answer, as the table printed them."""
+    rss = [float(row[2]) for row in rows if row[1].startswith("API process ")]
+    restarts = [float(row[2].split(" / ")[1].split(" s")[0]) for row in rows if row[1].startswith("restart ")]
+    return ([Figure("api_process_memory", "API process RSS - shm after serving, max", max(rss), "MiB")] * bool(rss)
+            + [Figure("api_process_memory", "restart, spawn to first answer, best", min(restarts), "s")] * bool(restarts))
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

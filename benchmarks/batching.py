@@ -33,7 +33,10 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.encoder_tracing import trace_all_encoders
-from benchmarks.harness import fixed_width, litserve_command, mmserve_command, run_report, running, utc_now
+from benchmarks.harness import (
+    Figure, add_save_figures_argument, fixed_width, litserve_command, mmserve_command, run_report, running, save_figures,
+    utc_now,
+)
 from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
@@ -137,6 +140,7 @@ def measure(plan: PresetPlan) -> dict[str, float]:
     return row
 
 
+HEADLINE_PRESET = "vit-b16"  # the headline's served-vs-raw row: the preset whose compute dominates
 PLANS = {
     "tiny": PresetPlan("tiny", seconds=15.0, concurrency=32, text_rate_rps=20.0),
     "vit-b16": PresetPlan("vit-b16", seconds=30.0, concurrency=16, text_rate_rps=2.0),
@@ -147,6 +151,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=["tiny", "vit-b16"], choices=sorted(PLANS))
     parser.add_argument("--seconds", type=float, help="override each measurement's duration")
+    add_save_figures_argument(parser)
     args = parser.parse_args()
     print(f"batching benchmark, {utc_now()}, "
           f"{platform.machine()} x{torch.get_num_threads()} torch threads, torch {torch.__version__}, float32, "
@@ -154,6 +159,7 @@ def main() -> None:
     header = ("preset", "raw_rps", "served_rps", "served/raw", "litserve_rps", "litserve/raw", "batch1_rps",
               "gain 8/1", "text_p99_alone", "text_p99_loaded", "isolation")
     print(fixed_width(header, 15))
+    figures: list[Figure] = []
     for name in args.presets:
         plan = PLANS[name] if args.seconds is None else dataclasses.replace(PLANS[name], seconds=args.seconds)
         row = measure(plan)
@@ -163,6 +169,12 @@ def main() -> None:
                   f"{row['served_rps'] / row['served_batch1_rps']:.2f}", f"{row['text_p99_alone_ms']:.1f} ms",
                   f"{row['text_p99_loaded_ms']:.1f} ms", f"{row['text_p99_loaded_ms'] / row['text_p99_alone_ms']:.2f}")
         print(fixed_width(values, 15), flush=True)
+        if name == HEADLINE_PRESET:
+            figures += [Figure("served_vs_raw", "served/raw", float(values[3]), ""),
+                        Figure("served_vs_raw", "LitServe/raw", float(values[5]), ""),
+                        Figure("served_vs_raw", "batching gain 8/1", float(values[7]), "x"),
+                        Figure("served_vs_raw", "text p99 loaded/alone", float(values[10]), "x")]
+    save_figures(args.save_figures, figures)
 
 
 if __name__ == "__main__":

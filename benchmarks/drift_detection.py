@@ -1,4 +1,4 @@
-"""Drift detection and ingest cost of ``monitoring.Monitor`` on a simulated clock.
+"""Drift detection of ``monitoring.Monitor`` on a simulated clock: false alarms and the delay to a real shift.
 
 Feeds the package directly (no server): synthetic per-stage latencies for the
 ``text``, ``vision`` and ``fusion`` routes (``benchmarks.drift_traffic``) go
@@ -24,14 +24,12 @@ Scenarios:
   creep        the vision stage's spread widens over 10 minutes (median fixed)
                until the vision route's end-to-end P99 is 10 % higher: when
                drift is raised, and how far P99 had crept by then.
-  ingest       samples/s through record + fold at 10k requests/s over one
-               drift period (folds, sub-window rotations, the drift judgement
-               and scrapes included), per-request record cost, and where the
-               time goes (record call, grouping, conversion, digests); plain,
-               with batch size + cache outcome, and with those plus the
-               request's inputs (``benchmarks.drift_ingest``).
 
-    python benchmarks/drift_detection.py [--minutes 60] [--seed 0] [--scenarios ingest ...]
+The ingest cost (samples/s through record + fold) was measured by
+``benchmarks/drift_ingest.py``, retired: BENCHMARKS.md's history has its
+figures and the commit that holds it.
+
+    python benchmarks/drift_detection.py [--minutes 60] [--seed 0] [--scenarios stall ...] [--save-figures PATH]
 """
 
 from __future__ import annotations
@@ -41,15 +39,15 @@ import time
 
 import numpy as np
 
-from benchmarks.drift_ingest import scenario_ingest
 from benchmarks.drift_traffic import (
     FLOORS, RATES, VISION_SIGMA, Simulation, calibrate_creep_sigma, new_simulation, p99_total_vision,
 )
 from benchmarks.harness import label_and_text
+from benchmarks.harness.figures import Figure, add_save_figures_argument, save_figures
 from monitoring import DriftState, MonitorConfig
 
 
-def scenario_stationary(seed: int, minutes: int, floor: str) -> list[tuple[str, str]]:
+def scenario_stationary(seed: int, minutes: int, floor: str, figures: list[Figure]) -> list[tuple[str, str]]:
     sim = new_simulation(seed, floor)
     alarms: list[str] = []
     max_ks: dict[str, float] = {}
@@ -75,6 +73,8 @@ def scenario_stationary(seed: int, minutes: int, floor: str) -> list[tuple[str, 
     elapsed = time.perf_counter() - started
     ks_text = ", ".join(f"{r} {v:.4f}" for r, v in sorted(max_ks.items()))
     floor_text = ", ".join(f"{r} {v:.2f}" for r, v in sorted(max_over_floor.items()))
+    if floor == next(iter(FLOORS)):
+        figures.append(Figure("drift_delay", f"false alarm periods in {minutes} min stationary", len(alarms), ""))
     return [
         (f"stationary {minutes} min, 3 routes, floor in {floor}",
          f"false alarms: {len(set(alarms))} routes / {len(alarms)} periods drifting"),
@@ -85,7 +85,7 @@ def scenario_stationary(seed: int, minutes: int, floor: str) -> list[tuple[str, 
     ]
 
 
-def scenario_stall(seed: int, floor: str) -> list[tuple[str, str]]:
+def scenario_stall(seed: int, floor: str, figures: list[Figure]) -> list[tuple[str, str]]:
     sim = new_simulation(seed, floor)
     sim.run(120)
     start_period = sim.periods
@@ -104,6 +104,9 @@ def scenario_stall(seed: int, floor: str) -> list[tuple[str, str]]:
     for route in ("vision", "fusion", "text"):
         if route in detected:
             periods, stage, ks = detected[route]
+            if floor == next(iter(FLOORS)) and route == "vision":
+                figures.append(Figure("drift_delay", "vision stall +172 ms on 20 % of batches, raised after",
+                                      round(periods * period_s), "s"))
             rows.append((f"  {route}", f"drift after {periods} periods ({periods * period_s:.0f} s), "
                                       f"stage={stage}, D(total)={ks:.3f}"))
         else:
@@ -115,7 +118,7 @@ def scenario_stall(seed: int, floor: str) -> list[tuple[str, str]]:
     return [(f"vision stall +172 ms on 20 % of batches, floor in {floor}", "")] + rows
 
 
-def scenario_creep(seed: int, floor: str) -> list[tuple[str, str]]:
+def scenario_creep(seed: int, floor: str, figures: list[Figure]) -> list[tuple[str, str]]:
     target_sigma, base_p99_ns = calibrate_creep_sigma(seed)
     sim = new_simulation(seed, floor)
     sim.run(120)
@@ -147,12 +150,14 @@ def scenario_creep(seed: int, floor: str) -> list[tuple[str, str]]:
         at_s, stage, rule, sigma = detected[route]
         creep = p99_total_vision(sigma, np.random.default_rng(seed)) / base_p99_ns - 1
         note = " (P99 of the vision route)" if route == "fusion" else ""
+        if floor == next(iter(FLOORS)) and route == "vision":
+            figures.append(Figure("drift_delay", "P99 creep +10 % over 10 min, raised after", round(at_s / 60, 1), "min"))
         rows.append((f"  {route}", f"drift {at_s / 60:.1f} min after the creep began, "
                                    f"P99 then +{creep * 100:.1f} %{note}, rule={rule}, stage={stage}"))
     return rows
 
 
-SCENARIOS = ("stationary", "stall", "creep", "ingest")
+SCENARIOS = ("stationary", "stall", "creep")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
                         help="which parts to run (default: all)")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
     config = MonitorConfig()
     print(f"MonitorConfig: window {config.window_s:.0f} s / {config.num_sub_windows} sub-windows, "
@@ -170,16 +176,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"traffic: {', '.join(f'{r} {n}/s' for r, n in RATES.items())}; simulated clock, 1 fold per simulated second")
     print()
     rows: list[tuple[str, str]] = []
+    figures: list[Figure] = []
     for floor in FLOORS:
         if "stationary" in args.scenarios:
-            rows += scenario_stationary(args.seed, args.minutes, floor)
+            rows += scenario_stationary(args.seed, args.minutes, floor, figures)
         if "stall" in args.scenarios:
-            rows += scenario_stall(args.seed + 1, floor)
+            rows += scenario_stall(args.seed + 1, floor, figures)
         if "creep" in args.scenarios:
-            rows += scenario_creep(args.seed + 2, floor)
-    if "ingest" in args.scenarios:
-        rows += scenario_ingest(args.seed + 3)
+            rows += scenario_creep(args.seed + 2, floor, figures)
     print(label_and_text(rows))
+    save_figures(args.save_figures, figures)
     return 0
 
 

@@ -1,7 +1,7 @@
 """Simulated per-stage latencies of a served mix, fed to a ``monitoring.Monitor`` on a manual clock.
 
-What ``benchmarks.drift_detection`` (and its ingest cost, ``benchmarks.drift_ingest``)
-feed the monitor instead of a server: synthetic per-stage latencies for the
+What ``benchmarks.drift_detection`` feeds
+the monitor instead of a server: synthetic per-stage latencies for the
 ``text``, ``vision`` and ``fusion`` routes, one simulated second at a time.
 Requests come in batches of 1 to 16, as the server runs them: the requests
 of one batch share its compute times (``vision``, ``text``, ``fusion``; a

@@ -63,13 +63,14 @@ from pathlib import Path
 import httpx
 
 from benchmarks.frontend_measure import (
-    FLOOR, RunResult, capacity_rows, pool, process_split_rows, run_order, table_rows, workers_speedup,
+    FLOOR, RunResult, capacity_rows, headline_figures, pool, process_split_rows, run_order, table_rows, workers_speedup,
 )
 from benchmarks.harness import (
     CpuMeter, ServerCommand, ServerProcess, ServerStartError, WrkBodies, log, machine_line, mmserve_command,
     num_usable_cpus, resumed, run_wrk, start_paused, utc_now, wrk_path, write_bodies,
 )
 from benchmarks.harness.cpu_accounting import cpu_by_process_kind
+from benchmarks.harness.figures import add_save_figures_argument, save_figures
 from benchmarks.harness.server_process import free_port
 from benchmarks.harness.table_layout import align
 from benchmarks.loadgen.server_metrics import parse_metrics_text
@@ -228,6 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "named 'base wN', alternated with this checkout's in the same rounds")
     parser.add_argument("--baseline-workers", type=int, nargs="+", default=[2], metavar="N",
                         help="--api-workers of the baseline tree's servers (default 2)")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
     if wrk_path() is None:
         print("benchmarks/frontend.py needs wrk: apt-get install wrk (Debian's package)", file=sys.stderr)
@@ -263,7 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               for kind in args.kinds for name in servers]
     if decode_ms is not None:
         print(f"the JPEG's base64-decode + decode + resize alone: {decode_ms:.3f} CPU ms")
-    print("\n".join(align(table_rows(pooled, decode_ms))))
+    table = table_rows(pooled, decode_ms)
+    print("\n".join(align(table)))
     split_rows = process_split_rows(results)
     if len(split_rows) > 1:
         print("where each server's CPU goes, by kind of process (CPU ms per answered request, cores used):")
@@ -278,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if speedup is not None:
         print(f"text answers/s, --api-workers 2 over 1: {speedup:.2f} (reported, no target) on {num_usable_cpus()} "
               "CPUs")
+    save_figures(args.save_figures, headline_figures(table, capacity))
     return 0
 
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from benchmarks.harness.figures import Figure
+
 FLOOR = "floor"
 TEXT_CPU_TARGET = 3.0
 IMAGE_CPU_TARGET = 1.5
@@ -171,3 +173,29 @@ def workers_speedup(pooled: Sequence[Pooled], one: str, two: str, kind: str = "t
     if one not in by_server or two not in by_server or by_server[one].ok_rps <= 0:
         return None
     return by_server[two].ok_rps / by_server[one].ok_rps
+
+
+def headline_figures(table: Sequence[Sequence[str]], capacity: Sequence[Sequence[str]]) -> list[Figure]:
+    """The headline's two rows, read off the printed tables (so they match them digit for digit).
+
+    CPU per request against the floor: one process (``mmserve w1``) per kind,
+    and its text CPU ms beside the floor's; engine capacity: ``mmserve w2``'s
+    engine CPU per text and the requests one engine core takes per kind.
+    """
+    cells = {(row[0], row[1]): row for row in table[1:]}
+    figures = []
+    for kind in ("text", "image"):
+        if (kind, "mmserve w1") in cells:
+            figures.append(Figure("cpu_vs_floor", f"{kind}, one process, x floor", float(cells[kind, "mmserve w1"][5]),
+                                  ""))
+    if ("text", "mmserve w1") in cells and ("text", FLOOR) in cells:
+        figures.append(Figure("cpu_vs_floor", f"text CPU ms/req (floor {cells['text', FLOOR][3]})",
+                              float(cells["text", "mmserve w1"][3]), ""))
+    engine = {(row[0], row[1]): row for row in capacity[1:]}
+    if ("text", "mmserve w2") in engine:
+        figures.append(Figure("engine_capacity", "text, engine ms/req", float(engine["text", "mmserve w2"][2]), ""))
+    for kind, label in (("text", "texts"), ("image", "images")):
+        if (kind, "mmserve w2") in engine:
+            figures.append(Figure("engine_capacity", f"{label} per engine core", int(engine[kind, "mmserve w2"][6]),
+                                  "/s"))
+    return figures

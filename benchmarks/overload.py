@@ -40,7 +40,10 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from benchmarks.harness import capacity_rps, lag_p99_ms, latency_ms, mmserve_command, ruled, run_samples, running
+from benchmarks.harness import (
+    Figure, add_save_figures_argument, capacity_rps, lag_p99_ms, latency_ms, mmserve_command, ruled, run_samples, running,
+    save_figures,
+)
 from benchmarks.harness.periodic_thread import PeriodicThread
 from benchmarks.harness.process_resources import ResourceSampler, rss_bytes
 from benchmarks.loadgen.config import BenchConfig, RunMode
@@ -129,7 +132,8 @@ def _phase_row(name: str, offered_rps: float, samples: list[Sample], duration_s:
             f"{latency_ms(samples, 99):.0f}", f"{lag_p99_ms(samples):.0f}")
 
 
-def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, phase_s: float) -> tuple[str, bool]:
+def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
+             phase_s: float) -> tuple[str, bool, list[Figure]]:
     settings = {"DEFAULT_TIMEOUT_MS": str(deadline_ms), "CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0",
                 "DECODE_THREADS": str(DECODE_THREADS), "MAX_DECODE_QUEUE": str(MAX_DECODE_QUEUE)}
     with running(mmserve_command(preset, settings)) as server:
@@ -176,7 +180,10 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int, ph
         + ", ".join(f"{count} x {status}" for status, count in sorted(probe.statuses("text").items())),
         *(f"[{'PASS' if ok else 'FAIL'}] {name}" for name, ok in checks.items()),
     ]
-    return "\n".join(lines), all(checks.values())
+    figures = [Figure("overload", f"admitted p99 at {factor:g}x saturation (deadline {deadline_ms} ms)",
+                      round(latency_ms(burst, 99, from_sent=True)), "ms"),
+               Figure("overload", "RSS over warmed-up", round((max_rss / warm_rss - 1) * 100, 1), "%")]
+    return "\n".join(lines), all(checks.values()), figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overload-s", type=float, default=30.0)
     parser.add_argument("--deadline-ms", type=int, default=1000)
     parser.add_argument("--phase-s", type=float, default=10.0, help="length of the baseline and recovery phases")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
-    report, is_pass = overload(args.preset, args.factor, args.overload_s, args.deadline_ms, args.phase_s)
+    report, is_pass, figures = overload(args.preset, args.factor, args.overload_s, args.deadline_ms, args.phase_s)
     print(report)
+    save_figures(args.save_figures, figures)
     return 0 if is_pass else 1
 
 

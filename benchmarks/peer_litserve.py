@@ -52,8 +52,9 @@ from dataclasses import dataclass
 import httpx
 
 from benchmarks.harness import (
-    AlternationPlan, RunSpec, ServerCommand, ServerRuns, Targets, compare, format_comparison, litserve_command,
-    machine_line, mmserve_command, num_usable_cpus, running, utc_now,
+    AlternationPlan, Figure, RunSpec, ServerCommand, ServerRuns, Targets, add_save_figures_argument, compare,
+    comparison_figures, format_comparison, litserve_command, machine_line, mmserve_command, num_usable_cpus, running,
+    save_figures, utc_now,
 )
 from benchmarks.harness.alternation import FIXED_RATE_SHARE
 from benchmarks.loadgen.config import BenchConfig
@@ -215,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-probe", action="store_true", help="skip the bad-item batch")
     parser.add_argument("--litserve-eager", action="store_true",
                         help="LitServe runs the eager encoders (default: TorchScript graphs, as mmserve)")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
 
     print(f"mmserve vs LitServe, {utc_now()}, {machine_line()}")
@@ -225,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
           "other's runs; workload: generator defaults (mix text:0.2,vision:0.3,fusion:0.5, 100 JPEGs 224x224) "
           "with texts of 16-60 chars", flush=True)
     tables = []
+    figures: list[Figure] = []
     for name in args.presets:
         plan = PLANS[name]
         if args.seconds is not None:
@@ -233,10 +236,12 @@ def main(argv: list[str] | None = None) -> int:
             plan = dataclasses.replace(plan, num_rounds=args.rounds)
         runs = measure_preset(plan, args.device, is_traced=not args.litserve_eager)
         tables.append(format_preset_table(plan, runs))
+        figures += comparison_figures(f"litserve_{name.replace('-', '_')}", runs, LITSERVE, MMSERVE)
         print(tables[-1], flush=True)
     if not args.no_probe:
         tables.append(run_bad_item_probe(args.device, is_traced=not args.litserve_eager))
         print(tables[-1], flush=True)
+    save_figures(args.save_figures, figures)
     return 0
 
 

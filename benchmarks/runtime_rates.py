@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from benchmarks.harness import machine_line, utc_now
+from benchmarks.harness.figures import Figure, add_save_figures_argument, save_figures
 from benchmarks.harness.table_layout import ruled
 from models.onnx.quantize import embedding_cosine, probe_images, quantize_onnx_int8
 
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matmul-runs", type=int, default=20)
     parser.add_argument("--towers", nargs="+", choices=sorted(TOWERS), default=list(TOWERS))
     parser.add_argument("--static-int8", action="store_true", help="also static QDQ int8 on the CLIP tower")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     versions = _versions()
@@ -330,6 +332,20 @@ def main(argv: list[str] | None = None) -> None:
                                     args.static_int8 and name.startswith("CLIP"), log)
             gc.collect()
     print(format_report(matmuls, towers, args.batch))
+    save_figures(args.save_figures, headline_figures(towers))
+
+
+def headline_figures(towers: list[TowerRate]) -> list[Figure]:
+    """Per tower, ONNX Runtime fp32 and dynamic int8 over torch eager (best batch), rounded as the table prints."""
+    figures = []
+    for rate in towers:
+        torch_ms = next(t.best_ms for t in towers if t.model == rate.model and t.runtime == "torch eager")
+        label = {"ONNX Runtime": "ORT fp32", "ONNX Runtime int8 (dynamic)": "ORT int8"}.get(rate.runtime)
+        if label is not None:
+            cosine = f" (cosine {rate.cosine_to_torch:.7f})" if label == "ORT int8" else ""
+            figures.append(Figure("ort_vs_torch", f"{rate.model.split(' (')[0]} {label} x torch{cosine}",
+                                  round(torch_ms / rate.best_ms, 2), ""))
+    return figures
 
 
 def _versions() -> str:

@@ -22,7 +22,10 @@ import statistics
 
 import torch
 
-from benchmarks.harness import abba_sequence, mmserve_command, paused_servers, resumed, run_report, running, utc_now
+from benchmarks.harness import (
+    Figure, abba_sequence, add_save_figures_argument, mmserve_command, paused_servers, resumed, run_report, running,
+    save_figures, utc_now,
+)
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.workload import TextLengthRange, parse_mix
@@ -48,15 +51,18 @@ def main() -> None:
     parser.add_argument("--unique-images", type=int, default=2048,
                         help="pool of the all-unique workload; keep it well above the requests a run sends")
     parser.add_argument("--workloads", nargs="+", choices=("zipf", "unique"), default=["zipf", "unique"])
+    add_save_figures_argument(parser)
     args = parser.parse_args()
     print(f"segment cache benchmark, {utc_now()}, preset {args.preset}, "
           f"{platform.machine()} x{torch.get_num_threads()} torch threads, batch cap 8, fusion requests, "
           f"{args.seconds:.0f} s per measurement, closed loop of {args.concurrency} at saturation")
     print(f"{'workload':<48} {'cache off':>10} {'cache on':>10}  ratio")
+    figures: list[Figure] = []
     if "zipf" in args.workloads:
-        measure_zipf(args)
+        figures.append(measure_zipf(args))
     if "unique" in args.workloads:
-        measure_unique(args)
+        figures.append(measure_unique(args))
+    save_figures(args.save_figures, figures)
 
 
 SETTINGS = {"MAX_BATCH_SIZE": "8"}
@@ -70,7 +76,7 @@ def _row(name: str, off: str, on: str, ratio: str) -> None:
     print(f"{name:<48} {off:>10} {on:>10}  {ratio}", flush=True)
 
 
-def measure_zipf(args: argparse.Namespace) -> None:
+def measure_zipf(args: argparse.Namespace) -> Figure:
     """Zipf over 64 images: saturation with the cache off then on, then p99 at the uncached rate."""
     zipf = {"num_images": 64, "zipf": 1.1}
     with running(mmserve_command(args.preset, {**SETTINGS, **CACHE_OFF})) as server:
@@ -86,9 +92,10 @@ def measure_zipf(args: argparse.Namespace) -> None:
     _row(f"Zipf(1.1) open loop at {rate:.2f} req/s, p99 ms", f"{off_p99:.0f}", f"{open_report['p99_ms']:.0f}",
          f"{open_report['p99_ms'] / off_p99:.2f}x")
     print(f"  cache events in the open-loop run (cache on): {open_report.get('server', {}).get('cache')}")
+    return Figure("cache_gain", "Zipf(1.1) saturation, cache on over off", round(on_rps / off_rps, 2), "x")
 
 
-def measure_unique(args: argparse.Namespace) -> None:
+def measure_unique(args: argparse.Namespace) -> Figure:
     """Every image new: what hashing, lookups, copies and inserts cost when nothing is reused.
 
     Both servers stay up and take turns (off, on, on, off; the idle one is
@@ -112,6 +119,7 @@ def measure_unique(args: argparse.Namespace) -> None:
     print(f"  runs off {[round(r, 2) for r in rates['off']]}, on {[round(r, 2) for r in rates['on']]}; "
           f"image cache events of the last run (cache on): {(events or {}).get('events')}; "
           "a hit means the pool repeated")
+    return Figure("cache_gain", "all-unique images, cost of the cache", round(100 * (1 - on_rps / off_rps), 1), "%")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from benchmarks.harness import (
-    capacity_rps, latency_ms, mixed_load_config, mmserve_command, ruled, run_samples, running,
+    Figure, add_save_figures_argument, capacity_rps, latency_ms, mixed_load_config, mmserve_command, ruled, run_samples,
+    running, save_figures,
 )
 from benchmarks.harness.process_resources import ProcessSeries, ProcessTreeSampler, slope_per_minute
 from benchmarks.loadgen.runner import Sample
@@ -53,7 +54,8 @@ def resource_rows(series: ProcessSeries, warm_up_s: float) -> list[tuple[str, ..
 
 
 def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cache_on: bool = True,
-         num_api_workers: int = 1) -> str:
+         num_api_workers: int = 1) -> tuple[str, list[Figure]]:
+    """The printed report, and its headline figures: P99.99, p99, failed requests, the steepest RSS slope."""
     cache_bytes = (8 * 1024**2, 2 * 1024**2) if is_cache_on else (0, 0)
     settings = {"CACHE_IMAGE_BYTES": str(cache_bytes[0]), "CACHE_TEXT_BYTES": str(cache_bytes[1]),
                 "API_WORKERS": str(num_api_workers)}
@@ -66,14 +68,23 @@ def soak(preset: str, minutes: float, rate_rps: float, interval_s: float, is_cac
     rows = [("process, resource", "first", "last", "min", "max", "slope/min (after warm-up)")]
     for series in sampler.series.values():
         rows.extend(resource_rows(series, warm_up_s))
+    rss_slopes = {row[0]: float(row[-1].removesuffix("MiB")) for row in rows[1:] if row[0].endswith(" rss")}
+    steepest = max(rss_slopes, key=rss_slopes.__getitem__)
     statuses = Counter(sample.outcome for sample in samples)
     summary = (f"soak: preset {preset}, --api-workers {num_api_workers}, {minutes:g} min, "
                f"cache {'8 + 2 MiB' if is_cache_on else 'off'}, open loop {rate:.1f} req/s ({MIX}); "
                f"{len(samples)} requests: {', '.join(f'{k} {v}' for k, v in sorted(statuses.items()))}; "
-               f"latency p50 {latency_ms(samples, 50):.1f} ms, p99 {latency_ms(samples, 99):.1f} ms; "
+               f"latency p50 {latency_ms(samples, 50):.1f} ms, p99 {latency_ms(samples, 99):.1f} ms, "
+               f"p99.99 {latency_ms(samples, 99.99):.1f} ms; "
                f"{len(sampler.series)} processes read every {interval_s:g} s")
     failures = failures_report(samples)
-    return summary + "\n" + ruled(rows) + ("\n" + failures if failures else "")
+    load = f"at {rate:.1f} req/s, {minutes:g} min"
+    figures = [Figure("tail_under_load", f"P99.99 {load}", round(latency_ms(samples, 99.99), 1), "ms"),
+               Figure("tail_under_load", f"p99 {load}", round(latency_ms(samples, 99), 1), "ms"),
+               Figure("tail_under_load", f"failed requests of {len(samples)}", len(samples) - statuses["ok"], ""),
+               Figure("tail_under_load", f"steepest RSS slope ({steepest.split()[0]})", rss_slopes[steepest],
+                      "MiB/min")]
+    return summary + "\n" + ruled(rows) + ("\n" + failures if failures else ""), figures
 
 
 MAX_FAILURE_KINDS = 20
@@ -108,9 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-off", action="store_true",
                         help="turn the segment cache off, to tell a leak from caches filling")
     parser.add_argument("--api-workers", type=int, default=1, help="mmserve serve --api-workers N (default 1)")
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
-    print(soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off,
-               num_api_workers=args.api_workers))
+    report, figures = soak(args.preset, args.minutes, args.rate, args.interval_s, is_cache_on=not args.cache_off,
+                           num_api_workers=args.api_workers)
+    print(report)
+    save_figures(args.save_figures, figures)
     return 0
 
 

@@ -5,7 +5,7 @@ after. In the server the event loop and the decode threads hold it in
 between, so an eager forward waits for the GIL once per operator: with one
 torch thread, a tiny-preset vision batch of 8 took 0.9 ms traced and 1.1 ms
 eager on an idle interpreter, but 53 ms traced and 204 ms eager beside one
-busy Python thread (``benchmarks/encoder_graphs.py``). A traced module runs
+busy Python thread (BENCHMARKS.md, history: ``encoder_graphs.py``). A traced module runs
 its whole graph in C++ after a single release.
 
 A trace is kept only if it agrees with the eager module on probe inputs that

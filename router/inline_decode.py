@@ -5,7 +5,7 @@ image does: the pool thread is woken, the interpreter lock changes hands each
 time libjpeg or the resize lets it go and wants it back, and the loop is woken
 with the result. One process under ``wrk`` posting 224 x 224 JPEGs spent about
 15 voluntary context switches per request that way, and 3 with the decode on
-the loop (BENCHMARKS.md, "Small images decoded on the event loop").
+the loop (BENCHMARKS.md, history, 2026-12-04 ``frontend.py`` runs).
 
 A large image still goes to the pool: decoding it would hold the loop, and
 every other request on it, for milliseconds (a 1024 x 768 JPEG takes about

@@ -27,6 +27,8 @@ does the rest, the same way for every benchmark:
   samples; percentiles, answers per second, the generator's lag.
 - ``intervals``: a mean's 95 % interval; ``process_resources``: RSS and open
   files over a run; ``machine``: the machine line and the date for a header.
+- ``figures``: ``--save-figures PATH``, the headline figures a run printed,
+  as JSON for ``benchmarks.headline`` (``Figure``, ``save_figures``).
 
 A new comparison with a peer is a short file::
 
@@ -81,6 +83,7 @@ from benchmarks.harness.comparison_table import (
     Targets, cpu_ratio, cpu_target_text, format_comparison, format_saturation, verdict_text, verdicts,
 )
 from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent, cpu_ms_per_request
+from benchmarks.harness.figures import Figure, add_save_figures_argument, comparison_figures, save_figures
 from benchmarks.harness.intervals import mean_interval
 from benchmarks.harness.load_runs import capacity_rps, mixed_load_config, run_report, run_samples
 from benchmarks.harness.machine import machine_line, num_usable_cpus, utc_now

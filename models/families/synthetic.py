@@ -161,8 +161,7 @@ class SyntheticTextEncoder(TextEncoder):
         event loop that costs a wait and a string of futile wake-ups, more
         than the arithmetic. With these few operations in numpy one process
         under wrk answered 1.18x the text requests per second (two
-        alternated pairs of runs; BENCHMARKS.md, "The synthetic text tower in
-        numpy"), the measured request path no longer slowed by the tower.
+        alternated pairs of runs; BENCHMARKS.md, history), the measured request path no longer slowed by the tower.
         Other devices and dtypes (numpy has no bfloat16) take the torch path.
         """
         weight = self.model.weight

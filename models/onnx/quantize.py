@@ -11,7 +11,7 @@ other operator (layer norm, softmax, GELU, the patch convolution) stays float32.
                                                (ORT fuses the tail into MatMulIntegerToFloat)
 
 Dynamic quantization with per-channel int8 weights, measured (BENCHMARKS.md,
-"Runtimes on the CPU"; ViT-B/16-shaped transformers CLIP and timm ViT-L/16
+"ONNX Runtime vs torch on the CPU"; ViT-B/16-shaped transformers CLIP and timm ViT-L/16
 vision towers, random weights, batch 8, 2 threads, on a shared 2-core Intel
 Xeon with AVX-512 VNNI and AMX, under heavy load from other tests):
 

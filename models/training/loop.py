@@ -24,7 +24,7 @@ last epoch's weights are kept.
 Cost: an epoch is dominated by the value projection of every example's
 image tokens (B x Lv x d_v x d_v); at ViT-B/16 widths (Lv 197, d_v 768) a
 batch of 64 takes about a second on two CPU cores
-(``benchmarks/train_fusion_time.py`` measures whole runs).
+(whole runs: BENCHMARKS.md, history, ``train_fusion_time.py``).
 
 ``roc_auc`` is the probability that a random matching pair scores above a
 random mismatched one (ties count a half): the Mann–Whitney rank formula,

@@ -20,8 +20,7 @@ allocated, with the GIL held. They have little to find: a request's objects
 are freed by reference counting once it is answered (at 10,000 not one
 collection ran in the same load). So the young threshold is 10,000
 (``gc_young_threshold``): cycles a request does leave are still collected,
-once that many container objects are pending. BENCHMARKS.md, "Garbage
-collection", measures both.
+once that many container objects are pending. BENCHMARKS.md's history ("garbage_collection.py") has both measured.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def yield_cores_to_the_engine(nice: int) -> None:
 
     Every request's batch passes the one engine, and the API processes are
     many: on a machine they keep busy, the engine getting the cores first
-    keeps it from falling behind them (BENCHMARKS.md, "API processes": on 2
+    keeps it from falling behind them (BENCHMARKS.md, history: on 2
     CPUs, ``--api-workers 2`` answered 1.54-1.75x one process's text requests
     in three runs at nice 5, 1.21-1.57x in two at 0). Threads an import
     started count too, hence every task of the process, not only this one.

@@ -1,6 +1,6 @@
 """How many API processes ``mmserve serve`` runs when ``--api-workers`` is not given.
 
-Measured with ``benchmarks/frontend.py`` (BENCHMARKS.md, "API processes"):
+Measured with ``benchmarks/frontend.py`` (BENCHMARKS.md, history: its runs of 2026-12-03/04):
 on 2 CPUs, two API processes answered 1.08-1.17x the text requests/s of one
 process at 1.45-1.6x its CPU per request: the engine, the IPC and the load
 share the same two cores, and the split's own cost (a frame each way, the
@@ -15,8 +15,8 @@ and wrk at 64 connections, two API processes answered 1.37-1.65x the text
 requests/s of one on 2 CPUs, at 1.22-1.48x its CPU per request (at 16
 connections 1.22x; 0.95-1.17x in the earlier runs), and 1.54-1.75x once the
 API processes ran at nice 5 (``api_process_nice``); 1.25-1.41x once the
-synthetic text tower stopped slowing one process down (BENCHMARKS.md, "The
-synthetic text tower in numpy"). Two CPUs still default
+synthetic text tower stopped slowing one process down (BENCHMARKS.md,
+history). Two CPUs still default
 to one process: the gain shows only with many clients at once, each request
 costs a fifth to a half more CPU, an API process holds about 800 MiB, and
 with ``--device auto`` the choice would cost every start on 2 CPUs a torch

@@ -1,10 +1,9 @@
-"""benchmarks/frontend.py and jpeg_draft.py: wrk's report read right, runs pooled, targets judged, orders fair."""
+"""benchmarks/frontend.py: wrk's report read right, runs pooled, targets judged, orders fair."""
 
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 from benchmarks.frontend import non_200_growth, request_bodies
@@ -13,7 +12,6 @@ from benchmarks.frontend_measure import (
     FLOOR, Pooled, RunResult, cpu_budget_ms, pool, run_order, table_rows, workers_speedup,
 )
 from benchmarks.harness.wrk_load import parse_wrk_report
-from benchmarks.jpeg_draft import SizeResult, cosine, draft_scale, parse_size
 from benchmarks.photo_like import photo_like_jpeg
 
 WRK_OUTPUT = """Running 10s test @ http://127.0.0.1:8000
@@ -103,22 +101,6 @@ def test_the_floor_answers_each_body_with_its_kind():
     assert json.loads(bodies["image"])["input"].startswith("data:image/jpeg;base64,/9j/")  # a JPEG's magic
 
 
-@pytest.mark.parametrize(("size", "side", "scale"), [((1024, 768), 248, 2), ((4000, 3000), 248, 8),
-                                                      ((640, 480), 248, 1), ((100, 50), 248, 1)])
-def test_jpeg_draft_benchmark_picks_the_servers_scale(size, side, scale):
-    from server.ingest.decoding import draft_scale as served_draft_scale  # the benchmark mirrors it
-
-    assert draft_scale(*size, side) == served_draft_scale(*size, side) == scale
-
-
-def test_jpeg_draft_arithmetic():
-    assert parse_size("2048x1536") == (2048, 1536)
-    assert cosine(np.array([1.0, 0.0]), np.array([2.0, 0.0])) == pytest.approx(1.0)
-    assert cosine(np.array([1.0, 0.0]), np.array([0.0, 3.0])) == pytest.approx(0.0)
-    result = SizeResult((1024, 768), 2, 4.0, 2.0, 5.0, 3.0, 0.9995, 0.5)
-    assert result.saved_fraction == pytest.approx(0.4)
-
-
 def test_a_server_of_several_processes_gets_its_cpu_split_by_process_pooled_over_runs():
     from benchmarks.frontend_measure import process_split_rows
 
@@ -153,3 +135,19 @@ def test_the_capacity_table_takes_the_engine_as_the_serial_part():
     assert rows[2][6:9] == ["5000", "0.900", "4.50"]
     assert len(rows) == 3
     assert capacity_rows(runs, {"text": 0.08})[1][3:6] == ["0.62", "<= 0.6 x floor", "missed"]
+
+
+def test_the_headline_figures_are_read_off_the_printed_tables():
+    from benchmarks.frontend_measure import headline_figures
+
+    table = [["kind", "server", "answered/s", "CPU ms/req", "cores", "x floor"],
+             ["text", "floor", "1786", "0.158", "0.28", ""], ["text", "mmserve w1", "577", "0.606", "0.35", "3.85"],
+             ["image", "mmserve w1", "128", "2.342", "0.30", "12.32"]]
+    capacity = [["kind", "server", "engine ms/req", "x floor", "target", "verdict", "engine/s/core"],
+                ["text", "mmserve w2", "0.295", "1.87", "", "", "3391"], ["text", "base w2", "0.393", "", "", "", "2547"]]
+    figures = {(figure.row, figure.name): (figure.value, figure.unit) for figure in headline_figures(table, capacity)}
+    assert figures == {("cpu_vs_floor", "text, one process, x floor"): (3.85, ""),
+                       ("cpu_vs_floor", "image, one process, x floor"): (12.32, ""),
+                       ("cpu_vs_floor", "text CPU ms/req (floor 0.158)"): (0.606, ""),
+                       ("engine_capacity", "text, engine ms/req"): (0.295, ""),
+                       ("engine_capacity", "texts per engine core"): (3391, "/s")}

@@ -37,3 +37,14 @@ def test_flops_of_a_linear_layer_are_counted():
 
     assert batch.shape == (2, 3, 224, 224)
     assert tower_flop(Flatten(), batch) == pytest.approx(2 * (batch.size // 16) * 16 * 4)
+
+
+def test_the_headline_figures_are_each_towers_onnx_runtime_rates_over_torch():
+    from benchmarks.runtime_rates import headline_figures
+
+    towers = [TowerRate("ViT-L/16 (timm)", "torch eager", 32947.0, 33083.0, 29.0, 1.0),
+              TowerRate("ViT-L/16 (timm)", "ONNX Runtime", 38330.0, 39133.0, 25.0, 1.0),
+              TowerRate("ViT-L/16 (timm)", "ONNX Runtime int8 (dynamic)", 12799.0, 13512.0, 75.0, 0.9990847),
+              TowerRate("ViT-L/16 (timm)", "OpenVINO (f32)", 29911.0, 36003.0, 32.0, 1.0)]
+    assert [(f.name, f.value) for f in headline_figures(towers)] == [
+        ("ViT-L/16 ORT fp32 x torch", 0.86), ("ViT-L/16 ORT int8 x torch (cosine 0.9990847)", 2.57)]

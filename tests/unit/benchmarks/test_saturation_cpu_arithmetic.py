@@ -137,6 +137,10 @@ def test_figures_are_kept_per_family_and_lane_and_read_back(tmp_path):
     assert previous_cpu_ratio(document, "clip", "image") == pytest.approx(0.7303, abs=1e-4)
     assert previous_cpu_ratio(document, "clip", "text") is None
     assert previous_cpu_ratio(None, "clip", "image") is None
+    headline = {(figure["row"], figure["name"]): figure["value"] for figure in document["figures"]}
+    assert headline == {("infinity_image", "saturation ok/s over Infinity's"): 1.0,
+                        ("infinity_image", "server CPU per answer over Infinity's"): 0.73,
+                        ("infinity_image", "open-loop p99 over Infinity's"): 1.0}
     assert load_figures(None) is None
     with pytest.raises(FileNotFoundError):
         load_figures(tmp_path / "missing.json")
