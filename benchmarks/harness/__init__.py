@@ -89,7 +89,7 @@ from benchmarks.harness.load_runs import capacity_rps, mixed_load_config, run_re
 from benchmarks.harness.machine import machine_line, num_usable_cpus, utc_now
 from benchmarks.harness.sample_stats import lag_p99_ms, latency_ms, ok_rate_rps, percentile_ms
 from benchmarks.harness.server_commands import (
-    infinity_command, litserve_command, mmserve_command, mmserve_model_command, otlp_sink_command,
+    infinity_command, litserve_command, mmserve_command, mmserve_model_command,
 )
 from benchmarks.harness.server_process import (
     ServerCommand, ServerProcess, ServerStartError, paused_servers, resumed, running, start_paused,

@@ -1,4 +1,4 @@
-"""How to start each server a benchmark drives: mmserve, its peers (LitServe, Infinity) and the OTLP sink.
+"""How to start each server a benchmark drives: mmserve and its peers (LitServe, Infinity).
 
 Each function returns a ``ServerCommand`` (argv, environment, port, ready
 path) for ``benchmarks.harness.server_process`` to start: what a user would
@@ -73,10 +73,3 @@ def litserve_command(preset: str, *, max_batch_size: int, max_queue_delay_ms: fl
     if is_traced:
         argv += ("--torchscript-encoders",)
     return ServerCommand("litserve", argv, port, "/health")
-
-
-def otlp_sink_command(*, port: int | None = None) -> ServerCommand:
-    """The discarding OTLP/HTTP receiver (``benchmarks.otlp_sink``): the far end of a traced server's exports."""
-    port = free_port() if port is None else port
-    argv = (sys.executable, "-m", "benchmarks.otlp_sink", "--port", str(port))
-    return ServerCommand("otlp-sink", argv, port, "/stats")
