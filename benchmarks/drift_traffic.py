@@ -104,17 +104,10 @@ class Simulation:
                     on_period(self)
 
 
-ALL_STAGES = ("decode", "queue", "vision", "text", "fusion", "respond", "total")
-FLOORS: dict[str, dict[str, object]] = {
-    "batches": {},  # the rule: stages measured across a batch count batches
-    "requests": {"request_stages": ALL_STAGES},  # every sample an observation, as before
-}
-
-
-def new_simulation(seed: int, floor: str = "batches") -> Simulation:
-    """A simulation whose monitor has learned its baseline (30 s of warm-up first), floor counted in ``floor``."""
+def new_simulation(seed: int) -> Simulation:
+    """A simulation whose monitor has learned its baseline (30 s of warm-up first)."""
     clock = ManualClock()
-    sim = Simulation(Monitor(MonitorConfig(**FLOORS[floor]), clock=clock), clock, np.random.default_rng(seed))
+    sim = Simulation(Monitor(MonitorConfig(), clock=clock), clock, np.random.default_rng(seed))
     sim.run(30)  # warm-up traffic before readiness, kept out of the baseline
     sim.monitor.mark_ready()
     sim.run(int(sim.monitor.config.baseline_s))

@@ -45,7 +45,7 @@ from benchmarks.harness import (
     save_figures,
 )
 from benchmarks.harness.periodic_thread import PeriodicThread
-from benchmarks.harness.process_resources import ResourceSampler, rss_bytes
+from benchmarks.harness.process_resources import ProcessTreeSampler, rss_bytes
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.runner import Sample
@@ -145,7 +145,7 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
                                                    (calm_rps, phase_s, 5))]
             baseline = _replay(server.url, traces[0], phase_s)
             warm_rss = rss_bytes(server.pid)
-            with ResourceSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url, IMAGE_PX) as probe:
+            with ProcessTreeSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url, IMAGE_PX) as probe:
                 burst = _replay(server.url, traces[1], overload_s)
             recovery = _replay(server.url, traces[2], phase_s)
 
@@ -157,7 +157,8 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
     refused = [sample for sample in burst if not sample.is_ok]
     probe_refusals = [has_retry_after for kind, status, has_retry_after in probe.answers
                       if kind == "image" and status == 503]
-    max_rss = max(sampler.rss_bytes)
+    overload_rss = sampler.series[server.pid].rss_bytes  # the server's own process
+    max_rss = max(overload_rss)
     checks = {
         "admitted p99 within the deadline": latency_ms(burst, 99, from_sent=True) <= deadline_ms,
         "refusals are 503/504 only": all(sample.outcome in ("503", "504") for sample in refused),
@@ -173,7 +174,7 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
         "(what the server's deadline counts), and from the intended one (includes the generator's lag)",
         ruled(rows),
         f"RSS: warmed-up {warm_rss / 1024**2:.1f} MiB, during overload max {max_rss / 1024**2:.1f} MiB "
-        f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(sampler.rss_bytes) / 1024**2:.1f} MiB",
+        f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(overload_rss) / 1024**2:.1f} MiB",
         f"refusal probe during overload: {sum(probe.statuses('image').values())} image requests, "
         f"{len(probe_refusals)} got 503, {sum(probe_refusals)} of them with Retry-After; "
         f"{sum(probe.statuses('text').values())} text requests beside them: "

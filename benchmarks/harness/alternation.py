@@ -1,32 +1,12 @@
 """Two servers measured in turn on one machine: A-B-B-A rounds, the idle one paused, the neighbours counted.
 
 The machine's speed drifts by up to 20 % within minutes, so runs alternate
-in an A-B-B-A pattern (one pair per round, the order mirrored), each
-server's runs are pooled, and the result is a ratio. Both servers stay
-started and the one not being measured is paused (SIGSTOP), so its idle
-polling takes no CPU from the other's runs. Each run also records how many
-CPUs processes other than the two servers and this generator took meanwhile
-(``benchmarks.harness.cpu_accounting``), so a run slowed by a neighbour
-shows as such.
-
-Per comparison (``run_alternated``, or ``compare`` to start the servers too):
-
-1. saturation: a closed loop of C workers sending back to back (C well above
-   the batch cap, so batches stay full); ok answers per second, and the
-   server's CPU per answered request (every process of its group, from
-   ``/proc``). By default the closed loop is this process's Python
-   generator; a benchmark passes ``saturate`` to drive it otherwise, e.g.
-   ``wrk`` (``benchmarks.harness.wrk_load.wrk_saturation``), which leaves
-   the server more of a small machine's cores.
-2. fixed rate: an open loop (Poisson arrivals) at a share of the *peer's*
-   measured saturation, latency from each request's intended send time (no
-   coordinated omission); percentiles over the pooled samples. Always the
-   Python generator: it knows each request's intended send time.
-
-What each run sends is the benchmark's: a ``ConfigFor`` turns a ``RunSpec``
-(which server, closed or open, how long, how hard) into the generator's
-``BenchConfig``, usually ``spec.config(text_length=..., mix=...)``.
-``run_saturation`` runs the saturation part alone, for any number of servers.
+A-B-B-A, each server's runs are pooled and the result is a ratio; the server
+not measured is paused (SIGSTOP). Per comparison: saturation (a closed loop
+of ``plan.concurrency``, by the Python generator or ``saturate``, e.g. wrk),
+then an open loop at a share of the *peer's* saturation, latency from each
+request's intended send time. A ``ConfigFor`` turns a ``RunSpec`` into what
+the generator sends.
 """
 
 from __future__ import annotations
@@ -58,12 +38,6 @@ def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
 def abba_sequence(first: str, second: str, num_rounds: int) -> list[str]:
     """Every run of ``num_rounds`` A-B-B-A rounds in order: ``a, b, b, a, a, b, ...``."""
     return [name for index in range(num_rounds) for name in abba_order(index, first, second)]
-
-
-def rotated(names: Sequence[str], round_index: int) -> tuple[str, ...]:
-    """``names`` rotated by the round, so with more than two each takes every place in turn."""
-    shift = round_index % len(names)
-    return tuple(names[shift:]) + tuple(names[:shift])
 
 
 def run_orders(num_rounds: int, peer: str, ours: str) -> tuple[list[str], list[str]]:

@@ -1,13 +1,9 @@
 """Where the CPU went during a run, from ``/proc``: the servers', this generator's, and everyone else's.
 
-Two figures come out of it. A server's CPU seconds per answered request
-(user + system of every process in its group, so the workers a server forks
-count too) is the work each request cost, whatever share of the cores the
-server got beside the load generator. The CPUs that processes other than the
-servers and this generator took meanwhile (``/proc/stat``, steal included:
-CPU another guest took) show a run slowed by a neighbour as such.
-
-Linux only (``/proc``).
+A server's CPU seconds per answered request (every process of its group) is
+what each request cost, whatever share of the cores it got; the CPUs other
+processes took meanwhile (``/proc/stat``, steal included) show a run slowed
+by a neighbour. Linux only.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""How to start each server a benchmark drives: mmserve and its peers (LitServe, Infinity).
+"""How to start each server a benchmark drives: mmserve and its peers (LitServe, Infinity), on free loopback ports.
 
-Each function returns a ``ServerCommand`` (argv, environment, port, ready
-path) for ``benchmarks.harness.server_process`` to start: what a user would
-type, on a free loopback port. mmserve's settings are its ``MMSERVE_*``
-variables, so a benchmark configures it as an operator does; a peer gets
-the same batch cap and delay through its own flags. Infinity runs from a
-virtual environment of its own (``benchmarks.harness.peer_venv``).
+mmserve is configured by its ``MMSERVE_*`` variables, as an operator does; a
+peer gets the same batch cap and delay through its own flags.
 """
 
 from __future__ import annotations
