@@ -1,22 +1,14 @@
-"""Batching benchmark: served vs raw throughput, batching gain, and text isolation.
+"""Batching benchmark: served vs raw throughput, batching gain, and text isolation, side by side in one run.
 
-Three comparisons, each measured side by side in one run (the machine's
-speed drifts, so ratios, not absolute times, are the result):
+1. served / raw: saturation of ``mmserve serve`` (closed loop of fusion
+   requests, cache off) over a direct batched forward of the same model in
+   this process (TorchScript encoders, before and after; the mean), and the
+   same for LitServe on the same model (``benchmarks.peer_litserve_app``).
+2. batching gain: served saturation with ``max_batch_size`` 8 over 1.
+3. isolation: text p99 (open loop) beside a closed loop saturating the
+   vision lane from another process, over the text p99 alone.
 
-1. served / raw: saturation throughput of ``mmserve serve`` (closed loop of
-   fusion requests, cache off) divided by a direct batched forward loop of
-   the same model with the same batch cap and dtype in this process
-   (measured before and after the served run; the mean is used). The same
-   closed loop against the same model served by LitServe (same batch cap and
-   delay, the same TorchScript encoders, ``benchmarks.peer_litserve_app``) gives the peer's served / raw on
-   the same machine in the same run: the yardstick for "overhead".
-2. batching gain: served saturation throughput with ``max_batch_size`` 8 vs 1.
-3. isolation: text-lane p99 under an open-loop text load while a closed
-   loop (another process) saturates the vision lane, divided by the text p99
-   alone at the same rate. Latency is measured from the intended send time
-   (open loop).
-
-    python benchmarks/batching.py --presets tiny vit-b16
+    python -m benchmarks.batching --presets tiny vit-b16
 """
 
 from __future__ import annotations

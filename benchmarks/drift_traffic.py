@@ -1,14 +1,9 @@
 """Simulated per-stage latencies of a served mix, fed to a ``monitoring.Monitor`` on a manual clock.
 
-What ``benchmarks.drift_detection`` feeds
-the monitor instead of a server: synthetic per-stage latencies for the
-``text``, ``vision`` and ``fusion`` routes, one simulated second at a time.
-Requests come in batches of 1 to 16, as the server runs them: the requests
-of one batch share its compute times (``vision``, ``text``, ``fusion``; a
-stall delays a whole batch), while decode, queue, respond and cache reads
-are each request's own. A ``Simulation`` turns the knobs a scenario needs
-(the vision stage's spread, a share of stalled batches) and calls back on
-every drift period.
+Requests come in batches of 1 to 16 that share their compute stages
+(``vision``, ``text``, ``fusion``; a stall delays a whole batch), while decode,
+queue, respond and cache reads are each request's own. A ``Simulation`` turns
+the knobs a scenario needs and calls back on every drift period.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Overload: three times saturation for 30 s, open loop, against ``mmserve serve`` in its own process.
 
-    python benchmarks/overload.py [--preset tiny] [--factor 3] [--overload-s 30] [--deadline-ms 1000]
+    python -m benchmarks.overload [--preset tiny] [--factor 3] [--overload-s 30] [--deadline-ms 1000]
 
-Phases, each an open-loop Poisson run (latency from the intended send time):
-
-    capacity    closed loop, 32 outstanding: the answers/s the server sustains (saturation)
-    baseline    0.5 x saturation: latency when all is well; RSS read after it (the warmed-up level)
-    overload    factor x saturation for --overload-s; RSS sampled every second
-    recovery    0.5 x saturation again: latency must come back to the baseline's
-
-Every request of the three open-loop phases carries ``timeout_ms = --deadline-ms``
-(replayed from a generated trace, since synthetic load sets no deadline), so
-the server counts it from the request's arrival; the caches are off so every
-request costs compute. While overloaded, a side
-probe checks that refusals of image requests are 503 with ``Retry-After``, and
-reports how text requests sent beside them fare (the text lane has its own
-executor). Verdicts:
-
-    admitted   p99 latency of answered (200) requests <= the deadline
-    refused    every non-200 answer is 503 (shed at admission) or 504 (deadline passed in the queue)
-    memory     RSS during the overload within 10 % of its warmed-up level
-    recovery   recovery p99 <= 1.5 x baseline p99 + 20 ms
+Phases: capacity (closed loop, 32 outstanding), baseline (0.5 x saturation),
+overload (factor x saturation, RSS read every second, a side probe of image
+and text requests), recovery (0.5 x again). Every request carries
+``timeout_ms = --deadline-ms``; the caches are off. Verdicts: admitted p99
+within the deadline; refusals 503 or 504 only; 503s carry Retry-After; RSS
+within 10 % of its warmed-up level; recovery p99 <= 1.5 x baseline + 20 ms.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """A random SigLIP at the shape of ``google/siglip-large-patch16-256``, and the inputs the GPU benchmark feeds it.
 
-The weights cannot be downloaded on the GPU machine, and the figures depend
-on the shape, not the values: the model is built by transformers from the
-checkpoint's config values (below) with random weights, directly on the
-GPU (initialising 650 M parameters on the host takes longer than the rest of
-the run), and written with ``save_pretrained`` beside a real SentencePiece
-tokenizer and the checkpoint's image processor settings, so ``mmserve serve
---model DIR`` loads it as it would load the Hub snapshot.
-
-    google/siglip-large-patch16-256 config.json
-      vision: image_size 256, patch_size 16, hidden 1024, intermediate 4096, 24 layers, 16 heads
-      text:   vocab 32000, 64 positions, hidden 1024, intermediate 4096, 24 layers, 16 heads
-      processor: resize to 256 x 256 (bicubic), rescale 1/255, mean = std = 0.5
+The figures depend on the shape, not the weights (which cannot be downloaded
+there): transformers builds the model from the checkpoint's config values
+(``SiglipShape``) directly on the GPU, and ``save_pretrained`` writes it with
+a real SentencePiece tokenizer and the checkpoint's processor settings
+(256 px bicubic, mean = std = 0.5), so ``mmserve serve --model DIR`` loads it
+as it would the Hub snapshot.
 """
 
 from __future__ import annotations
