@@ -16,7 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent, cpu_ms_per_request
 from benchmarks.harness.server_process import ServerCommand, ServerProcess, paused_servers, resumed
@@ -28,6 +28,7 @@ from benchmarks.loadgen.stats import summarize_latency
 FIXED_RATE_SHARE = 0.7
 WARMUP_SEED = 99
 OPEN_SEED_BASE = 100
+T = TypeVar("T")
 
 
 def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
@@ -162,20 +163,12 @@ class SaturationRun:
 Saturate = Callable[[RunSpec], SaturationRun]
 
 
-@dataclass(frozen=True)
-class Measured:
-    """One measured run: the generator's outcome (report and samples) and where the CPU went meanwhile."""
-
-    outcome: BenchOutcome
-    cpu: CpuSpent
-
-
-def measured_run(server: ServerProcess, servers: Sequence[ServerProcess], config: BenchConfig) -> Measured:
-    """One run against ``server``, resumed for the run and paused again after it, with the CPU it and others took."""
+def measured(server: ServerProcess, servers: Sequence[ServerProcess], run: Callable[[], T]) -> tuple[T, CpuSpent]:
+    """``run()`` against ``server``, resumed for it and paused again after it, with the CPU it and others took."""
     with resumed(server):
         meter = CpuMeter(server, servers)
-        outcome = asyncio.run(run_bench(config))
-        return Measured(outcome, meter.stop())
+        result = run()
+        return result, meter.stop()
 
 
 def python_saturation(config_for: ConfigFor) -> Saturate:
@@ -186,15 +179,6 @@ def python_saturation(config_for: ConfigFor) -> Saturate:
         return SaturationRun(report["ok"], report["throughput_rps"], report["errors_by_status"], batch_means(report))
 
     return saturate
-
-
-def saturation_measured(server: ServerProcess, servers: Sequence[ServerProcess], saturate: Saturate,
-                        run: RunSpec) -> tuple[SaturationRun, CpuSpent]:
-    """One saturation run against ``server``, resumed for the run only, with the CPU it and others took."""
-    with resumed(server):
-        meter = CpuMeter(server, servers)
-        saturation = saturate(run)
-        return saturation, meter.stop()
 
 
 def batch_means(report: dict) -> str:
@@ -228,7 +212,7 @@ def run_saturation(servers: Mapping[str, ServerProcess], names: Sequence[str], p
 
     def run(name: str, seconds: float, seed: int) -> tuple[SaturationRun, CpuSpent]:
         spec = RunSpec(name, servers[name].url, RunMode.CLOSED, seconds, seed, concurrency=plan.concurrency)
-        return saturation_measured(servers[name], every, saturate, spec)
+        return measured(servers[name], every, lambda: saturate(spec))
 
     for name in names:
         run(name, plan.warmup_s, WARMUP_SEED)
@@ -255,17 +239,16 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
     runs = run_saturation(servers, (peer, ours), plan, saturate or python_saturation(config_for), label)
     both = tuple(servers.values())
 
-    def run(name: str, mode: RunMode, seconds: float, seed: int, **load: float) -> Measured:
-        return measured_run(servers[name], both, config_for(RunSpec(name, servers[name].url, mode, seconds, seed,
-                                                                    **load)))
+    def run(name: str, seconds: float, seed: int, rate_rps: float) -> tuple[BenchOutcome, CpuSpent]:
+        config = config_for(RunSpec(name, servers[name].url, RunMode.OPEN, seconds, seed, rate_rps=rate_rps))
+        return measured(servers[name], both, lambda: asyncio.run(run_bench(config)))
 
     rate_rps = plan.fixed_rate_share * runs[peer].throughput_rps
     for round_index in range(plan.num_rounds):
         for name in reversed(abba_order(round_index, peer, ours)):
-            measured = run(name, RunMode.OPEN, plan.seconds, OPEN_SEED_BASE + round_index, rate_rps=rate_rps)
-            outcome = measured.outcome
+            outcome, cpu = run(name, plan.seconds, OPEN_SEED_BASE + round_index, rate_rps)
             report = outcome.report
-            runs[name].other_cpus.append(measured.cpu.other_cpus)
+            runs[name].other_cpus.append(cpu.other_cpus)
             runs[name].open_samples.extend(outcome.result.samples)
             runs[name].open_num_sent += report["sent"]
             runs[name].open_num_ok += report["ok"]
@@ -275,7 +258,7 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
             log(f"{label} open {rate_rps:.1f} req/s {name:8s} round {round_index}: "
                 f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
                 f"errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.cpu.other_cpus:.2f} CPUs")
+                f"other processes took {cpu.other_cpus:.2f} CPUs")
     return runs
 
 
