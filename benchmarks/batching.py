@@ -1,22 +1,14 @@
-"""Batching benchmark: served vs raw throughput, batching gain, and text isolation.
+"""Batching benchmark: served vs raw throughput, batching gain, and text isolation, side by side in one run.
 
-Three comparisons, each measured side by side in one run (the machine's
-speed drifts, so ratios, not absolute times, are the result):
+1. served / raw: saturation of ``mmserve serve`` (closed loop of fusion
+   requests, cache off) over a direct batched forward of the same model in
+   this process (TorchScript encoders, before and after; the mean), and the
+   same for LitServe on the same model (``benchmarks.peer_litserve_app``).
+2. batching gain: served saturation with ``max_batch_size`` 8 over 1.
+3. isolation: text p99 (open loop) beside a closed loop saturating the
+   vision lane from another process, over the text p99 alone.
 
-1. served / raw: saturation throughput of ``mmserve serve`` (closed loop of
-   fusion requests, cache off) divided by a direct batched forward loop of
-   the same model with the same batch cap and dtype in this process
-   (measured before and after the served run; the mean is used). The same
-   closed loop against the same model served by LitServe (same batch cap and
-   delay, the same TorchScript encoders, ``benchmarks.peer_litserve_app``) gives the peer's served / raw on
-   the same machine in the same run: the yardstick for "overhead".
-2. batching gain: served saturation throughput with ``max_batch_size`` 8 vs 1.
-3. isolation: text-lane p99 under an open-loop text load while a closed
-   loop (another process) saturates the vision lane, divided by the text p99
-   alone at the same rate. Latency is measured from the intended send time
-   (open loop).
-
-    python benchmarks/batching.py --presets tiny vit-b16
+    python -m benchmarks.batching --presets tiny vit-b16
 """
 
 from __future__ import annotations
@@ -58,11 +50,8 @@ class PresetPlan:
 
 
 def raw_throughput(preset: str, seconds: float) -> float:
-    """Fusion items per second of a direct batched loop (vision + text + fusion), batch = cap.
-
-    The encoders run as TorchScript graphs, as ``mmserve serve`` runs them by
-    default, so served / raw compares the server with the same compute path.
-    """
+    """Fusion items per second of a direct batched loop (vision + text + fusion), batch = cap, TorchScript
+    encoders as ``mmserve serve`` runs them by default (the same compute path)."""
     bundle = build_preset(preset, seed=0)
     trace_all_encoders(bundle.model)
     size = bundle.config.preprocess.input_size
@@ -87,8 +76,8 @@ def _config(url: str, mode: RunMode, seconds: float, mix: str, image_px: int, *,
 
 def served_throughput(url: str, plan: PresetPlan, image_px: int) -> float:
     """Saturation ok/s of fusion requests: a closed loop of ``plan.concurrency`` clients."""
-    report = run_report(_config(url, RunMode.CLOSED, plan.seconds, "fusion:1", image_px, concurrency=plan.concurrency))
-    return report["throughput_rps"]
+    return run_report(_config(url, RunMode.CLOSED, plan.seconds, "fusion:1", image_px,
+                              concurrency=plan.concurrency))["throughput_rps"]
 
 
 def vision_load_command(url: str, plan: PresetPlan, image_px: int) -> list[str]:
@@ -99,13 +88,8 @@ def vision_load_command(url: str, plan: PresetPlan, image_px: int) -> list[str]:
 
 
 async def text_p99(url: str, plan: PresetPlan, image_px: int, with_vision_load: bool) -> float:
-    """Text p99 under an open loop; with ``with_vision_load``, beside a vision load from another process.
-
-    The vision clients run in a process of their own, as they would on other
-    machines: in this process their answers would compete with the text
-    answers for the generator's event loop, and the text latency measured
-    would be the generator's as much as the server's.
-    """
+    """Text p99 under an open loop; with ``with_vision_load``, beside a vision load from a process of its own
+    (in this one, its answers would compete with the text answers for the generator's event loop)."""
     text_run = run_bench(_config(url, RunMode.OPEN, plan.seconds, "text:1", image_px,
                                  rate=plan.text_rate_rps, seed=1))
     if not with_vision_load:
@@ -124,15 +108,12 @@ def measure(plan: PresetPlan) -> dict[str, float]:
     row: dict[str, float] = {}
     raw_before = raw_throughput(plan.preset, plan.seconds)
     with running(mmserve_command(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": str(BATCH_CAP)})) as server:
-        url = server.url
-        row["served_rps"] = served_throughput(url, plan, image_px)
-        row["text_p99_alone_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=False))
-        row["text_p99_loaded_ms"] = asyncio.run(text_p99(url, plan, image_px, with_vision_load=True))
-    raw_after = raw_throughput(plan.preset, plan.seconds)
-    row["raw_rps"] = (raw_before + raw_after) / 2
+        row["served_rps"] = served_throughput(server.url, plan, image_px)
+        row["text_p99_alone_ms"] = asyncio.run(text_p99(server.url, plan, image_px, with_vision_load=False))
+        row["text_p99_loaded_ms"] = asyncio.run(text_p99(server.url, plan, image_px, with_vision_load=True))
+    row["raw_rps"] = (raw_before + raw_throughput(plan.preset, plan.seconds)) / 2
     with running(mmserve_command(plan.preset, {**NO_CACHE, "MAX_BATCH_SIZE": "1"})) as server:
-        url = server.url
-        row["served_batch1_rps"] = served_throughput(url, plan, image_px)
+        row["served_batch1_rps"] = served_throughput(server.url, plan, image_px)
     peer = litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=BATCH_DELAY_MS,
                             is_fast_queue=True, is_traced=True)
     with running(peer) as server:

@@ -1,35 +1,16 @@
 """Drift detection of ``monitoring.Monitor`` on a simulated clock: false alarms and the delay to a real shift.
 
-Feeds the package directly (no server): synthetic per-stage latencies for the
-``text``, ``vision`` and ``fusion`` routes (``benchmarks.drift_traffic``) go
-through ``Monitor.record`` (the hot path) and ``Monitor.tick`` (the folder
-the background thread runs), one simulated second at a time, on a
-``ManualClock``. Default ``MonitorConfig`` (window 120 s, period 30 s,
-baseline 600 s, threshold 0.02, 3 periods).
-
-Requests come in batches of 1 to 16, as the server runs them: the requests
-of one batch share its compute times (``vision``, ``text``, ``fusion``; a
-stall delays a whole batch), while decode, queue, respond and cache reads
-are each request's own. Each detection scenario runs twice: with the noise
-floor counted in batches (the rule) and counted in requests (the rule before
-it, ``request_stages`` = every stage), which batch-shared times push over
-its floor.
-
-Scenarios:
+Feeds the package directly (no server): the simulated traffic of
+``benchmarks.drift_traffic`` through ``Monitor.record`` and ``Monitor.tick``,
+one simulated second at a time, default ``MonitorConfig``. Scenarios:
 
   stationary   10 min baseline, then 60 min of the same traffic: count alarms.
-  stall        after the baseline, 20 % of requests that run the vision
-               encoder take 172 ms longer in ``vision``: periods to detection
-               per route, and the stage named.
+  stall        after the baseline, 20 % of batches that run the vision
+               encoder take 172 ms longer: periods to detection per route, and the stage named.
   creep        the vision stage's spread widens over 10 minutes (median fixed)
-               until the vision route's end-to-end P99 is 10 % higher: when
-               drift is raised, and how far P99 had crept by then.
+               until the vision route's P99 is 10 % higher: when drift is raised, and the P99 then.
 
-The ingest cost (samples/s through record + fold) was measured by
-``benchmarks/drift_ingest.py``, retired: BENCHMARKS.md's history has its
-figures and the commit that holds it.
-
-    python benchmarks/drift_detection.py [--minutes 60] [--seed 0] [--scenarios stall ...] [--save-figures PATH]
+    python -m benchmarks.drift_detection [--minutes 60] [--seed 0] [--scenarios stall ...] [--save-figures PATH]
 """
 
 from __future__ import annotations
@@ -40,15 +21,15 @@ import time
 import numpy as np
 
 from benchmarks.drift_traffic import (
-    FLOORS, RATES, VISION_SIGMA, Simulation, calibrate_creep_sigma, new_simulation, p99_total_vision,
+    RATES, VISION_SIGMA, Simulation, calibrate_creep_sigma, new_simulation, p99_total_vision,
 )
 from benchmarks.harness import label_and_text
 from benchmarks.harness.figures import Figure, add_save_figures_argument, save_figures
 from monitoring import DriftState, MonitorConfig
 
 
-def scenario_stationary(seed: int, minutes: int, floor: str, figures: list[Figure]) -> list[tuple[str, str]]:
-    sim = new_simulation(seed, floor)
+def scenario_stationary(seed: int, minutes: int, figures: list[Figure]) -> list[tuple[str, str]]:
+    sim = new_simulation(seed)
     alarms: list[str] = []
     max_ks: dict[str, float] = {}
     max_over_floor: dict[str, float] = {}
@@ -73,10 +54,9 @@ def scenario_stationary(seed: int, minutes: int, floor: str, figures: list[Figur
     elapsed = time.perf_counter() - started
     ks_text = ", ".join(f"{r} {v:.4f}" for r, v in sorted(max_ks.items()))
     floor_text = ", ".join(f"{r} {v:.2f}" for r, v in sorted(max_over_floor.items()))
-    if floor == next(iter(FLOORS)):
-        figures.append(Figure("drift_delay", f"false alarm periods in {minutes} min stationary", len(alarms), ""))
+    figures.append(Figure("drift_delay", f"false alarm periods in {minutes} min stationary", len(alarms), ""))
     return [
-        (f"stationary {minutes} min, 3 routes, floor in {floor}",
+        (f"stationary {minutes} min, 3 routes",
          f"false alarms: {len(set(alarms))} routes / {len(alarms)} periods drifting"),
         ("", f"periods judged: {judged} (route x period); single shifted periods: {shifted_periods}"),
         ("", f"max D(total): {ks_text}"),
@@ -85,8 +65,8 @@ def scenario_stationary(seed: int, minutes: int, floor: str, figures: list[Figur
     ]
 
 
-def scenario_stall(seed: int, floor: str, figures: list[Figure]) -> list[tuple[str, str]]:
-    sim = new_simulation(seed, floor)
+def scenario_stall(seed: int, figures: list[Figure]) -> list[tuple[str, str]]:
+    sim = new_simulation(seed)
     sim.run(120)
     start_period = sim.periods
     detected: dict[str, tuple[int, str | None, float]] = {}
@@ -104,7 +84,7 @@ def scenario_stall(seed: int, floor: str, figures: list[Figure]) -> list[tuple[s
     for route in ("vision", "fusion", "text"):
         if route in detected:
             periods, stage, ks = detected[route]
-            if floor == next(iter(FLOORS)) and route == "vision":
+            if route == "vision":
                 figures.append(Figure("drift_delay", "vision stall +172 ms on 20 % of batches, raised after",
                                       round(periods * period_s), "s"))
             rows.append((f"  {route}", f"drift after {periods} periods ({periods * period_s:.0f} s), "
@@ -115,12 +95,12 @@ def scenario_stall(seed: int, floor: str, figures: list[Figure]) -> list[tuple[s
     separating = status.attribution.separating_segments if status.attribution else ()
     separated = ", ".join(f"{s.dimension}={s.value} (D {s.ks:.3f})" for s in separating)
     rows.append(("  fusion, separating segment", separated or "none"))
-    return [(f"vision stall +172 ms on 20 % of batches, floor in {floor}", "")] + rows
+    return [(f"vision stall +172 ms on 20 % of batches", "")] + rows
 
 
-def scenario_creep(seed: int, floor: str, figures: list[Figure]) -> list[tuple[str, str]]:
+def scenario_creep(seed: int, figures: list[Figure]) -> list[tuple[str, str]]:
     target_sigma, base_p99_ns = calibrate_creep_sigma(seed)
-    sim = new_simulation(seed, floor)
+    sim = new_simulation(seed)
     sim.run(120)
     ramp_s = 600
     detected: dict[str, tuple[float, str | None, str, float]] = {}
@@ -140,7 +120,7 @@ def scenario_creep(seed: int, floor: str, figures: list[Figure]) -> list[tuple[s
                 detected[route] = (elapsed_s + 1, top, rule or "-", s.vision_sigma)
 
     sim.run(ramp_s + 300, on_period, each_second)
-    rows = [(f"P99 creep +10 % over 10 min, floor in {floor}",
+    rows = [(f"P99 creep +10 % over 10 min",
              f"vision sigma {VISION_SIGMA} -> {target_sigma:.3f}, median fixed; "
              f"base P99(total) {base_p99_ns / 1e6:.2f} ms")]
     for route in ("vision", "fusion"):
@@ -150,7 +130,7 @@ def scenario_creep(seed: int, floor: str, figures: list[Figure]) -> list[tuple[s
         at_s, stage, rule, sigma = detected[route]
         creep = p99_total_vision(sigma, np.random.default_rng(seed)) / base_p99_ns - 1
         note = " (P99 of the vision route)" if route == "fusion" else ""
-        if floor == next(iter(FLOORS)) and route == "vision":
+        if route == "vision":
             figures.append(Figure("drift_delay", "P99 creep +10 % over 10 min, raised after", round(at_s / 60, 1), "min"))
         rows.append((f"  {route}", f"drift {at_s / 60:.1f} min after the creep began, "
                                    f"P99 then +{creep * 100:.1f} %{note}, rule={rule}, stage={stage}"))
@@ -177,13 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     print()
     rows: list[tuple[str, str]] = []
     figures: list[Figure] = []
-    for floor in FLOORS:
-        if "stationary" in args.scenarios:
-            rows += scenario_stationary(args.seed, args.minutes, floor, figures)
-        if "stall" in args.scenarios:
-            rows += scenario_stall(args.seed + 1, floor, figures)
-        if "creep" in args.scenarios:
-            rows += scenario_creep(args.seed + 2, floor, figures)
+    if "stationary" in args.scenarios:
+        rows += scenario_stationary(args.seed, args.minutes, figures)
+    if "stall" in args.scenarios:
+        rows += scenario_stall(args.seed + 1, figures)
+    if "creep" in args.scenarios:
+        rows += scenario_creep(args.seed + 2, figures)
     print(label_and_text(rows))
     save_figures(args.save_figures, figures)
     return 0

@@ -1,14 +1,9 @@
 """Simulated per-stage latencies of a served mix, fed to a ``monitoring.Monitor`` on a manual clock.
 
-What ``benchmarks.drift_detection`` feeds
-the monitor instead of a server: synthetic per-stage latencies for the
-``text``, ``vision`` and ``fusion`` routes, one simulated second at a time.
-Requests come in batches of 1 to 16, as the server runs them: the requests
-of one batch share its compute times (``vision``, ``text``, ``fusion``; a
-stall delays a whole batch), while decode, queue, respond and cache reads
-are each request's own. A ``Simulation`` turns the knobs a scenario needs
-(the vision stage's spread, a share of stalled batches) and calls back on
-every drift period.
+Requests come in batches of 1 to 16 that share their compute stages
+(``vision``, ``text``, ``fusion``; a stall delays a whole batch), while decode,
+queue, respond and cache reads are each request's own. A ``Simulation`` turns
+the knobs a scenario needs and calls back on every drift period.
 """
 
 from __future__ import annotations
@@ -104,17 +99,10 @@ class Simulation:
                     on_period(self)
 
 
-ALL_STAGES = ("decode", "queue", "vision", "text", "fusion", "respond", "total")
-FLOORS: dict[str, dict[str, object]] = {
-    "batches": {},  # the rule: stages measured across a batch count batches
-    "requests": {"request_stages": ALL_STAGES},  # every sample an observation, as before
-}
-
-
-def new_simulation(seed: int, floor: str = "batches") -> Simulation:
-    """A simulation whose monitor has learned its baseline (30 s of warm-up first), floor counted in ``floor``."""
+def new_simulation(seed: int) -> Simulation:
+    """A simulation whose monitor has learned its baseline (30 s of warm-up first)."""
     clock = ManualClock()
-    sim = Simulation(Monitor(MonitorConfig(**FLOORS[floor]), clock=clock), clock, np.random.default_rng(seed))
+    sim = Simulation(Monitor(MonitorConfig(), clock=clock), clock, np.random.default_rng(seed))
     sim.run(30)  # warm-up traffic before readiness, kept out of the baseline
     sim.monitor.mark_ready()
     sim.run(int(sim.monitor.config.baseline_s))

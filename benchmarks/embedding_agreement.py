@@ -1,15 +1,9 @@
 """Does a server embed as the family's library does? Cosine against the reference, over OpenAI embeddings.
 
-Each input goes alone in its own ``POST /v1/embeddings`` (the dialect of
-``benchmarks.loadgen.embeddings_payload``, the same bodies the timing runs
-send), so nothing is padded against anything else. The row keeps the
-smallest cosine over the images and over the texts, and the range of the
-returned vectors' L2 norms: a server that normalises shows 1.000, one that
-returns raw projections does not, and cosine judges both alike.
-
-A server that cannot serve a family at all gets a row that says what it
-answered: the exception its start-up ended with (``failure_reason``), or the
-HTTP status and body of the refused request.
+Each input goes alone in its own ``POST /v1/embeddings``, so nothing is
+padded against anything else; a row keeps the smallest cosine over images
+and over texts and the range of the vectors' L2 norms. A server that cannot
+serve a family gets a row saying what it answered.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Overload: three times saturation for 30 s, open loop, against ``mmserve serve`` in its own process.
 
-    python benchmarks/overload.py [--preset tiny] [--factor 3] [--overload-s 30] [--deadline-ms 1000]
+    python -m benchmarks.overload [--preset tiny] [--factor 3] [--overload-s 30] [--deadline-ms 1000]
 
-Phases, each an open-loop Poisson run (latency from the intended send time):
-
-    capacity    closed loop, 32 outstanding: the answers/s the server sustains (saturation)
-    baseline    0.5 x saturation: latency when all is well; RSS read after it (the warmed-up level)
-    overload    factor x saturation for --overload-s; RSS sampled every second
-    recovery    0.5 x saturation again: latency must come back to the baseline's
-
-Every request of the three open-loop phases carries ``timeout_ms = --deadline-ms``
-(replayed from a generated trace, since synthetic load sets no deadline), so
-the server counts it from the request's arrival; the caches are off so every
-request costs compute. While overloaded, a side
-probe checks that refusals of image requests are 503 with ``Retry-After``, and
-reports how text requests sent beside them fare (the text lane has its own
-executor). Verdicts:
-
-    admitted   p99 latency of answered (200) requests <= the deadline
-    refused    every non-200 answer is 503 (shed at admission) or 504 (deadline passed in the queue)
-    memory     RSS during the overload within 10 % of its warmed-up level
-    recovery   recovery p99 <= 1.5 x baseline p99 + 20 ms
+Phases: capacity (closed loop, 32 outstanding), baseline (0.5 x saturation),
+overload (factor x saturation, RSS read every second, a side probe of image
+and text requests), recovery (0.5 x again). Every request carries
+``timeout_ms = --deadline-ms``; the caches are off. Verdicts: admitted p99
+within the deadline; refusals 503 or 504 only; 503s carry Retry-After; RSS
+within 10 % of its warmed-up level; recovery p99 <= 1.5 x baseline + 20 ms.
 """
 
 from __future__ import annotations
@@ -45,7 +32,7 @@ from benchmarks.harness import (
     save_figures,
 )
 from benchmarks.harness.periodic_thread import PeriodicThread
-from benchmarks.harness.process_resources import ResourceSampler, rss_bytes
+from benchmarks.harness.process_resources import ProcessTreeSampler, rss_bytes
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.runner import Sample
@@ -145,7 +132,7 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
                                                    (calm_rps, phase_s, 5))]
             baseline = _replay(server.url, traces[0], phase_s)
             warm_rss = rss_bytes(server.pid)
-            with ResourceSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url, IMAGE_PX) as probe:
+            with ProcessTreeSampler(server.pid, interval_s=1.0) as sampler, RefusalProbe(server.url, IMAGE_PX) as probe:
                 burst = _replay(server.url, traces[1], overload_s)
             recovery = _replay(server.url, traces[2], phase_s)
 
@@ -157,7 +144,8 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
     refused = [sample for sample in burst if not sample.is_ok]
     probe_refusals = [has_retry_after for kind, status, has_retry_after in probe.answers
                       if kind == "image" and status == 503]
-    max_rss = max(sampler.rss_bytes)
+    overload_rss = sampler.series[server.pid].rss_bytes  # the server's own process
+    max_rss = max(overload_rss)
     checks = {
         "admitted p99 within the deadline": latency_ms(burst, 99, from_sent=True) <= deadline_ms,
         "refusals are 503/504 only": all(sample.outcome in ("503", "504") for sample in refused),
@@ -173,7 +161,7 @@ def overload(preset: str, factor: float, overload_s: float, deadline_ms: int,
         "(what the server's deadline counts), and from the intended one (includes the generator's lag)",
         ruled(rows),
         f"RSS: warmed-up {warm_rss / 1024**2:.1f} MiB, during overload max {max_rss / 1024**2:.1f} MiB "
-        f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(sampler.rss_bytes) / 1024**2:.1f} MiB",
+        f"(+{(max_rss / warm_rss - 1) * 100:.1f} %), min {min(overload_rss) / 1024**2:.1f} MiB",
         f"refusal probe during overload: {sum(probe.statuses('image').values())} image requests, "
         f"{len(probe_refusals)} got 503, {sum(probe_refusals)} of them with Retry-After; "
         f"{sum(probe.statuses('text').values())} text requests beside them: "

@@ -1,41 +1,12 @@
-"""mmserve against LitServe: same model, same inputs, same generator, one run.
+"""mmserve against LitServe: same model, same inputs, same generator, one run (BENCHMARKS.md, "mmserve vs LitServe").
 
-LitServe serves the same preset with the same seeded weights, preprocessing,
-batch cap and batch delay (``benchmarks.peer_litserve_app``), one inference
-worker, with its ZeroMQ transport on (``fast_queue``, which its documentation
-recommends above 100 requests/s and which served the tiny preset faster
-here); mmserve runs as
-``mmserve serve`` with its segment cache off, so both compute every request.
-Both run the encoders as TorchScript graphs (mmserve's default; the LitServe
-app traces them in ``setup``), so the two servers run the same compute path
-and the comparison is of the serving around it. ``--litserve-eager`` gives
-LitServe the eager modules instead, as its documentation writes a model.
-Both servers run at once, each in its own process group, and the one not
-being measured is paused (SIGSTOP): an idle LitServe polls its queue every
-millisecond and would otherwise take CPU from mmserve's runs.
-
-The machine's speed drifts by up to 20 % within minutes, so runs alternate in
-an A-B-B-A pattern (one pair per round, the order mirrored), each server's
-runs are pooled, and the result is the ratio. Each run also records how many
-CPUs processes other than the two servers and this generator took meanwhile
-(``/proc/stat``, steal included), so a run slowed by a neighbour shows as
-such. Per preset:
-
-1. saturation: a closed loop of C workers sending back to back (C well above
-   the batch cap, so batches stay full); ok answers per second.
-2. fixed rate: an open loop (Poisson arrivals) at 70 % of LitServe's measured
-   saturation, latency from each request's intended send time (no
-   coordinated omission); p50 and p99 over the pooled samples.
-
-Then one batch with a bad item: 8 concurrent fusion requests, one of them a
-truncated JPEG, sent over warm connections against servers started with a
-long batch delay so all 8 land in one batch; every request's status code is
-printed, with the batch sizes each server reports.
-
-The workload is the generator's default (mix text:0.2,vision:0.3,fusion:0.5,
-100 distinct 224x224 JPEGs, uniform popularity) except for text length:
-16-60 characters, which fits every preset's token limit (the tiny preset
-takes 64 tokens), so no request is refused or truncated.
+LitServe serves the same seeded preset with the same preprocessing, batch cap
+and delay (``benchmarks.peer_litserve_app``, one worker, ``fast_queue``), both
+servers on TorchScript encoders; mmserve's segment cache is off, so both
+compute every request. Per preset, A-B-B-A (``benchmarks.harness``):
+saturation, then p50/p99 at 70 % of LitServe's saturation. Then one batch with
+a bad item: 8 concurrent fusion requests in one batch, one a truncated JPEG;
+every status is printed. Texts are 16-60 characters, which every preset takes whole.
 
     python -m benchmarks.peer_litserve --presets tiny vit-b16
 """
@@ -56,7 +27,6 @@ from benchmarks.harness import (
     comparison_figures, format_comparison, litserve_command, machine_line, mmserve_command, num_usable_cpus, running,
     save_figures, utc_now,
 )
-from benchmarks.harness.alternation import FIXED_RATE_SHARE
 from benchmarks.loadgen.config import BenchConfig
 from benchmarks.loadgen.image_pool import ImageFormat, ImagePool, ImageSize
 from benchmarks.loadgen.runner import INFER_PATH
@@ -73,27 +43,13 @@ LITSERVE = "litserve"
 MMSERVE = "mmserve"
 
 
-@dataclass(frozen=True)
-class PresetPlan:
-    """How long and how hard to drive one preset, and the targets mmserve should meet."""
-
-    preset: str
-    seconds: float
-    num_rounds: int  # each round runs both servers once; an even number mirrors the order (A-B-B-A)
-    warmup_s: float
-    concurrency: int
-    min_throughput_ratio: float
-    max_p99_ratio: float
-
-
 # Texts fit every preset's token limit (the tiny preset takes 64 tokens), so no request needs truncating.
 TEXT_CHARS = TextLengthRange(16, 60)
-PLANS = {
-    "tiny": PresetPlan("tiny", seconds=10.0, num_rounds=4, warmup_s=3.0, concurrency=32,
-                       min_throughput_ratio=1.15, max_p99_ratio=0.5),
-    "vit-b16": PresetPlan("vit-b16", seconds=25.0, num_rounds=2, warmup_s=6.0, concurrency=16,
-                          min_throughput_ratio=1.0, max_p99_ratio=0.7),
+PLANS = {  # each round runs both servers once; an even number mirrors the order (A-B-B-A)
+    "tiny": AlternationPlan(seconds=10.0, num_rounds=4, warmup_s=3.0, concurrency=32),
+    "vit-b16": AlternationPlan(seconds=25.0, num_rounds=2, warmup_s=6.0, concurrency=16),
 }
+TARGETS = {"tiny": Targets(1.15, 0.5), "vit-b16": Targets(1.0, 0.7)}
 
 
 def _config(run: RunSpec) -> BenchConfig:
@@ -101,24 +57,15 @@ def _config(run: RunSpec) -> BenchConfig:
     return run.config(text_length=TEXT_CHARS, timeout_s=60.0)
 
 
-def _alternation(plan: PresetPlan) -> AlternationPlan:
-    return AlternationPlan(plan.seconds, plan.num_rounds, plan.warmup_s, plan.concurrency, FIXED_RATE_SHARE)
-
-
-def measure_preset(plan: PresetPlan, device: str, is_traced: bool) -> dict[str, ServerRuns]:
+def measure_preset(preset: str, plan: AlternationPlan, device: str) -> dict[str, ServerRuns]:
     """Saturation, then the fixed open-loop rate, alternating the two servers A-B-B-A."""
     settings = {**CACHE_OFF, "MAX_BATCH_SIZE": str(BATCH_CAP), "MAX_QUEUE_DELAY_MS": str(QUEUE_DELAY_MS)}
     commands = {
-        MMSERVE: mmserve_command(plan.preset, settings, device=device),
-        LITSERVE: litserve_command(plan.preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=QUEUE_DELAY_MS,
-                                   device=device, is_fast_queue=True, is_traced=is_traced),
+        MMSERVE: mmserve_command(preset, settings, device=device),
+        LITSERVE: litserve_command(preset, max_batch_size=BATCH_CAP, max_queue_delay_ms=QUEUE_DELAY_MS,
+                                   device=device, is_fast_queue=True, is_traced=True),
     }
-    return compare(commands, LITSERVE, MMSERVE, _alternation(plan), _config, plan.preset)
-
-
-def format_preset_table(plan: PresetPlan, runs: dict[str, ServerRuns]) -> str:
-    return format_comparison(f"preset {plan.preset}", runs, LITSERVE, MMSERVE, _alternation(plan),
-                             Targets(plan.min_throughput_ratio, plan.max_p99_ratio), num_usable_cpus(), "mm/lit")
+    return compare(commands, LITSERVE, MMSERVE, plan, _config, preset)
 
 
 # -- one batch with a bad item ---------------------------------------------------------
@@ -180,14 +127,14 @@ async def _litserve_batches(url: str, bodies: Sequence[bytes]) -> ProbeResult:
     return ProbeResult(tuple(r.status_code for r in responses), text)
 
 
-def run_bad_item_probe(device: str, is_traced: bool) -> str:
+def run_bad_item_probe(device: str) -> str:
     bodies = probe_bodies(PROBE_SIZE, PROBE_BAD_INDEX)
     settings = {**CACHE_OFF, "MAX_BATCH_SIZE": str(PROBE_SIZE), "MAX_QUEUE_DELAY_MS": str(PROBE_QUEUE_DELAY_MS)}
     results: dict[str, ProbeResult] = {}
     commands: dict[str, ServerCommand] = {
         MMSERVE: mmserve_command("tiny", settings, device=device),
         LITSERVE: litserve_command("tiny", max_batch_size=PROBE_SIZE, max_queue_delay_ms=PROBE_QUEUE_DELAY_MS,
-                                   device=device, is_fast_queue=True, is_traced=is_traced),
+                                   device=device, is_fast_queue=True, is_traced=True),
     }
     with running(commands[MMSERVE]) as server:
         results[MMSERVE] = asyncio.run(_mmserve_batches(server.url, bodies))
@@ -214,15 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, help="seconds per run, overriding each preset's plan")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--no-probe", action="store_true", help="skip the bad-item batch")
-    parser.add_argument("--litserve-eager", action="store_true",
-                        help="LitServe runs the eager encoders (default: TorchScript graphs, as mmserve)")
     add_save_figures_argument(parser)
     args = parser.parse_args(argv)
 
     print(f"mmserve vs LitServe, {utc_now()}, {machine_line()}")
     print(f"device {args.device}, float32, batch cap {BATCH_CAP}, batch delay {QUEUE_DELAY_MS:g} ms on both; "
           "mmserve segment cache off; LitServe 1 worker with fast_queue; encoders "
-          f"{'eager on LitServe, TorchScript on mmserve' if args.litserve_eager else 'as TorchScript graphs on both'}; "
+          "as TorchScript graphs on both; "
           "the idle server is paused during the "
           "other's runs; workload: generator defaults (mix text:0.2,vision:0.3,fusion:0.5, 100 JPEGs 224x224) "
           "with texts of 16-60 chars", flush=True)
@@ -234,12 +179,13 @@ def main(argv: list[str] | None = None) -> int:
             plan = dataclasses.replace(plan, seconds=args.seconds)
         if args.rounds is not None:
             plan = dataclasses.replace(plan, num_rounds=args.rounds)
-        runs = measure_preset(plan, args.device, is_traced=not args.litserve_eager)
-        tables.append(format_preset_table(plan, runs))
+        runs = measure_preset(name, plan, args.device)
+        tables.append(format_comparison(f"preset {name}", runs, LITSERVE, MMSERVE, plan, TARGETS[name],
+                                        num_usable_cpus(), "mm/lit"))
         figures += comparison_figures(f"litserve_{name.replace('-', '_')}", runs, LITSERVE, MMSERVE)
         print(tables[-1], flush=True)
     if not args.no_probe:
-        tables.append(run_bad_item_probe(args.device, is_traced=not args.litserve_eager))
+        tables.append(run_bad_item_probe(args.device))
         print(tables[-1], flush=True)
     save_figures(args.save_figures, figures)
     return 0

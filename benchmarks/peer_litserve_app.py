@@ -1,28 +1,13 @@
-"""mmserve's model served by LitServe: the peer the comparison benchmark drives.
+"""mmserve's model served by LitServe: the peer the comparison benchmarks drive.
 
-Same model, same inputs, same answers, a different server. The preset is
-built with ``build_preset(name, seed)`` (the same seeded weights, hence the
-same fingerprint), requests are checked as mmserve checks them
-(``benchmarks.peer_request``: same body shape, limits and refusal codes; the
-peer imports nothing of ``server``), images are resized with
-``models.preprocessing``, texts are tokenized with the bundle's tokenizer, and the answer carries the keys of ``POST /v1/infer``'s answer
-(``route``, ``model``, ``image_embedding``, ``text_embedding``,
-``fused_embedding``, ``score``, ``text``), plus ``batch_size``, the size of
-the LitServe batch the item ran in. So one load generator drives both servers
-and one test can compare their outputs.
-
-It is written the way LitServe's documentation asks: ``decode_request`` turns
-one request into model input (in LitServe's inference worker), ``predict``
-runs one batch, ``encode_response`` renders one output. A batch mixes routes:
-every image in it goes through the vision encoder together, every text through
-the text encoder (padded to the batch's longest), and the items with both are
-fused. A refusal (bad base64, corrupt image, text too long) is raised as the
-``HTTPException`` mmserve would answer, with mmserve's status code.
-
-Batching follows mmserve's settings: ``max_batch_size`` and ``batch_timeout``
-default to ``MMSERVE_MAX_BATCH_SIZE`` and ``MMSERVE_MAX_QUEUE_DELAY_MS``
-(``PeerLimits.from_environment``, read when the process starts, not at
-import), so one environment configures both servers.
+The same seeded preset (same fingerprint), requests checked as mmserve checks
+them (``benchmarks.peer_request``), mmserve's resize and tokenizer, and the
+keys of ``POST /v1/infer``'s answer plus ``batch_size``, so one load
+generator drives both servers. Written as LitServe's documentation asks:
+``decode_request`` per request, ``predict`` per batch (every image through
+the vision encoder together, every text through the text encoder, the items
+with both fused), ``encode_response`` per answer. The batch cap and delay
+default to ``MMSERVE_MAX_BATCH_SIZE`` and ``MMSERVE_MAX_QUEUE_DELAY_MS``.
 
     python -m benchmarks.peer_litserve_app --preset tiny --port 8101
 """

@@ -1,18 +1,11 @@
 """One ``POST /v1/infer`` JSON body -> the LitServe peer's checked input, or mmserve's refusal.
 
-``benchmarks`` drives servers and is not one of them, so the peer imports
-nothing of ``server`` (import-linter holds it to that). It carries its own
-small copy of what mmserve checks at its edge, written the way a LitServe
-user writes ``decode_request``: the same body shape (extra keys refused),
-strict base64, the same text and pixel limits (``PeerLimits``, read from the
-same ``MMSERVE_*`` variables), and Pillow decoding with EXIF orientation.
-Each refusal carries the status and code mmserve answers for it. Resizing,
-tokenizing and the model itself stay mmserve's (``models``), so a valid
-request gets the answer mmserve gives.
-
-What it leaves out, because the load generator never sends it: mmserve
-composites transparent images on white and scales 16-bit ones; here Pillow's
-``convert("RGB")`` does.
+The peer imports nothing of ``server`` (import-linter holds ``benchmarks`` to
+that), so it carries its own copy of mmserve's edge checks, as a LitServe
+user writes ``decode_request``: the same body shape, strict base64, the same
+limits (``PeerLimits``, from the same ``MMSERVE_*`` variables) and status
+codes. Transparent and 16-bit images, which the generator never sends, get
+Pillow's ``convert("RGB")``.
 """
 
 from __future__ import annotations

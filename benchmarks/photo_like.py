@@ -1,11 +1,8 @@
 """Photo-like JPEGs made here: smooth gradients, texture and sensor-like noise, encoded at quality 90.
 
-No photograph can be downloaded where these benchmarks run, so the JPEG
-benchmarks synthesise what matters to a JPEG decoder and to a resize: large
-smooth areas (sky, walls), mid-frequency texture (foliage, fabric), edges
-and per-pixel noise, which together give the DCT coefficients and file sizes
-of a camera photo at the same quality. They are not photographs, and a
-benchmark that uses them says so.
+No photograph can be downloaded where benchmarks run; these give the DCT
+coefficients and file sizes of a camera photo at the same quality. They are
+not photographs, and a benchmark that uses them says so.
 """
 
 from __future__ import annotations

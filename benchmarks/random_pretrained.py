@@ -47,12 +47,13 @@ class TowerSize:
     projection_dim: int = 48
 
 
-def _sentencepiece_model(vocab_size: int) -> bytes:
+def sentencepiece_model(vocab_size: int, repeats: int = 4) -> bytes:
+    """A unigram SentencePiece model trained on ``SENTENCES`` (``repeats`` times over), as SigLIP's tokenizer reads it."""
     import sentencepiece
 
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(SENTENCES * 4), model_writer=model, vocab_size=vocab_size,
+        sentence_iterator=iter(SENTENCES * repeats), model_writer=model, vocab_size=vocab_size,
         character_coverage=1.0, model_type="unigram", hard_vocab_limit=False, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
         pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", minloglevel=2,
     )
@@ -72,7 +73,7 @@ def write_siglip(directory: Path, size: TowerSize = TowerSize(), seed: int = 0, 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     spiece = directory / "spiece.model"
-    spiece.write_bytes(_sentencepiece_model(vocab_size=64))
+    spiece.write_bytes(sentencepiece_model(vocab_size=64))
     tokenizer = SiglipTokenizer(vocab_file=str(spiece), model_max_length=max_text_tokens)
     text = SiglipTextConfig(vocab_size=len(tokenizer), hidden_size=size.hidden_size,
                             intermediate_size=size.intermediate_size, num_hidden_layers=size.num_layers,

@@ -1,20 +1,11 @@
 """What each family's own library says an image or a text embeds to: the reference a server is held to.
 
-One small random model per family (``benchmarks.random_pretrained``), and
-the library that defines the family computing its embeddings in this
-process, one input at a time (so no padding of one input by another):
-
-    siglip     transformers SiglipModel.get_image_features / get_text_features; texts padded to
-               max_length as the transformers zero-shot pipeline pads them (SigLIP was trained so)
-    clip       transformers CLIPModel.get_image_features / get_text_features
-    open_clip  open_clip encode_image / encode_text with its own transforms and tokenizer
-    timm_bert  timm ViT pre-logits (forward_head(..., pre_logits=True)) with timm's transform;
-               BERT's last hidden state averaged over the tokens (mmserve's text pooling for it)
-
-Images go through the library's Pillow path (``*ImageProcessorPil``, open_clip's
-and timm's torchvision transforms on a Pillow image), as a user's would.
-Normalisation differs between servers and libraries, so agreement is judged
-by cosine, which ignores it.
+One small random model per family (``benchmarks.random_pretrained``), its
+library embedding one input at a time through its own Pillow path, as a
+user's would: transformers for SigLIP (texts padded to max_length, as its
+zero-shot pipeline does) and CLIP, open_clip, and timm ViT pre-logits with
+BERT's mean-pooled last hidden state. Agreement is judged by cosine, which
+ignores normalisation.
 """
 
 from __future__ import annotations

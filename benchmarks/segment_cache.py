@@ -1,17 +1,11 @@
 """Segment cache benchmark: repeated images vs the same load uncached, and the cost on unique traffic.
 
-One run, all on ``mmserve serve`` processes with the cache on and off (same
-preset, seeds and batching), with the load generator of ``mmserve bench``:
+On ``mmserve serve`` with the cache on and off: Zipf(1.1) over 64 images with
+fresh texts (saturation on vs off, and p99 at the uncached saturation rate),
+then all-unique images (saturation on vs off, A-B-B-A: the cost of hashing
+and bookkeeping; the pool is sized to the run, so its hit count should be small).
 
-1. the uncached saturation rate R: closed loop of fusion requests, cache off;
-2. Zipf(s = 1.1) over 64 images with fresh texts: saturation throughput
-   with the cache on vs off, and p99 at the open-loop rate R on vs off;
-3. all-unique images (a pool larger than the run can exhaust): saturation
-   throughput with the cache on vs off, the cost of hashing and bookkeeping.
-   (The pool is generated up front, so it is sized to the run: check that
-   the hit count printed for it is small.)
-
-    python benchmarks/segment_cache.py --preset vit-b16
+    python -m benchmarks.segment_cache --preset vit-b16
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Soak: minutes of steady mixed load; does the server leak memory or file descriptors?
 
-    python benchmarks/soak.py [--minutes 10] [--rate 0 (= half of the measured capacity)] [--preset tiny]
-                              [--api-workers 1]
+    python -m benchmarks.soak [--minutes 10] [--rate 0 (= half the measured capacity)] [--api-workers 1]
 
-Starts ``mmserve serve`` in its own process, measures its capacity with a short
-closed-loop run, then offers an open-loop Poisson load of text, image and fused
-requests (images repeat, so the segment cache fills, evicts and is read) for
-``--minutes``. Every few seconds it reads the server's RSS (``VmRSS`` in
-``/proc/<pid>/status``) and its open file descriptors (``/proc/<pid>/fd``).
-The table gives each resource's first, last, min and max sample and the
-least-squares slope per minute over the run after the first minute (warm-up:
-caches and allocator arenas filling). A leak shows as a slope that does not
-vanish as the run gets longer. With ``--api-workers N`` the server is a tree of
-processes (supervisor, engine, N API processes) and the table has one row per
-process and resource, each process's own series: a process started again
-during the run would be a row of its own.
-
-The server process, the /proc readings and the load come from
-``benchmarks.harness``. Linux only (/proc).
+An open loop of text, image and fused requests (images repeat, so the
+segment cache fills, evicts and is read) against ``mmserve serve``; every few
+seconds each of its processes' RSS and open fds. Per process and resource:
+first, last, min, max, and the slope per minute after the first minute (a
+leak is a slope that does not vanish as the run gets longer). Linux only.
 """
 
 from __future__ import annotations

@@ -2,14 +2,10 @@
 
     python -m benchmarks.startup [--presets tiny] [--rounds 2] [--save-figures PATH]
 
-Each start is a fresh process measured from spawn to the first 200 of
-``/health/ready`` (the server says ready only after its warm-up: every bucket
-shape run). Three ways per preset, taken in turn each round: ``--runtime
-torch``; ``--runtime auto`` (ONNX Runtime on the CPU) with an empty export
-cache, so the towers are exported on the way; and the same with the cache
-that start filled, as every later start of that model finds it. The CPU the
-server's processes spent by then is printed beside the wall time, which a
-busy machine stretches.
+Three ways per preset, in turn each round: ``--runtime torch``; ONNX Runtime
+with an empty export cache (the towers are exported on the way); and with the
+cache that start filled. The server's CPU seconds by ready are printed beside
+the wall time, which a busy machine stretches.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""One-shot GPU check and benchmark of the kernels and the models' hot spots.
+"""One-shot GPU check and benchmark of the kernels and the models' hot spots (``benchmarks/gpu/run.sh``, step 2).
 
-Run through ``benchmarks/gpu/run.sh``, which runs this first (the kernel
-part, about a minute and a half with ``--skip-vit --skip-compile``) and then
-the real-model part (``benchmarks/gpu/real_model.py``). In order:
-
-  check       both Triton kernels on CUDA against their torch references in
-              float64 (fp32 to 1e-5 relative; bf16 within twice torch's own bf16
-              error plus roundoff), outputs poisoned with NaN first; attention
-              with dense keys and with ragged ones (0 to 4 images per text)
-  attention   lowrank_cross_attention at serving shapes (B in 1..64, ragged
-              Lt <= 77, Lv 197, r 16, d 1024, bf16): the Triton kernel on packed
-              queries vs torch eager and scaled_dot_product_attention on padded
-              queries (their best case: no packing cost)
-  preprocess  preprocess_uint8 vs the same ops in torch eager on the GPU
-  h2d         host-to-device copy of a pinned uint8 batch vs its float32 twin
-  layernorm   residual add + LayerNorm at the fusion head's shape (B, 384):
-              eager (two kernels) vs torch.compile (one) vs one bare launch,
-              i.e. whether a fused kernel could pay
-  vit         ViT-L/16 in bf16: eager, CUDA graph replay, torch.compile
-
-Times are medians from ``triton.testing.do_bench`` in milliseconds. Every row
-is also echoed to stderr as it is measured, so a run cut short still shows what
-it got. Exit status: 0 all checks passed, 1 a check failed, 2 no CUDA.
+Sections, in order: ``check`` (both Triton kernels against their float64
+torch references, outputs NaN-poisoned; dense and ragged keys), ``attention``
+(the fused kernel vs torch eager and SDPA at serving shapes), ``preprocess``,
+``h2d`` (pinned uint8 vs float32 copies), ``layernorm`` (eager vs
+torch.compile vs one launch) and ``vit`` (ViT-L/16 bf16: eager, CUDA graph,
+torch.compile). Medians of ``triton.testing.do_bench`` in ms; every row is
+echoed to stderr as measured. Exit status: 0 passed, 1 a check failed, 2 no CUDA.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from benchmarks.gpu.report import IMAGENET_MEAN, IMAGENET_STD, Report, Row, offs
 def check_attention(report: Report, args: argparse.Namespace) -> None:
     import torch
 
-    from kernels import lowrank_cross_attention, lowrank_cross_attention_ref
+    from kernels import lowrank_cross_attention
 
     lengths = (1, 40, args.max_text_len, 0)
     for dtype in (torch.float32, torch.bfloat16):
@@ -28,15 +28,7 @@ def check_attention(report: Report, args: argparse.Namespace) -> None:
             cu = offsets(lengths).cuda()
             out = torch.full((sum(lengths), value_dim), float("nan"), device="cuda", dtype=dtype)  # (T, d)
             lowrank_cross_attention(q.to(dtype), cu, k.to(dtype), v.to(dtype), backend="triton", out=out)
-            expected = lowrank_cross_attention_ref(q, cu, k, v)
-            error = (out.double() - expected).abs().max().item()
-            scale = expected.abs().max().item()
-            if dtype == torch.float32:
-                bound = 1e-5 * scale
-            else:
-                same_precision = lowrank_cross_attention_ref(q.to(dtype), cu, k.to(dtype), v.to(dtype))
-                bound = 2 * (same_precision.double() - expected).abs().max().item()
-                bound += torch.finfo(dtype).eps * scale
+            error, bound = _attention_error_and_bound(out, q, cu, k, v, dtype)
             _add_check(report, "attention", f"{str(dtype)[6:]} r{rank} d{value_dim}", error, bound, out)
         _check_attention_ragged(report, args, dtype)
 
@@ -45,7 +37,7 @@ def _check_attention_ragged(report: Report, args: argparse.Namespace, dtype: Any
     """Packed keys (cu_seqlens_k): 1, 0, 4 and 2 images per text, one of them cut short."""
     import torch
 
-    from kernels import lowrank_cross_attention, lowrank_cross_attention_ref
+    from kernels import lowrank_cross_attention
 
     lengths = (1, 40, args.max_text_len, 7)
     key_lengths = (args.image_tokens, 0, 4 * args.image_tokens, 2 * args.image_tokens - args.image_tokens // 2)
@@ -56,16 +48,26 @@ def _check_attention_ragged(report: Report, args: argparse.Namespace, dtype: Any
     cu, cu_k = offsets(lengths).cuda(), offsets(key_lengths).cuda()
     out = torch.full((sum(lengths), args.value_dim), float("nan"), device="cuda", dtype=dtype)  # (T, d)
     lowrank_cross_attention(q.to(dtype), cu, k.to(dtype), v.to(dtype), cu_seqlens_k=cu_k, backend="triton", out=out)
-    expected = lowrank_cross_attention_ref(q, cu, k, v, cu_seqlens_k=cu_k)
+    error, bound = _attention_error_and_bound(out, q, cu, k, v, dtype, cu_seqlens_k=cu_k)
+    _add_check(report, "attention", f"{str(dtype)[6:]} ragged keys {'/'.join(map(str, key_lengths))}", error, bound,
+               out)
+
+
+def _attention_error_and_bound(out: Any, q: Any, cu: Any, k: Any, v: Any, dtype: Any,
+                               **keys: Any) -> tuple[float, float]:
+    """The kernel's max error against the float64 reference, and its bound: fp32 1e-5 relative, else
+    twice the same-precision torch error plus one eps of the output's scale."""
+    import torch
+
+    from kernels import lowrank_cross_attention_ref
+
+    expected = lowrank_cross_attention_ref(q, cu, k, v, **keys)
     error = (out.double() - expected).abs().max().item()
     scale = expected.abs().max().item()
     if dtype == torch.float32:
-        bound = 1e-5 * scale
-    else:
-        same_precision = lowrank_cross_attention_ref(q.to(dtype), cu, k.to(dtype), v.to(dtype), cu_seqlens_k=cu_k)
-        bound = 2 * (same_precision.double() - expected).abs().max().item() + torch.finfo(dtype).eps * scale
-    _add_check(report, "attention", f"{str(dtype)[6:]} ragged keys {'/'.join(map(str, key_lengths))}", error, bound,
-               out)
+        return error, 1e-5 * scale
+    same_precision = lowrank_cross_attention_ref(q.to(dtype), cu, k.to(dtype), v.to(dtype), **keys)
+    return error, 2 * (same_precision.double() - expected).abs().max().item() + torch.finfo(dtype).eps * scale
 
 
 def check_preprocess(report: Report, args: argparse.Namespace) -> None:

@@ -1,28 +1,14 @@
 """A real family on the GPU: a random SigLIP at google/siglip-large-patch16-256's shape, raw and served.
 
-Run through ``benchmarks/gpu/run.sh`` after the kernel checks. In order,
-each section skipped (with a row saying so) once the time budget is short:
-
-  accuracy   the model loaded by mmserve in float32, then cast as ``--dtype``
-             casts it: bfloat16 and float16 image and text embeddings against
-             float32, cosine >= 0.999 (check rows); the siglip_sigmoid score
-             within 0.01 * exp(logit_scale) / 4 (README's bound)
-  forward    images/s at batch ``--batch-size``, 256 px: transformers' own
-             ``get_image_features`` on float pixels (the raw forward), and
-             mmserve's ``encode_images`` on uint8 (normalised on the device,
-             K/V projections included) eager and from CUDA graphs; fp32 and bf16
-  decode     64 JPEGs: nvJPEG batch decode + device resize vs Pillow on 16
-             threads; the final embeddings of the two paths, cosine >= 0.9999
-  served     ``mmserve serve --model DIR`` at saturation (``benchmarks.gpu.served``:
-             KServe v2 binary uint8 batches, no decode), bf16 captured, fp32
-             captured, bf16 eager, against the raw forward at the same dtype
-             and batch; ``mmserve_cold_compiles_total`` must stay 0 and the
-             device series must be on /metrics. The fp32 server runs with
-             ``--decode-device cuda``: before its load, 8 of the decode
-             section's JPEGs go through it in one ``/v1/embeddings`` call
-             (the intake's nvJPEG batch), cosine >= 0.9999 against the
-             in-process fp32 embeddings of their Pillow-decoded pixels, and
-             ``mmserve_device_decode_images_total{outcome="decoded"}`` counts them
+``benchmarks/gpu/run.sh``, step 3; sections skipped with a row once the time
+budget is short: ``accuracy`` (bf16 and fp16 against fp32, cosine >= 0.999,
+score within 0.01 * exp(logit_scale) / 4), ``forward`` (transformers' raw
+forward vs mmserve's ``encode_images`` eager and from CUDA graphs),
+``decode`` (nvJPEG batch vs Pillow on 16 threads, cosine >= 0.9999) and
+``served`` (``benchmarks.gpu.served`` at saturation, bf16 and fp32 captured,
+bf16 eager, against the raw forward; no cold compile after ready, device
+series on /metrics; the fp32 server also decodes 8 JPEGs on the device,
+cosine >= 0.9999 against the in-process Pillow path).
 
 Exit status: 0 every check passed, 1 a check failed, 2 no CUDA.
 """

@@ -1,17 +1,10 @@
 """Images/s served end to end at saturation: ``mmserve serve --model`` driven by wrk with KServe v2 binary bodies.
 
-Path measured: KServe Open Inference Protocol v2, binary tensor extension,
-one ``image_uint8`` input [N, S, S, 3] per request (pixels already at the
-model's input size: no decode, no resize), ``image_embedding`` asked back as
-binary. That is the serving path with the least per-image Python on the API
-side, which is what one process can push before the API processes of the
-"API processes in front of one engine" design exist; the figure is said to
-be that path's. The segment cache is off (``MMSERVE_CACHE_IMAGE_BYTES=0``)
-and every row of a body is a different image, so every image is computed.
-
-wrk keeps ``connections`` requests in flight for ``duration_s`` after a
-warm-up run; images/s = completed requests x rows per request / duration.
-Any non-2xx answer fails the row.
+One ``image_uint8`` input [N, S, S, 3] per request, already at the model's
+input size (no decode, no resize), ``image_embedding`` asked back as binary:
+the serving path with the least per-image Python. The segment cache is off
+and every row is a different image, so every image is computed. wrk keeps
+``connections`` requests in flight; images/s = requests x rows / duration.
 """
 
 from __future__ import annotations

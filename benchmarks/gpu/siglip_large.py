@@ -1,17 +1,11 @@
 """A random SigLIP at the shape of ``google/siglip-large-patch16-256``, and the inputs the GPU benchmark feeds it.
 
-The weights cannot be downloaded on the GPU machine, and the figures depend
-on the shape, not the values: the model is built by transformers from the
-checkpoint's config values (below) with random weights, directly on the
-GPU (initialising 650 M parameters on the host takes longer than the rest of
-the run), and written with ``save_pretrained`` beside a real SentencePiece
-tokenizer and the checkpoint's image processor settings, so ``mmserve serve
---model DIR`` loads it as it would load the Hub snapshot.
-
-    google/siglip-large-patch16-256 config.json
-      vision: image_size 256, patch_size 16, hidden 1024, intermediate 4096, 24 layers, 16 heads
-      text:   vocab 32000, 64 positions, hidden 1024, intermediate 4096, 24 layers, 16 heads
-      processor: resize to 256 x 256 (bicubic), rescale 1/255, mean = std = 0.5
+The figures depend on the shape, not the weights (which cannot be downloaded
+there): transformers builds the model from the checkpoint's config values
+(``SiglipShape``) directly on the GPU, and ``save_pretrained`` writes it with
+a real SentencePiece tokenizer and the checkpoint's processor settings
+(256 px bicubic, mean = std = 0.5), so ``mmserve serve --model DIR`` loads it
+as it would the Hub snapshot.
 """
 
 from __future__ import annotations
@@ -44,12 +38,12 @@ def write_random_siglip(directory: Path, shape: SiglipShape = SiglipShape(), see
     import transformers
     from transformers import SiglipConfig, SiglipModel, SiglipTextConfig, SiglipTokenizer, SiglipVisionConfig
 
-    from benchmarks.random_pretrained import SENTENCES
+    from benchmarks.random_pretrained import sentencepiece_model
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     spiece = directory / "spiece.model"
-    spiece.write_bytes(_sentencepiece_model(SENTENCES, vocab_size=256))
+    spiece.write_bytes(sentencepiece_model(vocab_size=256, repeats=8))
     tokenizer = SiglipTokenizer(vocab_file=str(spiece), model_max_length=shape.max_positions)
     text = SiglipTextConfig(vocab_size=shape.vocab_size, hidden_size=shape.hidden_size,
                             intermediate_size=shape.intermediate_size, num_hidden_layers=shape.num_layers,
@@ -70,18 +64,6 @@ def write_random_siglip(directory: Path, shape: SiglipShape = SiglipShape(), see
     processor_class = getattr(transformers, "SiglipImageProcessorPil", None) or transformers.SiglipImageProcessor
     processor_class(size={"height": shape.image_size, "width": shape.image_size}).save_pretrained(str(directory))
     return directory
-
-
-def _sentencepiece_model(sentences: tuple[str, ...], vocab_size: int) -> bytes:
-    import sentencepiece
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences * 8), model_writer=model, vocab_size=vocab_size, character_coverage=1.0,
-        model_type="unigram", hard_vocab_limit=False, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-        pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", minloglevel=2,
-    )
-    return model.getvalue()
 
 
 def random_images(num_images: int, size: int, seed: int = 0) -> np.ndarray:

@@ -1,32 +1,12 @@
 """Two servers measured in turn on one machine: A-B-B-A rounds, the idle one paused, the neighbours counted.
 
 The machine's speed drifts by up to 20 % within minutes, so runs alternate
-in an A-B-B-A pattern (one pair per round, the order mirrored), each
-server's runs are pooled, and the result is a ratio. Both servers stay
-started and the one not being measured is paused (SIGSTOP), so its idle
-polling takes no CPU from the other's runs. Each run also records how many
-CPUs processes other than the two servers and this generator took meanwhile
-(``benchmarks.harness.cpu_accounting``), so a run slowed by a neighbour
-shows as such.
-
-Per comparison (``run_alternated``, or ``compare`` to start the servers too):
-
-1. saturation: a closed loop of C workers sending back to back (C well above
-   the batch cap, so batches stay full); ok answers per second, and the
-   server's CPU per answered request (every process of its group, from
-   ``/proc``). By default the closed loop is this process's Python
-   generator; a benchmark passes ``saturate`` to drive it otherwise, e.g.
-   ``wrk`` (``benchmarks.harness.wrk_load.wrk_saturation``), which leaves
-   the server more of a small machine's cores.
-2. fixed rate: an open loop (Poisson arrivals) at a share of the *peer's*
-   measured saturation, latency from each request's intended send time (no
-   coordinated omission); percentiles over the pooled samples. Always the
-   Python generator: it knows each request's intended send time.
-
-What each run sends is the benchmark's: a ``ConfigFor`` turns a ``RunSpec``
-(which server, closed or open, how long, how hard) into the generator's
-``BenchConfig``, usually ``spec.config(text_length=..., mix=...)``.
-``run_saturation`` runs the saturation part alone, for any number of servers.
+A-B-B-A, each server's runs are pooled and the result is a ratio; the server
+not measured is paused (SIGSTOP). Per comparison: saturation (a closed loop
+of ``plan.concurrency``, by the Python generator or ``saturate``, e.g. wrk),
+then an open loop at a share of the *peer's* saturation, latency from each
+request's intended send time. A ``ConfigFor`` turns a ``RunSpec`` into what
+the generator sends.
 """
 
 from __future__ import annotations
@@ -36,7 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent, cpu_ms_per_request
 from benchmarks.harness.server_process import ServerCommand, ServerProcess, paused_servers, resumed
@@ -48,6 +28,7 @@ from benchmarks.loadgen.stats import summarize_latency
 FIXED_RATE_SHARE = 0.7
 WARMUP_SEED = 99
 OPEN_SEED_BASE = 100
+T = TypeVar("T")
 
 
 def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
@@ -58,12 +39,6 @@ def abba_order(round_index: int, first: str, second: str) -> tuple[str, str]:
 def abba_sequence(first: str, second: str, num_rounds: int) -> list[str]:
     """Every run of ``num_rounds`` A-B-B-A rounds in order: ``a, b, b, a, a, b, ...``."""
     return [name for index in range(num_rounds) for name in abba_order(index, first, second)]
-
-
-def rotated(names: Sequence[str], round_index: int) -> tuple[str, ...]:
-    """``names`` rotated by the round, so with more than two each takes every place in turn."""
-    shift = round_index % len(names)
-    return tuple(names[shift:]) + tuple(names[:shift])
 
 
 def run_orders(num_rounds: int, peer: str, ours: str) -> tuple[list[str], list[str]]:
@@ -188,20 +163,12 @@ class SaturationRun:
 Saturate = Callable[[RunSpec], SaturationRun]
 
 
-@dataclass(frozen=True)
-class Measured:
-    """One measured run: the generator's outcome (report and samples) and where the CPU went meanwhile."""
-
-    outcome: BenchOutcome
-    cpu: CpuSpent
-
-
-def measured_run(server: ServerProcess, servers: Sequence[ServerProcess], config: BenchConfig) -> Measured:
-    """One run against ``server``, resumed for the run and paused again after it, with the CPU it and others took."""
+def measured(server: ServerProcess, servers: Sequence[ServerProcess], run: Callable[[], T]) -> tuple[T, CpuSpent]:
+    """``run()`` against ``server``, resumed for it and paused again after it, with the CPU it and others took."""
     with resumed(server):
         meter = CpuMeter(server, servers)
-        outcome = asyncio.run(run_bench(config))
-        return Measured(outcome, meter.stop())
+        result = run()
+        return result, meter.stop()
 
 
 def python_saturation(config_for: ConfigFor) -> Saturate:
@@ -212,15 +179,6 @@ def python_saturation(config_for: ConfigFor) -> Saturate:
         return SaturationRun(report["ok"], report["throughput_rps"], report["errors_by_status"], batch_means(report))
 
     return saturate
-
-
-def saturation_measured(server: ServerProcess, servers: Sequence[ServerProcess], saturate: Saturate,
-                        run: RunSpec) -> tuple[SaturationRun, CpuSpent]:
-    """One saturation run against ``server``, resumed for the run only, with the CPU it and others took."""
-    with resumed(server):
-        meter = CpuMeter(server, servers)
-        saturation = saturate(run)
-        return saturation, meter.stop()
 
 
 def batch_means(report: dict) -> str:
@@ -254,7 +212,7 @@ def run_saturation(servers: Mapping[str, ServerProcess], names: Sequence[str], p
 
     def run(name: str, seconds: float, seed: int) -> tuple[SaturationRun, CpuSpent]:
         spec = RunSpec(name, servers[name].url, RunMode.CLOSED, seconds, seed, concurrency=plan.concurrency)
-        return saturation_measured(servers[name], every, saturate, spec)
+        return measured(servers[name], every, lambda: saturate(spec))
 
     for name in names:
         run(name, plan.warmup_s, WARMUP_SEED)
@@ -281,17 +239,16 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
     runs = run_saturation(servers, (peer, ours), plan, saturate or python_saturation(config_for), label)
     both = tuple(servers.values())
 
-    def run(name: str, mode: RunMode, seconds: float, seed: int, **load: float) -> Measured:
-        return measured_run(servers[name], both, config_for(RunSpec(name, servers[name].url, mode, seconds, seed,
-                                                                    **load)))
+    def run(name: str, seconds: float, seed: int, rate_rps: float) -> tuple[BenchOutcome, CpuSpent]:
+        config = config_for(RunSpec(name, servers[name].url, RunMode.OPEN, seconds, seed, rate_rps=rate_rps))
+        return measured(servers[name], both, lambda: asyncio.run(run_bench(config)))
 
     rate_rps = plan.fixed_rate_share * runs[peer].throughput_rps
     for round_index in range(plan.num_rounds):
         for name in reversed(abba_order(round_index, peer, ours)):
-            measured = run(name, RunMode.OPEN, plan.seconds, OPEN_SEED_BASE + round_index, rate_rps=rate_rps)
-            outcome = measured.outcome
+            outcome, cpu = run(name, plan.seconds, OPEN_SEED_BASE + round_index, rate_rps)
             report = outcome.report
-            runs[name].other_cpus.append(measured.cpu.other_cpus)
+            runs[name].other_cpus.append(cpu.other_cpus)
             runs[name].open_samples.extend(outcome.result.samples)
             runs[name].open_num_sent += report["sent"]
             runs[name].open_num_ok += report["ok"]
@@ -301,7 +258,7 @@ def run_alternated(servers: Mapping[str, ServerProcess], peer: str, ours: str, p
             log(f"{label} open {rate_rps:.1f} req/s {name:8s} round {round_index}: "
                 f"p50 {report['p50_ms']:.1f} ms, p99 {report['p99_ms']:.1f} ms, "
                 f"errors {report['errors_by_status'] or '-'}; "
-                f"other processes took {measured.cpu.other_cpus:.2f} CPUs")
+                f"other processes took {cpu.other_cpus:.2f} CPUs")
     return runs
 
 

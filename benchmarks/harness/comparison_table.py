@@ -1,13 +1,7 @@
 """The table a peer comparison prints: both servers' pooled runs, their ratio, the target and the verdict.
 
-Pure formatting and arithmetic over ``ServerRuns`` (no I/O), shared by
-every comparison with a peer (``peer_litserve``, ``real_models``) and
-tested on made-up runs. A target
-compares ratios, never absolute times: the machines are shared and drift.
-
-The server's CPU per answered request at saturation (``ServerRuns.cpu_ms_per_request``)
-is shown where the runs recorded it, with a target when ``Targets.max_cpu_ratio``
-(or its ``cpu_basis``, a bound taken from elsewhere, such as an earlier run) is given.
+Formatting and arithmetic over ``ServerRuns`` only (no I/O). Targets compare
+ratios, never absolute times: the machines are shared and drift.
 """
 
 from __future__ import annotations

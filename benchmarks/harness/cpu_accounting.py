@@ -1,13 +1,9 @@
 """Where the CPU went during a run, from ``/proc``: the servers', this generator's, and everyone else's.
 
-Two figures come out of it. A server's CPU seconds per answered request
-(user + system of every process in its group, so the workers a server forks
-count too) is the work each request cost, whatever share of the cores the
-server got beside the load generator. The CPUs that processes other than the
-servers and this generator took meanwhile (``/proc/stat``, steal included:
-CPU another guest took) show a run slowed by a neighbour as such.
-
-Linux only (``/proc``).
+A server's CPU seconds per answered request (every process of its group) is
+what each request cost, whatever share of the cores it got; the CPUs other
+processes took meanwhile (``/proc/stat``, steal included) show a run slowed
+by a neighbour. Linux only.
 """
 
 from __future__ import annotations
@@ -19,31 +15,29 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after "(comm)" (state, ppid, pgrp, ...); None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
+def _cpu_s(fields: list[str]) -> float:
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def group_cpu_s(group_id: int) -> float:
     """CPU seconds (user + system) used so far by the live processes of process group ``group_id``."""
-    clock_ticks_per_s = os.sysconf("SC_CLK_TCK")
-    total_ticks = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()  # the fields after "(comm)"
-        except OSError:  # gone since listdir
-            continue
-        if int(fields[2]) == group_id:  # pgrp
-            total_ticks += int(fields[11]) + int(fields[12])  # utime + stime
-    return total_ticks / clock_ticks_per_s
+    every = (_stat_fields(entry) for entry in os.listdir("/proc") if entry.isdigit())
+    return sum(_cpu_s(fields) for fields in every if fields is not None and int(fields[2]) == group_id)  # pgrp
 
 
 def process_cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process ``pid`` has used so far; 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    fields = _stat_fields(pid)
+    return 0.0 if fields is None else _cpu_s(fields)
 
 
 def cpu_by_process_kind(root_pid: int) -> dict[str, float]:

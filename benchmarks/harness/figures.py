@@ -1,20 +1,9 @@
 """A benchmark's headline figures as a JSON result file, for ``benchmarks.headline`` to put in BENCHMARKS.md.
 
-Every entry point that guards a headline figure takes ``--save-figures PATH``
-(``add_save_figures_argument``) and, after printing its table, writes the
-figures it printed with ``save_figures``: each figure's headline row (a key
-of ``benchmarks.headline.ROWS``), name, value and unit, and once per file the
-date, the machine, the command line and the git commit. The values are the
-ones the table printed, rounded as it rounds them, so the headline never
-disagrees with the table below it::
-
-    {"date": "2026-12-05 00:37 UTC", "machine": "x86_64 AMD EPYC, 2 CPUs",
-     "command": "python -m benchmarks.segment_cache ...", "commit": "5c89bb7",
-     "figures": [{"row": "cache_gain", "name": "Zipf(1.1) saturation, cache on over off",
-                  "value": 9.71, "unit": "x"}]}
-
-A file seeded from a run already pasted in BENCHMARKS.md (not rerun) also
-carries ``"source"``, which says so.
+``--save-figures PATH`` (``add_save_figures_argument``) writes, after the
+table, the figures it printed, rounded as printed, with each one's headline
+row (a key of ``benchmarks.headline.ROWS``), and the run's date, machine,
+command and commit. A file seeded from a pasted run also has ``"source"``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """One run of the load generator from a benchmark script, and the mixed workload soak and overload send.
 
-``benchmarks.loadgen.bench.run_bench`` is asynchronous and returns the
-report with its samples; a benchmark script wants one or the other, run to
-the end. ``mixed_load_config`` is the workload of the long-running checks:
-square JPEGs and short texts in a mix, texts cut to the model's limit
-(``truncate``) so that none is refused for its length.
+``mixed_load_config``: square JPEGs and short texts in a mix, texts cut to
+the model's limit (``truncate``) so that none is refused for its length.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""One line that says which machine a benchmark ran on, and when, for the head of what it prints.
-
-BENCHMARKS.md keeps each figure with its machine: the CPU model (``lscpu``),
-the CPUs this process may use, and the torch and Python that ran it.
-"""
+"""The machine and date line at the head of what a benchmark prints: CPU model, usable CPUs, torch, Python."""
 
 from __future__ import annotations
 

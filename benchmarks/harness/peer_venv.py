@@ -1,22 +1,10 @@
 """A peer server's own virtual environment, made by the benchmark that needs it.
 
-Infinity 0.0.78 pins its own transformers (below 5, through
-sentence-transformers 3) and numpy (below 2), which mmserve's environment
-cannot hold, and it is never a dependency of mmserve. So the benchmark makes
-a venv for it (``python -m venv`` + ``pip install``, through pip's normal
-configuration: the package index and the local wheel directories, torch
-included) and reuses it on later runs; a marker file records what was
-installed, so a changed requirement list is installed into it (pip adds
-what is missing and leaves the rest).
-
-The extras are the smallest that serve CLIP and SigLIP text and images:
-``server`` (its FastAPI app) and ``torch`` (the engine), plus what its vision
-path imports but no extra brings along: Pillow, aiohttp (it resolves every
-image, data URIs included, through an aiohttp session) and sentencepiece
-and protobuf (SigLIP's slow tokenizer, which transformers 4 requires both
-for). Its ``vision`` extra is left out: it adds
-colpali-engine, whose pins send pip back through torch releases on the
-package index (900 MB each) and which only ColPali-type models use.
+Infinity 0.0.78 pins transformers < 5 and numpy < 2, which mmserve's
+environment cannot hold, so it gets a venv of its own (``python -m venv`` +
+pip, reused while its marker file lists the same requirements). The extras
+are the smallest that serve CLIP and SigLIP text and images; its ``vision``
+extra (colpali-engine, whose pins drag torch releases along) is left out.
 """
 
 from __future__ import annotations

@@ -1,9 +1,4 @@
-"""Something a benchmark does every few seconds beside its load, on a thread of its own, for a ``with`` block.
-
-A run's load goes through the generator's event loop; what watches the
-server meanwhile (its memory, a probe of its refusals) must not wait on that
-loop, nor the loop on it. A subclass says what one ``tick`` does.
-"""
+"""Something a benchmark does every few seconds beside its load, on a thread of its own, for a ``with`` block."""
 
 from __future__ import annotations
 

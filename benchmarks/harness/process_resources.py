@@ -1,13 +1,8 @@
-"""A server process's memory and open files over a run, from ``/proc``: does it leak?
+"""A server's memory and open files over a run, process by process, from ``/proc``: does it leak?
 
-``ResourceSampler`` reads the resident set (``VmRSS`` in
-``/proc/<pid>/status``) and the open file descriptors (``/proc/<pid>/fd``)
-every few seconds on a thread of its own; ``slope_per_minute`` is the
-least-squares trend of such a series. A leak shows as a slope that does not
-vanish as a run gets longer. A server of several processes (``--api-workers N``:
-a supervisor, an engine, API processes) is read process by process
-(``ProcessTreeSampler``): a leak in one API process must not hide in a sum,
-and a process started again mid-run is a series of its own. Linux only.
+``ProcessTreeSampler`` reads each process's RSS and open fds every few
+seconds on a thread; a process started again mid-run is a series of its own.
+A leak is a ``slope_per_minute`` that does not vanish as a run gets longer.
 """
 
 from __future__ import annotations
@@ -32,23 +27,6 @@ def rss_bytes(pid: int) -> int:
 
 def num_open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-class ResourceSampler(PeriodicThread):
-    """Reads RSS and open fds of ``pid`` every ``interval_s`` on a thread, from the block's start until its end."""
-
-    def __init__(self, pid: int, interval_s: float) -> None:
-        super().__init__(interval_s, "resource-sampler", is_ticking_at_start=True)
-        self.pid = pid
-        self.times_s: list[float] = []
-        self.rss_bytes: list[int] = []
-        self.num_fds: list[int] = []
-        self._started_s = time.monotonic()
-
-    def tick(self) -> None:
-        self.times_s.append(time.monotonic() - self._started_s)
-        self.rss_bytes.append(rss_bytes(self.pid))
-        self.num_fds.append(num_open_fds(self.pid))
 
 
 def child_pids(pid: int) -> list[int]:

@@ -1,10 +1,7 @@
 """Figures read from a run's samples: answers per second, latency percentiles, the generator's lag.
 
 Latency is from the intended send time by default (an open loop's honest
-figure: a slow server cannot hide its queue), or from the actual send time,
-which is what the server itself took and what its deadlines count. The
-generator's lag is how far behind its schedule it sent: above a few ms, the
-client limited the run.
+figure), or from the actual send time (what the server's deadlines count).
 """
 
 from __future__ import annotations

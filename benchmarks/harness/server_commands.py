@@ -1,11 +1,7 @@
-"""How to start each server a benchmark drives: mmserve, its peers (LitServe, Infinity) and the OTLP sink.
+"""How to start each server a benchmark drives: mmserve and its peers (LitServe, Infinity), on free loopback ports.
 
-Each function returns a ``ServerCommand`` (argv, environment, port, ready
-path) for ``benchmarks.harness.server_process`` to start: what a user would
-type, on a free loopback port. mmserve's settings are its ``MMSERVE_*``
-variables, so a benchmark configures it as an operator does; a peer gets
-the same batch cap and delay through its own flags. Infinity runs from a
-virtual environment of its own (``benchmarks.harness.peer_venv``).
+mmserve is configured by its ``MMSERVE_*`` variables, as an operator does; a
+peer gets the same batch cap and delay through its own flags.
 """
 
 from __future__ import annotations
@@ -73,10 +69,3 @@ def litserve_command(preset: str, *, max_batch_size: int, max_queue_delay_ms: fl
     if is_traced:
         argv += ("--torchscript-encoders",)
     return ServerCommand("litserve", argv, port, "/health")
-
-
-def otlp_sink_command(*, port: int | None = None) -> ServerCommand:
-    """The discarding OTLP/HTTP receiver (``benchmarks.otlp_sink``): the far end of a traced server's exports."""
-    port = free_port() if port is None else port
-    argv = (sys.executable, "-m", "benchmarks.otlp_sink", "--port", str(port))
-    return ServerCommand("otlp-sink", argv, port, "/stats")

@@ -1,16 +1,9 @@
-"""Servers under benchmark as their own processes: start, wait until ready, pause, stop.
+"""Servers under benchmark as their own process groups: start, wait until ready, pause, stop.
 
-A comparison measures servers the way users run them: each in its own process
-(group), on loopback, configured from its command line and environment, and
-ready only when its health endpoint says so. LitServe forks an API-server
-process, an inference worker and a queue manager, so every server is started
-in a new session and signalled as a process group: stopping it stops all of
-its children, and pausing it (SIGSTOP) keeps an idle server's polling loops
-off the CPU while the other server is measured.
-
-``running`` keeps one server for a block; ``paused_servers`` starts a set
-one after the other (no start-up competes with another's) and ``resumed``
-lets one of them run for a measurement.
+Each server starts in a new session and is signalled as a group, so its
+forked workers stop with it and a SIGSTOP keeps an idle server's polling off
+the CPU while another is measured. ``running`` keeps one server for a block;
+``paused_servers`` starts a set one after the other; ``resumed`` runs one.
 """
 
 from __future__ import annotations

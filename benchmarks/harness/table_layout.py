@@ -1,8 +1,4 @@
-"""How benchmark tables are laid out in plain text: columns padded to their widest cell.
-
-Formatting only (strings in, strings out). Each benchmark keeps the layout
-its BENCHMARKS.md section shows; these are the layouts they share.
-"""
+"""How benchmark tables are laid out in plain text: columns padded to their widest cell."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
-"""Closed-loop saturation with ``wrk``: post a set of bodies in turn, read what its report says.
+"""Closed-loop saturation with ``wrk`` (C, one thread): post a set of bodies in turn, read its report.
 
-``wrk`` (C, one thread here) takes little of a small machine's cores, so
-the server's CPU per request is not crowded out by the generator, as a
-Python generator would. It is Debian's package (``apt-get install wrk``;
-``.ci/run`` installs it for the tests); the benchmarks that need it say so
-when it is missing (``wrk_path`` is ``None``).
-
-The bodies are files (``write_bodies``); the Lua script that posts them
-(``POST_SCRIPT``, written beside them) reads them once when wrk starts and
-sends them in turn, one per request. One body is sent as wrk's static
-request (built once); several are formatted once each in ``init`` and
-handed out by ``request()``, so the generator does no per-request work
-beyond returning a prepared string.
+wrk takes little of a small machine's cores, so the server's CPU per request
+is not crowded out by the generator. Debian's package (``apt-get install
+wrk``); ``wrk_path`` is ``None`` where it is missing. The Lua script
+(``POST_SCRIPT``) reads the body files once and hands out prepared requests.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The towers are a random CLIP (transformers ``CLIPModel``, 4 layers, 256 wide,
 224 px input, 32 px patches) built with its constructors and
-``save_pretrained``; the data are ``benchmarks.coloured_shapes``: 224 px JPEG
+``save_pretrained``; the data are ``tests/coloured_shapes.py``: 224 px JPEG
 photos of a rotated disc, star or square in one of four colours on a
 speckled gradient, one caption each ("a yellow star"), unlike
 ``tests.shape_pairs``'s 64 px flat PNGs. No flag but the required ones:
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from benchmarks.coloured_shapes import write_coloured_shapes, shuffled_captions
+from coloured_shapes import write_coloured_shapes, shuffled_captions
 from benchmarks.random_pretrained import TowerSize, write_clip
 from models.fusion_head_file import FUSION_HEAD_FILE
 from models.training.train_fusion import CARD_FILE

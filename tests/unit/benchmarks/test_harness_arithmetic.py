@@ -1,4 +1,4 @@
-"""The harness's arithmetic: A-B-B-A orders, intervals, CPU per request, sample figures and table layouts.
+"""The harness's arithmetic: A-B-B-A orders, CPU per request, sample figures and table layouts.
 
 Every benchmark's figures pass through these; each test holds one to a value
 worked out by hand, or to a property it must have.
@@ -8,18 +8,15 @@ from __future__ import annotations
 
 import math
 import os
-import random
-import statistics
 import time
 
 import pytest
 
 from benchmarks.harness import (
     CpuSpent, abba_order, abba_sequence, align, cpu_ms_per_request, fixed_width, label_and_text, lag_p99_ms,
-    latency_ms, mean_interval, ok_rate_rps, percentile_ms, rotated, ruled, run_orders,
+    latency_ms, ok_rate_rps, percentile_ms, ruled, run_orders,
 )
 from benchmarks.harness.cpu_accounting import group_cpu_s
-from benchmarks.harness.intervals import T_975
 from benchmarks.harness.process_resources import slope_per_minute
 from benchmarks.loadgen.request_spec import Modality
 from benchmarks.loadgen.runner import Sample
@@ -38,57 +35,6 @@ def test_the_fixed_rate_runs_start_with_the_other_server():
     saturation, fixed_rate = run_orders(3, "peer", "ours")
     assert saturation == ["peer", "ours", "ours", "peer", "peer", "ours"]
     assert fixed_rate == ["ours", "peer", "peer", "ours", "ours", "peer"]
-
-
-def test_a_rotation_puts_every_configuration_in_every_place():
-    names = ("off", "1%", "100%")
-    rounds = [rotated(names, index) for index in range(3)]
-    assert rounds == [("off", "1%", "100%"), ("1%", "100%", "off"), ("100%", "off", "1%")]
-    for place in range(3):
-        assert sorted(order[place] for order in rounds) == sorted(names)
-    assert rotated(names, 4) == rounds[1]
-
-
-# -- intervals --------------------------------------------------------------------------------------
-
-
-def test_the_interval_is_the_t_interval_of_the_mean():
-    mean, low, high = mean_interval([0.9, 1.0, 1.1])
-    # sd 0.1, n 3: t(0.975, 2 df) = 4.303
-    assert mean == pytest.approx(1.0)
-    assert (low, high) == pytest.approx((1.0 - 4.303 * 0.1 / math.sqrt(3), 1.0 + 4.303 * 0.1 / math.sqrt(3)))
-
-
-def test_more_rounds_of_the_same_spread_narrow_it():
-    rng = random.Random(7)
-    widths = []
-    for num_rounds in (5, 20, 80):
-        ratios = [rng.gauss(0.98, 0.15) for _ in range(num_rounds)]
-        _, low, high = mean_interval(ratios)
-        assert low < statistics.fmean(ratios) < high
-        widths.append(high - low)
-    assert widths[0] > widths[1] > widths[2]
-
-
-def test_it_covers_the_true_mean_about_95_times_in_100():
-    rng = random.Random(11)
-    covered = 0
-    for _ in range(400):
-        _, low, high = mean_interval([rng.gauss(1.0, 0.15) for _ in range(12)])
-        covered += low <= 1.0 <= high
-    assert 0.91 <= covered / 400 <= 0.99
-
-
-def test_one_round_has_no_interval():
-    mean, low, high = mean_interval([0.97])
-    assert mean == 0.97 and math.isnan(low) and math.isnan(high)
-
-
-def test_beyond_thirty_degrees_of_freedom_the_last_t_stands():
-    values = [1.0 + 0.01 * (i % 7) for i in range(50)]
-    mean, low, high = mean_interval(values)
-    assert high - mean == pytest.approx(T_975[-1] * statistics.stdev(values) / math.sqrt(50))
-    assert mean - low == pytest.approx(high - mean)
 
 
 # -- CPU accounting ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The harness with real processes: servers start in turn and pause, runs alternate A-B-B-A, CPU is counted.
 
-The servers here are ``benchmarks.otlp_sink`` processes: real HTTP servers
+The servers here are ``tests/http_sink.py`` processes: real HTTP servers
 started by the same commands and process groups a benchmark uses, small
 enough to start in a fraction of a second. They answer every POST with 200,
 so the load generator's runs against them succeed.
@@ -16,11 +16,12 @@ import httpx
 import pytest
 
 from benchmarks.harness import (
-    AlternationPlan, CpuMeter, RunSpec, ServerCommand, ServerStartError, capacity_rps, otlp_sink_command,
+    AlternationPlan, CpuMeter, RunSpec, ServerCommand, ServerStartError, capacity_rps,
     paused_servers, resumed, run_alternated, run_report, running, start_paused,
 )
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.workload import parse_mix
+from http_sink import sink_command
 
 
 def _state(pid: int) -> str:
@@ -49,7 +50,7 @@ def _is_alive(pid: int) -> bool:
 
 
 def test_servers_start_paused_run_only_when_resumed_and_are_all_stopped_after():
-    commands = {"a": otlp_sink_command(), "b": otlp_sink_command()}
+    commands = {"a": sink_command(), "b": sink_command()}
     with paused_servers(commands, ready_timeout_s=30.0) as servers:
         pids = {name: server.pid for name, server in servers.items()}
         assert list(servers) == ["a", "b"]
@@ -70,7 +71,7 @@ def test_a_server_that_dies_at_start_up_says_why_and_leaves_nothing_behind():
 
 
 def test_the_cpu_meter_counts_the_server_it_measures():
-    server = start_paused(otlp_sink_command(), ready_timeout_s=30.0)
+    server = start_paused(sink_command(), ready_timeout_s=30.0)
     try:
         with resumed(server):
             meter = CpuMeter(server)
@@ -87,7 +88,7 @@ def test_the_cpu_meter_counts_the_server_it_measures():
 
 
 def test_a_generator_run_as_a_child_counts_as_ours_not_as_another_process():
-    server = start_paused(otlp_sink_command(), ready_timeout_s=30.0)
+    server = start_paused(sink_command(), ready_timeout_s=30.0)
     try:
         meter = CpuMeter(server)
         busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass"
@@ -106,7 +107,7 @@ def test_an_alternated_comparison_runs_warm_ups_then_a_b_b_a_saturation_then_b_a
         asked.append(run)
         return run.config(mix=parse_mix("text:1"), timeout_s=5.0)
 
-    commands = {"peer": otlp_sink_command(), "ours": otlp_sink_command()}
+    commands = {"peer": sink_command(), "ours": sink_command()}
     with paused_servers(commands, ready_timeout_s=30.0) as servers:
         urls = {name: server.url for name, server in servers.items()}
         runs = run_alternated(servers, "peer", "ours", plan, config_for, "sinks")
@@ -130,7 +131,7 @@ def test_an_alternated_comparison_runs_warm_ups_then_a_b_b_a_saturation_then_b_a
 
 
 def test_a_run_reports_what_the_server_received_and_capacity_counts_its_answers():
-    with running(otlp_sink_command(), ready_timeout_s=30.0) as sink:
+    with running(sink_command(), ready_timeout_s=30.0) as sink:
         def received() -> int:
             return httpx.get(sink.url + "/stats", timeout=5.0, trust_env=False).json()["requests"]
 

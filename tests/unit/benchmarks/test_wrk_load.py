@@ -1,6 +1,6 @@
 """The harness's wrk runner: its report read right, its bodies written and posted in turn, its runs alternated.
 
-The runs use real ``wrk`` against ``benchmarks.otlp_sink`` processes (real
+The runs use real ``wrk`` against ``tests/http_sink.py`` processes (real
 HTTP servers that count the requests and bytes they received), so what wrk
 says it sent can be held to what a server got.
 """
@@ -11,12 +11,13 @@ import httpx
 import pytest
 
 from benchmarks.harness import (
-    AlternationPlan, RunSpec, ServerProcess, WrkReport, otlp_sink_command, paused_servers, resumed, run_alternated,
+    AlternationPlan, RunSpec, ServerProcess, WrkReport, paused_servers, resumed, run_alternated,
     run_saturation, run_wrk, running, saturation_order, wrk_saturation, write_bodies,
 )
 from benchmarks.harness.wrk_load import SCRIPT_NAME, parse_wrk_report, wrk_argv, wrk_seconds
 from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.workload import parse_mix
+from http_sink import sink_command
 from tests.conftest import find_wrk_binary
 
 
@@ -61,7 +62,7 @@ def test_one_body_is_posted_every_time_and_wrk_counts_what_the_server_answered(t
     find_wrk_binary()
     body = b'{"input": ["' + b"x" * 90 + b'"]}'
     bodies = write_bodies(tmp_path, "text", "/v1/traces", [body])
-    with running(otlp_sink_command(), ready_timeout_s=30.0) as sink:
+    with running(sink_command(), ready_timeout_s=30.0) as sink:
         before_requests, before_bytes = _received(sink.url)
         report = run_wrk(sink.url, bodies, seconds=1.0, connections=2)
         after_requests, after_bytes = _received(sink.url)
@@ -78,7 +79,7 @@ def test_several_bodies_are_posted_in_turn(tmp_path):
     short, long = b'{"input": ["' + b"s" * 85 + b'"]}', b'{"input": ["' + b"l" * 285 + b'"]}'
     assert (len(short), len(long)) == (100, 300)
     bodies = write_bodies(tmp_path, "text", "/v1/traces", [short, long])
-    with running(otlp_sink_command(), ready_timeout_s=30.0) as sink:
+    with running(sink_command(), ready_timeout_s=30.0) as sink:
         before = _received(sink.url)
         report = run_wrk(sink.url, bodies, seconds=1.0, connections=2)
         after = _received(sink.url)
@@ -95,7 +96,7 @@ def test_wrk_saturation_runs_alternate_and_count_the_servers_cpu_per_answer(tmp_
     find_wrk_binary()
     bodies = {name: write_bodies(tmp_path / name, "text", "/v1/traces", [b"{}", b'{"k": 1}']) for name in "ab"}
     plan = AlternationPlan(seconds=1.0, num_rounds=2, warmup_s=1.0, concurrency=2)
-    with paused_servers({"a": otlp_sink_command(), "b": otlp_sink_command()}, ready_timeout_s=30.0) as servers:
+    with paused_servers({"a": sink_command(), "b": sink_command()}, ready_timeout_s=30.0) as servers:
         before = {name: _paused_count(server) for name, server in servers.items()}
         runs = run_saturation(servers, ["a", "b"], plan, wrk_saturation(bodies.__getitem__), "sinks")
         after = {name: _paused_count(server) for name, server in servers.items()}
@@ -126,7 +127,7 @@ def test_with_wrk_saturating_the_python_generator_only_runs_the_fixed_rate(tmp_p
         asked.append(run)
         return run.config(mix=parse_mix("text:1"), timeout_s=5.0)
 
-    with paused_servers({"peer": otlp_sink_command(), "ours": otlp_sink_command()}, ready_timeout_s=30.0) as servers:
+    with paused_servers({"peer": sink_command(), "ours": sink_command()}, ready_timeout_s=30.0) as servers:
         runs = run_alternated(servers, "peer", "ours", plan, config_for, "sinks",
                               saturate=wrk_saturation(bodies.__getitem__))
     assert [(run.name, run.mode) for run in asked] == [("ours", RunMode.OPEN), ("peer", RunMode.OPEN),

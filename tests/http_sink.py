@@ -1,21 +1,20 @@
-"""An OTLP/HTTP trace receiver that accepts and discards, in a process of its own: the far end of a benchmark.
+"""A real HTTP server in a process of its own that answers every POST with 200: what the harness's tests drive.
 
-    python -m benchmarks.otlp_sink --port 4318      # POST /v1/traces -> 200; GET /stats -> counts
+    python tests/http_sink.py --port 4318      # POST anything -> 200 (empty body); GET /stats -> counts
 
-With tracing on, a benchmark points the server's exporter here, so the
-export cost the server pays (serialising, a loopback POST per batch of
-spans) is real, while the receiving end does as little as a collector's
-front door: it reads the body and answers with an empty
-``ExportTraceServiceResponse`` (zero bytes of protobuf). It runs apart from
-the load generator so that it does not compete with it for one interpreter.
+It starts in a fraction of a second, so the tests of ``benchmarks.harness``
+run real process groups, pauses, A-B-B-A runs and ``wrk`` against it
+(``sink_command``). Standard library only: it runs as a script.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 class _Counts:
@@ -55,6 +54,14 @@ def serve(port: int) -> None:
             pass
 
     ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
+def sink_command():
+    """The sink as a ``benchmarks.harness`` server command on a free loopback port, ready at ``/stats``."""
+    from benchmarks.harness.server_process import ServerCommand, free_port
+
+    port = free_port()
+    return ServerCommand("sink", (sys.executable, str(Path(__file__).resolve()), "--port", str(port)), port, "/stats")
 
 
 def main() -> None:
