@@ -77,7 +77,9 @@ from router.errors import IntakeItemError, ShuttingDownError
 from router.faults import FaultInjector
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
 from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
+from router.item_facts import ItemFacts
 from router.item_text import ItemTextFitter
+from router.joint_budget import JointTokens
 from router.segments import SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
@@ -255,11 +257,21 @@ class EngineClient:
             fitted = raw_pixels_left_behind(fitted, pixels, self._catalog)  # type: ignore[arg-type]
             slots = self.put_pixels(pixels)
             kind, fields = await call.send(slots, "run", fitted, arrival_ns, self._slots.name, slots)
-        if kind == "ok":  # the token ids this process sent are not sent back (engine_answers.portable_of_item)
-            return [call.counted(outcome, item.tokens) for outcome, item in zip(fields[0], fitted)]
+        if kind == "ok":  # the ids this process sent, the joint count and the facts are not sent back
+            return [call.counted(outcome, fit.tokens, *self._derived(outcome, item, fit))  # (portable_of_item)
+                    for outcome, item, fit in zip(fields[0], items, fitted)]
         row, (status, code, message, field, retry_after_s) = fields
         error = ApiError(status, code, message, field, retry_after_s)
         raise IntakeItemError(row, error) if row is not None else error
+
+    def _derived(self, outcome: IntakeOutcome, item: IntakeItem,
+                 fitted: IntakeItem) -> tuple[JointTokens, ItemFacts] | tuple[()]:
+        """The joint count and facts the engine left out of ``outcome`` (none if it sent them), derived here as the
+        engine's intake derives them: the facts of the item the client sent, with the text as it ran."""
+        if outcome.facts is not None:
+            return ()
+        joint = self._texts.joint_of(fitted)
+        return joint, ItemFacts.sent(item).with_text(fitted.tokens, joint)
 
     @property
     def slots_name(self) -> str:
@@ -340,9 +352,13 @@ class CallInFlight:
         self.prepare_ns = time.perf_counter_ns() - self.started_ns
         return await self._client.call_with_slots(slots, *message)
 
-    def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None) -> IntakeOutcome:
+    def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None,
+                joint: JointTokens | None = None, facts: ItemFacts | None = None) -> IntakeOutcome:
         """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``),
-        and the token ids this process sent for its item put back (the engine does not send them back)."""
+        and what the engine leaves out put back: the token ids this process sent for its item, and the joint
+        count and facts derived here (``EngineClient._derived``)."""
         text = sent_tokens if outcome.text is None else outcome.text
         return dataclasses.replace(outcome, decode_ns=self.prepare_ns + outcome.decode_ns,
-                                   decode_started_ns=self.started_ns, text=text)
+                                   decode_started_ns=self.started_ns, text=text,
+                                   joint=outcome.joint if joint is None else joint,
+                                   facts=outcome.facts if facts is None else facts)

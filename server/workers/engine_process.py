@@ -150,6 +150,10 @@ class Engine:
                         task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, prepared_ids, reply))
                         calls[call_id] = task
                         task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                    elif kind == "record":  # an API process's answered request (engine_monitor); next to run: one per request
+                        route, stage_ns, batch_size, cache_hit, inputs = message[2:]
+                        self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
+                                                   inputs=inputs)
                     elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
                         work, arrival_ns, block, slots = message[2:]
                         prepared_ids = self._zero_shot.take_pixels(work, self._attached(attached, block), slots)
@@ -176,10 +180,6 @@ class Engine:
                         faults = self._state.faults
                         reply("faults", None, faults.entries() if faults is not None else ())
                         reply("ok", call_id, None)
-                    elif kind == "record":  # an API process's answered request (server.workers.engine_monitor)
-                        route, stage_ns, batch_size, cache_hit, inputs = message[2:]
-                        self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
-                                                   inputs=inputs)
                     elif kind == "batch_spans":
                         if self._state.tracer is not None:
                             self._state.tracer.emit_batches(message[2])
