@@ -11,8 +11,8 @@ protocol above it are unchanged:
     decode      only the others, in this process's decode pool, to the model's
                 (S, S, 3) uint8 input (the drill, peek and decode: server.workers.missing_images)
     run         the decoded images written into shared-memory slots, and the items
-                (token ids, encoded images' bytes for the cache keys, slot numbers;
-                raw pixels decoded here go as their key and length) -> the engine's intake
+                (token ids, slot numbers; an image decoded here goes as its cache key,
+                length and header, one the engine holds as its bytes) -> the engine's intake
     settle      the engine frees each slot as it copies the pixels out, when the
                 call arrives (``server.workers.pixel_slots``); a cancelled call
                 (the client went away) is cancelled in the engine too
@@ -251,10 +251,13 @@ class EngineClient:
             await self._images.drill(items)
             fitted = await self._texts.fit_all(items)
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
-            pixels = await self._images.decode(items if refused is None else items[:refused], self._peek)
+            to_decode = items if refused is None else items[:refused]
+            keys = self._images.keys(to_decode)
+            pixels = await self._images.decode(to_decode, self._peek, keys)
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
-            fitted = raw_pixels_left_behind(fitted, pixels, self._catalog)  # type: ignore[arg-type]
+            # What was decoded here goes as its key, length and header (server.workers.raw_pixels_sent).
+            fitted = raw_pixels_left_behind(fitted, pixels, self._catalog, keys)  # type: ignore[arg-type]
             slots = self.put_pixels(pixels)
             kind, fields = await call.send(slots, "run", fitted, arrival_ns, self._slots.name, slots)
         if kind == "ok":  # the ids this process sent, the joint count and the facts are not sent back

@@ -28,10 +28,10 @@ plan, submit, settle), with the items' token ids the API process computed
 (``IntakeItem.tokens``: nothing is tokenized here, the budget is checked again)
 and the pixels it decoded taken from its shared-memory slots; an image it did
 not decode (the peek said cached, and the entry left the cache since) is
-decoded here. An encoded image keeps the bytes it was sent as (the engine may
-decode it, and keys the cache by them); raw pixels the API process decoded into
-a slot arrive as their cache key and length only (``ImageContent.left_behind``),
-so every key and fact is the one a single process derives. Deadlines count from
+decoded here, so such an image keeps the bytes it was sent as. An image the
+API process decoded into a slot arrives as its cache key, length and (encoded)
+header only (``server.workers.raw_pixels_sent``), so every key and fact is the
+one a single process derives and no file crosses twice. Deadlines count from
 ``arrival_ns``, the API process's ``perf_counter_ns`` at arrival: on Linux that
 clock is CLOCK_MONOTONIC, one clock for every process of the machine.
 

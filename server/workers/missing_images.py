@@ -29,7 +29,7 @@ from router.faults import FaultInjector
 from router.image_header import image_pixels, images_encoding
 from router.inline_decode import decodes_inline
 from router.intake import ImageDecoder, IntakeItem
-from router.segments import ImageContent, SegmentCatalog
+from router.segments import ImageContent, SegmentCatalog, SegmentKey
 
 Peek = Callable[[list], Awaitable[object]]
 """The engine's answer to a peek: for each image key (``None``: not asked), whether it holds the segment."""
@@ -59,11 +59,19 @@ class MissingImages:
                   for item in items]
         await asyncio.gather(*(asyncio.wrap_future(delay) for delay in delays))
 
-    async def decode(self, items: Sequence[IntakeItem], peek: Peek) -> list[list[np.ndarray | None]]:
-        """Decode every image the engine does not hold; the model's input per item and image (``None``: held)."""
-        keys = [self._catalog.image_key(content) if item.use_cache and self._is_image_cache_on else None
-                for item in items for content in item.images]  # raw pixels keyed as one process does
-        cached = iter(await peek(keys) if any(key is not None for key in keys) else [False] * len(keys))
+    def keys(self, items: Sequence[IntakeItem]) -> list[list[SegmentKey | None]]:
+        """Per item and image, the cache key the engine will ask for; ``None`` where it will not ask the cache."""
+        return [[self._catalog.image_key(content) if item.use_cache and self._is_image_cache_on else None
+                 for content in item.images] for item in items]  # raw pixels keyed as one process does
+
+    async def decode(self, items: Sequence[IntakeItem], peek: Peek,
+                     keys: Sequence[Sequence[SegmentKey | None]] | None = None) -> list[list[np.ndarray | None]]:
+        """Decode every image the engine does not hold; the model's input per item and image (``None``: held).
+
+        ``keys``: what ``keys(items)`` gives, where the caller computed them already.
+        """
+        flat = [key for item_keys in (self.keys(items) if keys is None else keys) for key in item_keys]
+        cached = iter(await peek(flat) if any(key is not None for key in flat) else [False] * len(flat))
         work = []
         pixels: list[list[np.ndarray | None]] = []
         for item_index, item in enumerate(items):
