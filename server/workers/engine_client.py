@@ -214,9 +214,11 @@ class EngineClient:
 
     def send_record(self, route: str, stage_ns: Mapping[str, int], batch_size: int | None, cache_hit: bool | None,
                     inputs: RequestInputs | None) -> None:
-        """One answered request's latency record, for the engine's monitor (``server.workers.engine_monitor``)."""
+        """One answered request's latency record, for the engine's monitor (``server.workers.engine_monitor``);
+        its inputs go as their code (``monitoring.inputs.inputs_of_code``)."""
         if self.fault is None and self._writer is not None:
-            self._writer.write(("record", next(self._ids), route, dict(stage_ns), batch_size, cache_hit, inputs))
+            self._writer.write(("record", next(self._ids), route, dict(stage_ns), batch_size, cache_hit,
+                                None if inputs is None else inputs.code))
 
     async def _call(self, *message: object) -> object:
         _, future = self._send(*message)

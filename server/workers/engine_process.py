@@ -19,6 +19,8 @@ socket (``server.workers.frames``):
                                            without its guards (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (ServedModelFacts, TokenizerFiles)): the model's
                                            facts and its tokenizer's files, all an API process loads
+    ("record", id, route, stage_ns, batch_size, cache_hit, inputs code)   an answered request's latency record
+                                           (server.workers.engine_monitor; no answer)
     ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
     ("watch_faults", id)                   -> ("faults", None, [(FaultPlan, seconds left)]), ("ok", id, None),
                                            then the same "faults" frame, unasked, after every drill change
@@ -68,6 +70,7 @@ from fastapi import FastAPI
 from prometheus_client import generate_latest
 
 from models.tokenizer_packing import pack_tokenizer
+from monitoring.inputs import inputs_of_code
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey
@@ -151,9 +154,9 @@ class Engine:
                         calls[call_id] = task
                         task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
                     elif kind == "record":  # an API process's answered request (engine_monitor); next to run: one per request
-                        route, stage_ns, batch_size, cache_hit, inputs = message[2:]
+                        route, stage_ns, batch_size, cache_hit, inputs_code = message[2:]
                         self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
-                                                   inputs=inputs)
+                                                   inputs=None if inputs_code is None else inputs_of_code(inputs_code))
                     elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
                         work, arrival_ns, block, slots = message[2:]
                         prepared_ids = self._zero_shot.take_pixels(work, self._attached(attached, block), slots)
