@@ -183,6 +183,21 @@ def _interned_checked(labels: tuple[str, ...]) -> RequestInputs:
     return RequestInputs(*labels, code=code)
 
 
+@functools.lru_cache(maxsize=None, typed=True)  # at most NUM_COMBINATIONS entries (typed: 1.0 and True are no code)
+def inputs_of_code(code: int) -> RequestInputs:
+    """The ``RequestInputs`` whose ``code`` this is (interned, as ``RequestInputs.of`` gives it).
+
+    A record that crosses between processes carries the one int instead of the
+    labels (``server.workers.engine_monitor``): its receiver, the engine every
+    request passes, looks the inputs up rather than building them per record.
+    Raises ``ValueError`` for a number that is no combination's.
+    """
+    if type(code) is not int or not 0 <= code < NUM_COMBINATIONS:
+        raise ValueError(f"{code!r} is no RequestInputs code (0 .. {NUM_COMBINATIONS - 1})")
+    return _interned_checked(tuple(values[(code // int(stride)) % len(values)]
+                                   for (_, values), stride in zip(DIMENSIONS, _STRIDES)))
+
+
 def _checked(dimension: int, label: str) -> str:
     if label in _INDEX[dimension]:
         return label

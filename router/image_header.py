@@ -64,6 +64,8 @@ def image_encoding(content: ImageContent) -> str:
     """The encoding of one image as it arrived (``raw_uint8`` for pixels sent with their shape)."""
     if content.pixels is not None:
         return RAW_UINT8
+    if content.header_encoding is not None:  # left behind where it was decoded: its header came along
+        return content.header_encoding
     return encoding_of_bytes(content.encoded or b"")
 
 
@@ -85,6 +87,8 @@ def image_pixels(content: ImageContent) -> int | None:
     if content.pixels is not None:
         shape = content.shape or ()
         return int(shape[0]) * int(shape[1]) if len(shape) >= 2 else None
+    if content.header_encoding is not None:  # left behind where it was decoded: its header came along
+        return content.header_pixels
     size = image_size_px(content.encoded or b"")
     return None if size is None else size[0] * size[1]
 

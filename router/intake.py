@@ -22,7 +22,9 @@ publish, fail or abandon" has one keeper: a bad image, a passed deadline, a
 client that went away (the task is cancelled), a draining server or a model
 that raised all leave through the same ``finally``. A plan made in a pool
 thread for a caller that was cancelled meanwhile is abandoned when the thread
-hands it over.
+hands it over. Preparing one item (tokenize, plan, decode; on the loop or in
+the pool; the device round) is ``router.item_prepare``'s; the call around it
+(the gate, resolve, submit, settle) is this module's.
 
 The intake is handed its tools when it is built (``IntakeTools``: the
 model's tokenizer, the joint-token budget, the preprocessing settings) and
@@ -51,10 +53,9 @@ naming the bad image of a request that sent a list of images, and
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -62,14 +63,14 @@ import numpy as np
 from PIL import Image
 
 from models.loading.config import PreprocessConfig
-from models.preprocessing import pixels_to_model_input, resize_to_model_input
 from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
 from router.device_decode_round import DeviceDecodeRound
-from router.errors import ImageItemError, IntakeItemError
+from router.errors import IntakeItemError
 from router.faults import FaultInjector
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
 from router.item_facts import ItemFacts
-from router.item_text import INLINE_TEXT_MAX_CHARS, fit_item_text
+from router.item_prepare import ItemPreparer, PreparedItem
+from router.item_text import INLINE_TEXT_MAX_CHARS
 from router.joint_budget import JointTokenBudget, JointTokens
 from router.request import InferenceRequest, InferenceResult, Priority
 from router.segments import ImageContent, SegmentPlan
@@ -147,15 +148,6 @@ class IntakeOutcome:
     cache: dict[str, str | list[str]] | None = None  # per-segment cache status, as the answer shows it
 
 
-@dataclass(frozen=True)
-class _Prepared:
-    text: TokenizedText | None
-    joint: JointTokens
-    plan: SegmentPlan
-    images: tuple[np.ndarray | None, ...]  # each (S, S, 3) uint8; None where the plan did not need the pixels
-    on_device: tuple[int, ...] = ()  # images the plan needs that wait for the device decoder (still None)
-
-
 class _NeighbourRefusedError(Exception):
     """Another item of the same call was refused, so this one is not submitted."""
 
@@ -180,12 +172,6 @@ class _AllPrepared:
         await self._done.wait()
         if self._is_refused:
             raise _NeighbourRefusedError()
-
-
-def _abandon_landed_plan(future: Future) -> None:
-    """Done-callback for a prepare whose caller was cancelled: nobody will submit its plan."""
-    if not future.cancelled() and future.exception() is None:
-        future.result().plan.abandon()
 
 
 class RequestIntake:
@@ -217,17 +203,14 @@ class RequestIntake:
                  device_decoder: DeviceJpegDecoder | None = None,
                  prepared_pixels: Callable[[ImageContent], np.ndarray | None] | None = None) -> None:
         self._router = router
-        self._tokenizer = tools.tokenizer
-        self._budget = tools.budget
-        self._preprocess = tools.preprocess
-        self._decode_image = decode_image
-        self._executor = executor
         self._faults = faults
         self._device_decoder = device_decoder
-        self._inline_text_max_chars = inline_text_max_chars
+        self._executor = executor
         self._inline_image_max_pixels = inline_image_max_pixels
         self._clock_ns = clock_ns
-        self._prepared_pixels = prepared_pixels
+        self._preparer = ItemPreparer(router, tools.tokenizer, tools.budget, tools.preprocess, decode_image, executor,
+                                      faults=faults, inline_text_max_chars=inline_text_max_chars,
+                                      device_decoder=device_decoder, prepared_pixels=prepared_pixels)
 
     async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
         """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
@@ -276,11 +259,8 @@ class RequestIntake:
         if self._faults is not None or self._device_decoder is not None:
             return False
         to_decode = [pixels for item, sent in zip(items, sents)
-                     for content, pixels in zip(item.images, sent.image_pixels) if not self._is_prepared(content)]
+                     for content, pixels in zip(item.images, sent.image_pixels) if not self._preparer.is_prepared(content)]
         return not to_decode or decodes_inline(to_decode, self._inline_image_max_pixels)
-
-    def _is_prepared(self, content: ImageContent) -> bool:
-        return self._prepared_pixels is not None and self._prepared_pixels(content) is not None
 
     def _device_round(self, num_items: int) -> DeviceDecodeRound | None:
         if self._device_decoder is None:
@@ -291,7 +271,7 @@ class RequestIntake:
                         device_round: DeviceDecodeRound | None, images_inline: bool) -> IntakeOutcome:
         started_ns = self._clock_ns()
         try:
-            prepared = await self._prepare(item, sent.image_encoding, device_round, images_inline)
+            prepared = await self._preparer.prepare(item, sent.image_encoding, device_round, images_inline)
         except BaseException:
             gate.refuse()
             raise
@@ -303,7 +283,7 @@ class RequestIntake:
             images = list(prepared.images)
             for index in plan.image_indices_to_compute:
                 if images[index] is None:  # an owner gave up and the claim is ours now
-                    images[index] = await self._off_loop(self._model_input, item, index)
+                    images[index] = await self._preparer.model_input_off_loop(item, index)
             request = self._request(item, prepared, tuple(images), plan, arrival_ns, sent.image_encoding)
             result = await self._router.submit(request, plan)
         finally:
@@ -312,113 +292,8 @@ class RequestIntake:
                              facts=sent.with_text(prepared.text, prepared.joint),
                              cache=plan.statuses(images_as_list=item.images_as_list))
 
-    # -- preparing --------------------------------------------------------------
-
-    def _is_inline(self, item: IntakeItem, images_inline: bool) -> bool:
-        """Whether preparing ``item`` costs less than a hop to the pool: its text short (or tokenized, or
-        absent) and its images none, or small with the rest of its call's (``images_inline``). With drills
-        every item takes the pool, which a "decode" drill delays."""
-        if self._faults is not None:
-            return False
-        if item.text is not None and item.tokens is None and len(item.text) > self._inline_text_max_chars:
-            return False
-        return not item.images or images_inline
-
-    async def _prepare(self, item: IntakeItem, image_encoding: str | None,
-                       device_round: DeviceDecodeRound | None, images_inline: bool) -> _Prepared:
-        """Tokenized, planned and every image the plan needs decoded (on the device too, with a round)."""
-        try:
-            prepared = await self._prepare_on_host(item, image_encoding, device_round is not None, images_inline)
-        except BaseException:
-            if device_round is not None:
-                device_round.leave()
-            raise
-        if device_round is None:
-            return prepared
-        try:
-            return await self._decode_on_device(item, prepared, device_round)
-        except BaseException:
-            prepared.plan.abandon()
-            raise
-
-    async def _prepare_on_host(self, item: IntakeItem, image_encoding: str | None,
-                               is_device_decoding: bool, images_inline: bool) -> _Prepared:
-        if self._is_inline(item, images_inline):
-            return self._prepare_now(item, image_encoding)
-        future = self._executor.submit(self._prepare_now, item, image_encoding, is_device_decoding)
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            # The thread may be planning right now for nobody: settle the plan when it lands.
-            future.add_done_callback(_abandon_landed_plan)
-            raise
-
-    async def _decode_on_device(self, item: IntakeItem, prepared: _Prepared,
-                                device_round: DeviceDecodeRound) -> _Prepared:
-        """The images left for the device decoded in the call's batch; those it leaves, on the CPU one by one."""
-        decoded = await device_round.decode([item.images[index].encoded for index in prepared.on_device])
-        images = list(prepared.images)
-        for index, pixels in zip(prepared.on_device, decoded, strict=True):
-            images[index] = pixels if pixels is not None else await self._off_loop(self._model_input, item, index)
-        return dataclasses.replace(prepared, images=tuple(images), on_device=())
-
-    def _prepare_now(self, item: IntakeItem, image_encoding: str | None, is_device_decoding: bool = False) -> _Prepared:
-        """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop: ``_is_inline``).
-
-        ``is_device_decoding``: the JPEGs the plan needs are left undecoded
-        (``on_device``) for the call's device batch.
-        """
-        if self._faults is not None:
-            self._faults.after_stage("decode", (image_encoding,))
-        tokens, joint = fit_item_text(self._tokenizer, self._budget, item)
-        plan = self._router.plan_segments(item.images, tokens.token_ids if tokens is not None else None,
-                                          item.use_cache)
-        try:
-            needed = set(plan.image_indices_to_compute)
-            on_device = tuple(index for index in sorted(needed) if is_device_decoding
-                              and self._is_for_device(item.images[index]))
-            images = tuple(self._model_input(item, index) if index in needed and index not in on_device else None
-                           for index in range(len(item.images)))
-        except BaseException:
-            plan.abandon()
-            raise
-        return _Prepared(tokens, joint, plan, images, on_device)
-
-    def _is_for_device(self, content: ImageContent) -> bool:
-        return (self._device_decoder is not None and content.encoded is not None
-                and self._device_decoder.accepts(content.encoded))
-
-    def _model_input(self, item: IntakeItem, index: int) -> np.ndarray:
-        """Image ``index`` of ``item`` as the model's (S, S, 3) uint8 input; decoding runs here (a pool thread,
-        or the loop for small images: ``_is_inline``).
-
-        For an item that sent a list, a decoder's error is wrapped in
-        ``ImageItemError`` so the answer can name the bad image.
-        """
-        try:
-            return self._pixels(item.images[index])
-        except Exception as e:
-            if item.images_as_list:
-                raise ImageItemError(index, e) from e
-            raise
-
-    def _pixels(self, content: ImageContent) -> np.ndarray:
-        if self._prepared_pixels is not None and (prepared := self._prepared_pixels(content)) is not None:
-            return prepared
-        preprocess = self._preprocess
-        if content.pixels is not None:
-            pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)  # (H, W, 3)
-            return pixels_to_model_input(pixels, preprocess)
-        decoded = self._decode_image(content.encoded)
-        if isinstance(decoded, np.ndarray):
-            return pixels_to_model_input(decoded, preprocess)  # (H, W, 3) -> (S, S, 3)
-        return resize_to_model_input(decoded, preprocess)  # (S, S, 3)
-
-    async def _off_loop(self, work: Callable[..., np.ndarray], *args: object) -> np.ndarray:
-        return await asyncio.wrap_future(self._executor.submit(work, *args))
-
     @staticmethod
-    def _request(item: IntakeItem, prepared: _Prepared, images: tuple[np.ndarray | None, ...],
+    def _request(item: IntakeItem, prepared: PreparedItem, images: tuple[np.ndarray | None, ...],
                  plan: SegmentPlan, arrival_ns: int, image_encoding: str | None) -> InferenceRequest:
         tokens = prepared.text
         return InferenceRequest(

@@ -15,6 +15,7 @@ of what it sent, from the same ``ItemFacts.sent``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -70,6 +71,8 @@ class ItemFacts:
 
     @classmethod
     def of_images(cls, images: Sequence[ImageContent], *, protocol: str, priority: str) -> ItemFacts:
+        if not images:  # a text: one shared instance per label pair (frozen), not five empty tuples per item
+            return _without_images(protocol, priority)
         encodings = tuple(image_encoding(image) for image in images)
         pixels = tuple(image_pixels(image) for image in images)
         return cls(
@@ -97,3 +100,8 @@ class ItemFacts:
             is_text_truncated=None if text is None else text.is_truncated,
             num_joint_tokens=None if joint is None else joint.total,
         )
+
+
+@functools.lru_cache(maxsize=64)  # protocol and priority are the server's own labels: a handful of pairs
+def _without_images(protocol: str, priority: str) -> ItemFacts:
+    return ItemFacts(protocol=protocol, priority=priority)

@@ -81,6 +81,11 @@ class ItemTextFitter:
                 raise outcome  # cancelled: not an answer about the item
         return fitted  # type: ignore[return-value]  # items or Exceptions here
 
+    def joint_of(self, fitted: IntakeItem) -> JointTokens:
+        """The joint count of an item ``fit_all`` returned, as the engine's intake counts it again for the item
+        (its budget check on the same ids: they fit, so nothing is cut or raised); arithmetic on a few integers."""
+        return self._budget.fit(len(fitted.images), fitted.tokens, truncate=fitted.truncate)[1]
+
     async def _fit(self, item: IntakeItem) -> IntakeItem:
         if item.text is None or len(item.text) <= self._inline_text_max_chars:
             tokens, _ = fit_item_text(self._tokenizer, self._budget, item)

@@ -93,21 +93,39 @@ class SegmentSlot(Generic[Segment]):
 class ImageContent:
     """An image as it arrived: encoded file bytes, or raw pixels with their shape.
 
-    Raw pixels that another process has already turned into the model's input
-    (an API process, into shared memory) need not travel again, whatever their
-    size: ``left_behind`` keeps their shape, the cache key their bytes give and
-    their length, so keys and facts (``num_bytes``) are the ones the bytes give.
+    An image that another process has already turned into the model's input
+    (an API process, into shared memory) need not travel again, whatever its
+    size: ``left_behind`` keeps raw pixels' shape, the cache key their bytes
+    give and their length, and ``encoded_left_behind`` an encoded image's key,
+    length and what its header says (encoding, W x H), so keys and facts
+    (``num_bytes``, ``router.image_header``) are the ones the bytes give.
     """
 
     encoded: bytes | None = None
     pixels: bytes | None = None
     shape: tuple[int, ...] | None = None
-    pixels_key: SegmentKey | None = None  # left behind: the key of the pixels that did not travel
+    pixels_key: SegmentKey | None = None  # left behind: the key of the bytes that did not travel
     pixels_length: int | None = None  # left behind: their length in bytes
+    header_encoding: str | None = None  # an encoded image left behind: the encoding its header gave
+    header_pixels: int | None = None  # an encoded image left behind: W x H from its header (None: unreadable)
 
     def left_behind(self, key: SegmentKey) -> ImageContent:
         """These raw pixels as sent on once decoded elsewhere: shape, key and length, no bytes."""
         return ImageContent(pixels=b"", shape=self.shape, pixels_key=key, pixels_length=len(self.pixels or b""))
+
+    def encoded_left_behind(self, key: SegmentKey | None, encoding: str, size_px: int | None) -> ImageContent:
+        """This encoded image as sent on once decoded elsewhere: key, length and header, no bytes.
+
+        ``key`` is ``None`` where the receiver will not ask the cache (its image
+        cache off, or the item's ``use_cache`` false): no digest for nothing.
+        """
+        return ImageContent(encoded=b"", pixels_key=key, pixels_length=len(self.encoded or b""),
+                            header_encoding=encoding, header_pixels=size_px)
+
+    @property
+    def is_left_behind(self) -> bool:
+        """Whether its bytes stayed where it was decoded (it can be keyed and counted, not decoded)."""
+        return self.pixels_length is not None
 
     @property
     def num_bytes(self) -> int:
@@ -257,8 +275,10 @@ class SegmentCatalog:
         self.image_preprocess_id = image_preprocess_id
 
     def image_key(self, content: ImageContent) -> SegmentKey:
-        if content.pixels_key is not None:  # pixels left behind where they were decoded: their key came along
+        if content.pixels_key is not None:  # bytes left behind where they were decoded: their key came along
             return content.pixels_key
+        if content.is_left_behind:
+            raise ValueError("an image left behind without its key was asked of the cache")
         if content.encoded is not None:
             return encoded_image_key(self.model_fingerprint, self.image_preprocess_id, content.encoded)
         return pixels_key(self.model_fingerprint, self.image_preprocess_id, content.pixels, content.shape)

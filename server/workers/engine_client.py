@@ -9,10 +9,10 @@ protocol above it are unchanged:
                 here: the engine tokenizes nothing
     peek        ask the engine which images' segments it holds (no claim)
     decode      only the others, in this process's decode pool, to the model's
-                (S, S, 3) uint8 input
+                (S, S, 3) uint8 input (the drill, peek and decode: server.workers.missing_images)
     run         the decoded images written into shared-memory slots, and the items
-                (token ids, encoded images' bytes for the cache keys, slot numbers;
-                raw pixels decoded here go as their key and length) -> the engine's intake
+                (token ids, slot numbers; an image decoded here goes as its cache key,
+                length and header, one the engine holds as its bytes) -> the engine's intake
     settle      the engine frees each slot as it copies the pixels out, when the
                 call arrives (``server.workers.pixel_slots``); a cancelled call
                 (the client went away) is cancelled in the engine too
@@ -64,7 +64,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,17 +73,18 @@ from monitoring.inputs import RequestInputs
 from models.loading.config import PreprocessConfig
 from models.served_facts import ServedModelFacts
 from models.tokenizer_files import TokenizerFiles
-from models.preprocessing import pixels_to_model_input, resize_to_model_input
-from router.errors import ImageItemError, IntakeItemError, ShuttingDownError
+from router.errors import IntakeItemError, ShuttingDownError
 from router.faults import FaultInjector
-from router.image_header import image_pixels, images_encoding
-from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
+from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
 from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
+from router.item_facts import ItemFacts
 from router.item_text import ItemTextFitter
-from router.segments import ImageContent, SegmentCatalog
+from router.joint_budget import JointTokens
+from router.segments import SegmentCatalog
 from router.tracing import BatchTrace
 from server.errors import ApiError
 from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_messages
+from server.workers.missing_images import MissingImages
 from server.workers.pixel_slots import PixelSlots
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
 
@@ -143,15 +144,11 @@ class EngineClient:
                  faults: FaultInjector | None = None, is_image_cache_on: bool = True,
                  inline_image_max_pixels: int = INLINE_IMAGE_MAX_PIXELS) -> None:
         self._socket_path = socket_path
-        # With the engine's image cache off nothing can be held there: no keys, no peek round trip.
-        self._is_image_cache_on = is_image_cache_on
         self._texts = texts
         self._faults = faults  # a copy of the engine's drills, kept by the engine's pushes
         self._catalog = catalog  # keys only: the cache is the engine's
-        self._preprocess = preprocess
-        self._decode_image = decode_image
-        self._executor = executor
-        self._inline_image_max_pixels = inline_image_max_pixels  # smaller items decode on the loop (intake's rule)
+        self._images = MissingImages(catalog, preprocess, decode_image, executor, faults, is_image_cache_on,
+                                     inline_image_max_pixels)
         self._slots = slots
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
@@ -217,9 +214,11 @@ class EngineClient:
 
     def send_record(self, route: str, stage_ns: Mapping[str, int], batch_size: int | None, cache_hit: bool | None,
                     inputs: RequestInputs | None) -> None:
-        """One answered request's latency record, for the engine's monitor (``server.workers.engine_monitor``)."""
+        """One answered request's latency record, for the engine's monitor (``server.workers.engine_monitor``);
+        its inputs go as their code (``monitoring.inputs.inputs_of_code``)."""
         if self.fault is None and self._writer is not None:
-            self._writer.write(("record", next(self._ids), route, dict(stage_ns), batch_size, cache_hit, inputs))
+            self._writer.write(("record", next(self._ids), route, dict(stage_ns), batch_size, cache_hit,
+                                None if inputs is None else inputs.code))
 
     async def _call(self, *message: object) -> object:
         _, future = self._send(*message)
@@ -251,20 +250,33 @@ class EngineClient:
     async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list:
         """What ``RequestIntake.run`` answers, computed by the engine; raises what it would raise."""
         with CallInFlight(self) as call:
-            await self._drill_decode(items)
+            await self._images.drill(items)
             fitted = await self._texts.fit_all(items)
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
-            pixels = await self._decode_missing(items if refused is None else items[:refused])
+            to_decode = items if refused is None else items[:refused]
+            keys = self._images.keys(to_decode)
+            pixels = await self._images.decode(to_decode, self._peek, keys)
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
-            fitted = raw_pixels_left_behind(fitted, pixels, self._catalog)  # type: ignore[arg-type]
+            # What was decoded here goes as its key, length and header (server.workers.raw_pixels_sent).
+            fitted = raw_pixels_left_behind(fitted, pixels, self._catalog, keys)  # type: ignore[arg-type]
             slots = self.put_pixels(pixels)
             kind, fields = await call.send(slots, "run", fitted, arrival_ns, self._slots.name, slots)
-        if kind == "ok":  # the token ids this process sent are not sent back (engine_answers.portable_of_item)
-            return [call.counted(outcome, item.tokens) for outcome, item in zip(fields[0], fitted)]
+        if kind == "ok":  # the ids this process sent, the joint count and the facts are not sent back
+            return [call.counted(outcome, fit.tokens, *self._derived(outcome, item, fit))  # (portable_of_item)
+                    for outcome, item, fit in zip(fields[0], items, fitted)]
         row, (status, code, message, field, retry_after_s) = fields
         error = ApiError(status, code, message, field, retry_after_s)
         raise IntakeItemError(row, error) if row is not None else error
+
+    def _derived(self, outcome: IntakeOutcome, item: IntakeItem,
+                 fitted: IntakeItem) -> tuple[JointTokens, ItemFacts] | tuple[()]:
+        """The joint count and facts the engine left out of ``outcome`` (none if it sent them), derived here as the
+        engine's intake derives them: the facts of the item the client sent, with the text as it ran."""
+        if outcome.facts is not None:
+            return ()
+        joint = self._texts.joint_of(fitted)
+        return joint, ItemFacts.sent(item).with_text(fitted.tokens, joint)
 
     @property
     def slots_name(self) -> str:
@@ -278,8 +290,11 @@ class EngineClient:
         image). Nothing is in a pixel slot yet: ``put_pixels`` writes them when
         the call is sent, so a call that ends before holds no slot.
         """
-        await self._drill_decode(items)
-        return await self._decode_missing(items)
+        await self._images.drill(items)
+        return await self._images.decode(items, self._peek)
+
+    async def _peek(self, keys: list) -> object:
+        return await self._call("peek", keys)
 
     def put_pixels(self, pixels: Sequence[Sequence[np.ndarray | None]]) -> list[list[int | None]]:
         """Each decoded image written into a pixel slot, held until the engine copies it out; the slot numbers.
@@ -315,62 +330,6 @@ class EngineClient:
             raise asyncio.CancelledError()
         return kind, fields
 
-    async def _drill_decode(self, items: Sequence[IntakeItem]) -> None:
-        """A ``decode`` drill's delay for each item, in the decode pool (the module's docstring)."""
-        if self._faults is None:
-            return
-        delays = [self._executor.submit(self._faults.after_stage, "decode",
-                                        (images_encoding(item.images),))
-                  for item in items]
-        await asyncio.gather(*(asyncio.wrap_future(delay) for delay in delays))
-
-    async def _decode_missing(self, items: Sequence[IntakeItem]) -> list[list[np.ndarray | None]]:
-        """Decode every image the engine does not hold; the model's input per item and image (``None``: held)."""
-        keys = [self._catalog.image_key(content) if item.use_cache and self._is_image_cache_on else None
-                for item in items for content in item.images]  # raw pixels keyed as one process does
-        cached = iter(await self._call("peek", keys) if any(key is not None for key in keys) else [False] * len(keys))
-        work = []
-        pixels: list[list[np.ndarray | None]] = []
-        for item_index, item in enumerate(items):
-            item_pixels: list[np.ndarray | None] = []
-            for image_index, content in enumerate(item.images):
-                item_pixels.append(None)
-                if not next(cached):
-                    work.append((item_index, item, image_index, content))
-            pixels.append(item_pixels)
-        if work and self._faults is None and decodes_inline([image_pixels(job[3]) for job in work],
-                                                            self._inline_image_max_pixels):
-            for job in work:  # together small enough that a hop to the pool costs more (router.inline_decode)
-                pixels[job[0]][job[2]] = self._decode(*job)
-        elif work:
-            jobs: list[Future] = []
-            try:
-                for job in work:
-                    jobs.append(self._executor.submit(self._decode, *job))
-                outcomes = await asyncio.gather(*map(asyncio.wrap_future, jobs), return_exceptions=True)
-            except BaseException:  # cancelled (the client left), or the pool refused a job: drop what waits
-                for job in jobs:
-                    job.cancel()
-                raise
-            for job, outcome in zip(work, outcomes):
-                if isinstance(outcome, BaseException):
-                    raise outcome
-                pixels[job[0]][job[2]] = outcome
-        return pixels
-
-    def _decode(self, item_index: int, item: IntakeItem, image_index: int, content: ImageContent) -> np.ndarray:
-        """One image -> the model's input (a decode-pool thread, or the loop); errors as the intake names them."""
-        try:
-            if content.pixels is not None:
-                pixels = np.frombuffer(content.pixels, dtype=np.uint8).reshape(content.shape)
-                return pixels_to_model_input(pixels, self._preprocess)
-            decoded = self._decode_image(content.encoded)
-            return (pixels_to_model_input(decoded, self._preprocess) if isinstance(decoded, np.ndarray)
-                    else resize_to_model_input(decoded, self._preprocess))
-        except Exception as e:
-            error: Exception = ImageItemError(image_index, e) if item.images_as_list else e
-            raise IntakeItemError(item_index, error) from e
-
 
 class CallInFlight:
     """One call to the engine, from its first preparing step to its answer (a ``with`` block): refused while
@@ -398,9 +357,13 @@ class CallInFlight:
         self.prepare_ns = time.perf_counter_ns() - self.started_ns
         return await self._client.call_with_slots(slots, *message)
 
-    def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None) -> IntakeOutcome:
+    def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None,
+                joint: JointTokens | None = None, facts: ItemFacts | None = None) -> IntakeOutcome:
         """The engine's outcome with this process's preparing counted in, from its start (one process's ``decode``),
-        and the token ids this process sent for its item put back (the engine does not send them back)."""
+        and what the engine leaves out put back: the token ids this process sent for its item, and the joint
+        count and facts derived here (``EngineClient._derived``)."""
         text = sent_tokens if outcome.text is None else outcome.text
         return dataclasses.replace(outcome, decode_ns=self.prepare_ns + outcome.decode_ns,
-                                   decode_started_ns=self.started_ns, text=text)
+                                   decode_started_ns=self.started_ns, text=text,
+                                   joint=outcome.joint if joint is None else joint,
+                                   facts=outcome.facts if facts is None else facts)

@@ -7,7 +7,8 @@ disagree), attribution sees every request's inputs, and ``/v1/monitoring/*``
 (answered by the engine, ``server.workers.engine_routes``) and the stage
 quantiles of ``/metrics`` are the same whichever API process is asked.
 
-A record is a few numbers; it rides in the frames the API process writes to
+A record is a few numbers (its inputs as their code: ``monitoring.inputs.inputs_of_code``
+looks them up in the engine); it rides in the frames the API process writes to
 the engine anyway (``server.workers.frames.CorkedFrameWriter``), with no answer.
 The request layer calls ``record`` after the answer is complete, as it calls
 the single process's monitor.

@@ -19,6 +19,8 @@ socket (``server.workers.frames``):
                                            without its guards (server.workers.engine_routes)
     ("describe", id)                       -> ("ok", id, (ServedModelFacts, TokenizerFiles)): the model's
                                            facts and its tokenizer's files, all an API process loads
+    ("record", id, route, stage_ns, batch_size, cache_hit, inputs code)   an answered request's latency record
+                                           (server.workers.engine_monitor; no answer)
     ("batch_spans", id, [BatchTrace])      export these batches' spans (kept requests' batches; no answer)
     ("watch_faults", id)                   -> ("faults", None, [(FaultPlan, seconds left)]), ("ok", id, None),
                                            then the same "faults" frame, unasked, after every drill change
@@ -28,10 +30,10 @@ plan, submit, settle), with the items' token ids the API process computed
 (``IntakeItem.tokens``: nothing is tokenized here, the budget is checked again)
 and the pixels it decoded taken from its shared-memory slots; an image it did
 not decode (the peek said cached, and the entry left the cache since) is
-decoded here. An encoded image keeps the bytes it was sent as (the engine may
-decode it, and keys the cache by them); raw pixels the API process decoded into
-a slot arrive as their cache key and length only (``ImageContent.left_behind``),
-so every key and fact is the one a single process derives. Deadlines count from
+decoded here, so such an image keeps the bytes it was sent as. An image the
+API process decoded into a slot arrives as its cache key, length and (encoded)
+header only (``server.workers.raw_pixels_sent``), so every key and fact is the
+one a single process derives and no file crosses twice. Deadlines count from
 ``arrival_ns``, the API process's ``perf_counter_ns`` at arrival: on Linux that
 clock is CLOCK_MONOTONIC, one clock for every process of the machine.
 
@@ -68,6 +70,7 @@ from fastapi import FastAPI
 from prometheus_client import generate_latest
 
 from models.tokenizer_packing import pack_tokenizer
+from monitoring.inputs import inputs_of_code
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey
@@ -150,6 +153,10 @@ class Engine:
                         task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, prepared_ids, reply))
                         calls[call_id] = task
                         task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
+                    elif kind == "record":  # an API process's answered request (engine_monitor); next to run: one per request
+                        route, stage_ns, batch_size, cache_hit, inputs_code = message[2:]
+                        self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
+                                                   inputs=None if inputs_code is None else inputs_of_code(inputs_code))
                     elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
                         work, arrival_ns, block, slots = message[2:]
                         prepared_ids = self._zero_shot.take_pixels(work, self._attached(attached, block), slots)
@@ -176,10 +183,6 @@ class Engine:
                         faults = self._state.faults
                         reply("faults", None, faults.entries() if faults is not None else ())
                         reply("ok", call_id, None)
-                    elif kind == "record":  # an API process's answered request (server.workers.engine_monitor)
-                        route, stage_ns, batch_size, cache_hit, inputs = message[2:]
-                        self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
-                                                   inputs=inputs)
                     elif kind == "batch_spans":
                         if self._state.tracer is not None:
                             self._state.tracer.emit_batches(message[2])

@@ -148,6 +148,18 @@ def encode(message: object) -> bytes:
     return msgpack.packb(message, default=_to_packable, use_bin_type=True, strict_types=True)
 
 
+def packer() -> msgpack.Packer:
+    """``encode`` as a packer kept for repeated use on one thread (``CorkedFrameWriter``: its loop's).
+
+    ``packb`` builds a packer and its buffer on every call; a writer that
+    encodes each answer of the engine, the one process every request passes,
+    keeps one instead (about 2 us an answer on the development machine). A
+    value no frame carries still raises ``TypeError`` and leaves the packer
+    empty for the next message.
+    """
+    return msgpack.Packer(default=_to_packable, use_bin_type=True, strict_types=True)
+
+
 def decode(payload: bytes) -> Any:  # noqa: ANN401 - a message is any of the values above
     """The message ``encode`` made; ``FrameDecodeError`` for anything else."""
     tags = [0, 0]  # read, built: a tag not at the head of an array is read and never built

@@ -35,7 +35,7 @@ import asyncio
 import socket
 import struct
 
-from server.workers.frame_codec import decode, encode
+from server.workers.frame_codec import decode, encode, packer
 
 _LENGTH = struct.Struct(">I")
 MAX_FRAME_BYTES = 1 << 31  # a body is at most MMSERVE_MAX_BODY_BYTES; this only guards a corrupt length
@@ -94,10 +94,11 @@ class CorkedFrameWriter:
         self._writer = writer
         self._loop = asyncio.get_running_loop()
         self._pending: list[bytes] = []
+        self._pack = packer().pack  # used on the loop's thread only
 
     def write(self, message: tuple) -> None:
         """Queue ``message`` (on the loop's thread); it leaves with the turn's others."""
-        payload = encode(message)
+        payload = self._pack(message)
         if not self._pending:
             self._loop.call_soon(self.flush)
         self._pending.append(payload)

@@ -11,7 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring import ManualClock, Monitor, MonitorConfig, RequestInputs
 from monitoring.input_histograms import NUM_BINS, InputHistograms, bin_edges_s, bin_of_ns, count_inputs, first_slow_bin
-from monitoring.inputs import NUM_COMBINATIONS, NUM_VALUES, VALUES, images_bucket, pixels_bucket, tokens_bucket
+from monitoring.inputs import (
+    NUM_COMBINATIONS, NUM_VALUES, VALUES, images_bucket, inputs_of_code, pixels_bucket, tokens_bucket,
+)
 from monitoring_traffic import lognormal_ns
 
 ENCODINGS = ("jpeg", "png", "raw_uint8")
@@ -220,3 +222,15 @@ def test_counts_match_a_per_sample_count_and_slide_with_the_window() -> None:
     assert histograms.window().sum() == counts.sum() and histograms.baseline.sum() == counts[0].sum()
     histograms.rotate(3, into_baseline=False)  # both sub-windows leave the window
     assert histograms.window().sum() == 0 and histograms.baseline.sum() == counts[0].sum()
+
+
+def test_every_code_looks_up_the_interned_inputs_it_numbers():
+    """A record crossing between processes carries its inputs' code; the receiver's lookup is the sender's object."""
+    sent = RequestInputs.of(largest_image_pixels=224 * 224, image_encoding="jpeg", num_text_tokens=9, num_images=1,
+                            priority="high", protocol="openai")
+    assert inputs_of_code(sent.code) is sent
+    seen = {inputs_of_code(code) for code in range(NUM_COMBINATIONS)}
+    assert len(seen) == NUM_COMBINATIONS and {inputs.code for inputs in seen} == set(range(NUM_COMBINATIONS))
+    for bad in (-1, NUM_COMBINATIONS, 1.0, "3", True):
+        with pytest.raises(ValueError, match="no RequestInputs code"):
+            inputs_of_code(bad)  # type: ignore[arg-type]

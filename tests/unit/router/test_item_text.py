@@ -18,6 +18,7 @@ from models.errors import TextTooLongError
 from models.tokenizer import TokenizedText
 from router.errors import JointTokensExceededError, TooManyImagesError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
+from router.item_facts import ItemFacts
 from router.item_text import INLINE_TEXT_MAX_CHARS, ItemTextFitter, fit_item_text
 from router.joint_budget import JointTokenBudget
 from router.segments import ImageContent
@@ -131,3 +132,27 @@ def test_the_intake_runs_tokens_brought_along_as_its_own_tokenizing_would(make_r
     np.testing.assert_allclose(text_ours.result.text_embedding, text_reference.result.text_embedding,
                                rtol=1e-6, atol=1e-6)
     assert router.cache.num_in_flight == 0
+
+
+def test_the_joint_count_and_facts_derived_from_a_fitted_item_are_the_intakes(make_router, pool):
+    """An API process derives an answer's joint count and facts itself (the engine leaves them out): from the
+    item the client sent and the item ``fit_all`` made, they are what one process's intake computes."""
+    router = make_router()
+
+    def decoder(data: bytes) -> np.ndarray:
+        return np.full((24, 20, 3), 7, dtype=np.uint8)  # (H, W, 3)
+
+    plain = RequestIntake(router, IntakeTools.of(router.bundle, router.budget), decoder, pool)
+    fitter = ItemTextFitter(router.bundle.tokenizer, router.budget, pool)
+    raw = ImageContent(pixels=bytes(range(6 * 4 * 3)), shape=(6, 4, 3))
+    sent = [IntakeItem("t", text="a red square", use_cache=False, protocol="openai"),
+            IntakeItem("l", text="word " * 200, truncate=True, use_cache=False),
+            IntakeItem("f", text="a red square", images=(IMAGE,), use_cache=False),
+            IntakeItem("i", images=(IMAGE, raw), use_cache=False, images_as_list=True)]
+    fitted = asyncio.run(fitter.fit_all(sent))
+    for item, fit in zip(sent, fitted):
+        reference = asyncio.run(plain.run_one(item, time.perf_counter_ns()))
+        joint = fitter.joint_of(fit)
+        assert joint == reference.joint, item.request_id
+        assert ItemFacts.sent(item).with_text(fit.tokens, joint) == reference.facts, item.request_id
+    assert reference.facts.num_images == 2 and reference.facts.raw_shapes == ((6, 4, 3),)

@@ -290,6 +290,7 @@ def test_an_answer_leaves_out_the_token_ids_its_item_brought_and_the_api_process
     item = IntakeItem("r-1", tokens=text.text)
     sent = decode(encode(portable_of_item(text, item)))
     assert sent.text is None, "the engine ran the ids the API process sent: they do not travel back"
+    assert sent.joint is None and sent.facts is None, "the API process derives them from its items"
     assert len(encode(portable_of_item(text, item))) < len(encode(portable_of_item(text, IntakeItem("r-1"))))
     other = IntakeItem("r-1", tokens=TokenizedText(text.text.token_ids, False, 5))  # equal, not the ones run
     assert _same(decode(encode(portable_of_item(text, other))).text, text.text)
@@ -300,5 +301,7 @@ def test_an_answer_leaves_out_the_token_ids_its_item_brought_and_the_api_process
     with CallInFlight(Client()) as call:  # type: ignore[arg-type]
         pass
     assert call.counted(sent, item.tokens).text is item.tokens
+    back = call.counted(sent, item.tokens, text.joint, text.facts)
+    assert back.joint == text.joint and back.facts == text.facts
     images = _outcomes()[1]
     assert call.counted(decode(encode(portable_of_item(images, IntakeItem("r-2")))), None).text is None

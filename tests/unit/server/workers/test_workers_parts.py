@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
 import time
 from multiprocessing import resource_tracker
@@ -12,11 +13,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+from PIL import Image
 from pydantic import SecretStr
 
 from monitoring import Monitor
 from monitoring.serving_metrics import ServingMetrics
 from router.intake import IntakeItem
+from router.item_facts import ItemFacts
 from cache import SegmentCache
 from router.segments import ImageContent, SegmentCatalog
 from server.errors import ApiError
@@ -46,7 +49,8 @@ def test_a_frame_carries_an_item_both_ways():
 
 
 def test_raw_pixels_decoded_into_a_slot_do_not_travel_to_the_engine():
-    """Only raw pixels with a slot stay behind (as key and length); the engine may still decode the others."""
+    """Only raw pixels with a slot stay behind (as key and length); the engine may still decode the others.
+    Without the peek's keys an encoded image keeps its bytes."""
     catalog = SegmentCatalog(SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20), "fp", "size=32")
     raw = ImageContent(pixels=bytes(300 * 400 * 3), shape=(300, 400, 3))
     jpeg = ImageContent(encoded=b"\xff\xd8jpeg")
@@ -170,3 +174,26 @@ def test_settings_travel_to_the_children_whole_secrets_included(monkeypatch):
     received = handoff.settings_from_environment()
     assert received == settings
     assert received.api_keys.get_secret_value() == "k1,k2"
+
+
+def test_an_encoded_image_decoded_into_a_slot_goes_as_its_key_length_and_header():
+    """With the peek's keys, a decoded JPEG's file stays here: the engine keys and counts it as its bytes do, and
+    where it will not ask the cache (key ``None``) nothing is hashed; one without a slot keeps its bytes."""
+    catalog = SegmentCatalog(SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20), "fp", "size=32")
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(buffer, format="JPEG")
+    jpeg = ImageContent(encoded=buffer.getvalue() + bytes(5000))  # a file of some size
+    held = ImageContent(encoded=b"\x89PNG\r\n\x1a\n" + bytes(40))
+    items = [IntakeItem("keyed", images=(jpeg, held), protocol="kserve_v2"), IntakeItem("unasked", images=(jpeg,))]
+    keys = [[catalog.image_key(jpeg), catalog.image_key(held)], [None]]
+    sent = raw_pixels_left_behind(items, [[0, None], [1]], catalog, keys)
+    keyed, unasked = sent[0].images[0], sent[1].images[0]
+    assert sent[0].images[1] is held, "no slot: the engine may decode it, so its bytes go"
+    assert keyed.encoded == b"" and catalog.image_key(keyed) == catalog.image_key(jpeg)
+    assert unasked.pixels_key is None
+    with pytest.raises(ValueError, match="without its key"):
+        catalog.image_key(unasked)
+    for item, behind in zip(items, sent):
+        assert ItemFacts.sent(behind) == ItemFacts.sent(item)
+    assert ItemFacts.sent(sent[1]).largest_image_pixels == 40 * 30 and keyed.num_bytes == jpeg.num_bytes
+    assert len(encode_frame(("run", 1, sent))) < 1000 < 2 * jpeg.num_bytes
