@@ -24,11 +24,14 @@ import json
 import queue
 import re
 import socket
-import threading
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import httpx
@@ -251,6 +254,7 @@ def _listening_sockets(port: int) -> int:
 
 def test_every_api_process_listens_on_the_grpc_port_and_channels_are_answered(served: Served):
     assert _listening_sockets(served.grpc_port) == served.num_api_workers
+    timed_before = served.metric("mmserve_request_duration_seconds_count", route="v2_grpc")
     clients = [served.grpc_client() for _ in range(4)]
     try:
         embeddings = [client.infer(MODEL, [_text_input([b"same text"])], headers=auth()).as_numpy("text_embedding")
@@ -260,6 +264,7 @@ def test_every_api_process_listens_on_the_grpc_port_and_channels_are_answered(se
             client.close()
     for embedding in embeddings[1:]:
         np.testing.assert_array_equal(embedding, embeddings[0])
+    assert served.metric("mmserve_request_duration_seconds_count", route="v2_grpc") == timed_before + 4
 
 
 def test_gzip_and_keepalive_are_accepted(served: Served):
@@ -287,3 +292,19 @@ def test_draining_turns_health_not_serving_refuses_new_calls_and_finishes_runnin
                 client.infer(MODEL, [_text_input([b"new"])])
             assert raised.value.status() == "StatusCode.UNAVAILABLE"
             assert running.result().as_numpy("text_embedding").shape == (1, 32)
+
+
+def test_the_readme_grpc_example_runs_as_written(tiny_bundle):
+    """README's tritonclient.grpc example, with its address and model made this server's (a free port, not
+    8001; the tiny preset, not vit-l16): the rest as written."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    (example,) = re.findall(r"```python\n( *import numpy as np, tritonclient\.grpc as grpcclient\n.*?) *```", readme,
+                            re.S)
+    example = textwrap.dedent(example)
+    port = free_port()
+    example = example.replace("localhost:8001", f"127.0.0.1:{port}").replace('"vit-l16"', '"tiny"')
+    with run_live_server(Settings(preset="tiny", device="cpu", grpc_port=port), tiny_bundle):
+        completed = subprocess.run([sys.executable, "-c", example],
+                                   capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.strip() == "(1, 32)"
