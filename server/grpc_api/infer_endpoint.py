@@ -33,6 +33,10 @@ from server.routes.v2 import check_model
 from server.state import ServerState
 
 METRICS_ROUTE = "v2_grpc"
+# A call cancelled this close to its deadline was cancelled by it: the client's timer fires a moment before
+# the server's (the server's deadline is the client's minus the time the call took to arrive), and its
+# RST_STREAM reaches the server while a few milliseconds remain there.
+DEADLINE_SLACK_S = 0.1
 T = TypeVar("T")
 
 
@@ -72,8 +76,8 @@ def deadline_us(context: grpc.aio.ServicerContext) -> int | None:
 async def until_call_ends(context: grpc.aio.ServicerContext, work: Awaitable[T]) -> T:
     """``work``, unless gRPC cancels the call first (the client cancelled, or the deadline passed).
 
-    gRPC cancels the handler's task; the task goes on to count and record the
-    call, which nobody reads any more.
+    gRPC cancels the handler's task; the task goes on to count the call (504
+    when its deadline had come, within ``DEADLINE_SLACK_S``; else 499), which nobody reads any more.
     """
     try:
         return await work
@@ -82,7 +86,7 @@ async def until_call_ends(context: grpc.aio.ServicerContext, work: Awaitable[T])
         if task is not None:
             task.uncancel()
         remaining_s = context.time_remaining()
-        if remaining_s is not None and remaining_s <= 0:
+        if remaining_s is not None and remaining_s <= DEADLINE_SLACK_S:
             raise ApiError(504, "deadline_exceeded", "the call's gRPC deadline passed before its answer",
                            "timeout") from None
         raise ClientDisconnectedError() from None
