@@ -13,16 +13,16 @@ ones were the 4K PNGs" while memory stays bounded by construction::
     text_tokens      none  0  1-16  17-64  65-256  257+
     images           0  1  2  3  4+
     priority         high  normal  low  other
-    protocol         native  kserve_v2  openai  other
+    protocol         native  kserve_v2  kserve_v2_grpc  openai  other
 
 ``none`` means the request carried no image (or no text). A request's
 pixel bucket is its *largest* image's W x H (the one that costs most to
 decode and resize). A label outside the table (a new encoding, a new
 protocol) becomes ``other`` (``unknown`` for pixels) when the inputs are
-built, never a new value: 34 values in all, whatever the clients send.
+built, never a new value: 35 values in all, whatever the clients send.
 
 Bucketing happens when the server builds the inputs, once per request;
-each distinct combination (at most 7 * 8 * 6 * 5 * 4 * 4 = 26 880) is one
+each distinct combination (at most 7 * 8 * 6 * 5 * 4 * 5 = 33 600) is one
 interned object with a precomputed ``code``, so the folder reads one int per
 record and never hashes labels.
 """
@@ -58,7 +58,7 @@ DIMENSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (TEXT_TOKENS, (NONE, *(label for _, label in _TOKEN_BUCKETS), "257+")),
     (IMAGES, ("0", "1", "2", "3", "4+")),
     (PRIORITY, ("high", "normal", "low", OTHER)),
-    (PROTOCOL, ("native", "kserve_v2", "openai", OTHER)),
+    (PROTOCOL, ("native", "kserve_v2", "kserve_v2_grpc", "openai", OTHER)),
 )
 """Every dimension and its fixed values, in the order of ``VALUES``."""
 
@@ -82,7 +82,7 @@ DIMENSION_SLICES: dict[str, slice] = _dimension_slices()
 _RADICES = np.array([len(values) for _, values in DIMENSIONS], dtype=np.int64)
 _STRIDES = np.concatenate(([1], np.cumprod(_RADICES[:-1])))
 NUM_COMBINATIONS = int(np.prod(_RADICES))
-"""Distinct ``RequestInputs`` there can be (26 880); codes are ``0 .. NUM_COMBINATIONS - 1``."""
+"""Distinct ``RequestInputs`` there can be (33 600); codes are ``0 .. NUM_COMBINATIONS - 1``."""
 _OFFSETS = np.array([s.start for s in DIMENSION_SLICES.values()], dtype=np.int64)
 _INDEX = [{value: i for i, value in enumerate(values)} for _, values in DIMENSIONS]
 _FALLBACK = [len(values) - 1 if values[-1] in (OTHER, UNKNOWN) else None for _, values in DIMENSIONS]
@@ -152,7 +152,7 @@ class RequestInputs:
             num_text_tokens: Tokens of its text after tokenization (``None``: no text).
             num_images: Images it carried.
             priority: ``high``, ``normal`` or ``low``.
-            protocol: ``native``, ``kserve_v2`` or ``openai``.
+            protocol: ``native``, ``kserve_v2``, ``kserve_v2_grpc`` or ``openai``.
         """
         has_image = num_images > 0
         return _interned((

@@ -43,6 +43,7 @@ from server.runtime.model_loading import load_model, seal_graphs_when_ready, tra
 from server.runtime.runtime_choice import choose_runtime, log_served_model
 from server.runtime.monitoring_setup import build_monitor, mark_ready_when_ready
 from server.runtime.ops_port import serve_ops_port
+from server.grpc_api.server import serve_grpc
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.protocols.zero_shot_local import LocalZeroShot
 from server.settings import Settings
@@ -163,7 +164,10 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
         graphs_sealed = asyncio.create_task(seal_graphs_when_ready(model, lambda: router.is_ready))
         try:
-            async with watch_compute(router, settings.compute_hang_s), serve_ops_port(app, settings):
+            # gRPC is the API side's: an engine behind API processes (traced_process given) serves none.
+            grpc_settings = settings if traced_process is None else settings.model_copy(update={"grpc_port": None})
+            async with (watch_compute(router, settings.compute_hang_s), serve_ops_port(app, settings),
+                        serve_grpc(app, grpc_settings)):
                 yield
         finally:
             baseline_start.cancel()

@@ -89,7 +89,8 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
 
     direct_routes = DirectRouteTable()
     app.add_middleware(DirectRoutes, table=direct_routes)  # added first: the innermost layer, below every guard
-    add_request_guards(app, settings, count_early_rejection, registry=registry, rate_buckets=rate_buckets)
+    app.state.guards = add_request_guards(app, settings, count_early_rejection, registry=registry,
+                                          rate_buckets=rate_buckets)  # gRPC applies the same (server.grpc)
     for module in (infer, health, admin, v2, openai, zero_shot, monitoring):
         add_routes_of(app, module.router)
     match_inference_routes_first(app)

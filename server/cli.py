@@ -63,6 +63,7 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--seed", type=int, help="seed of a preset's random weights (default 0)")
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
+    serve.add_argument("--grpc-port", type=int, help="also serve KServe v2 over gRPC here (Triton's: 8001; default off)")
     serve.add_argument("--api-workers", type=_positive_int, metavar="N",
                        help="API processes sharing the port in front of one engine process; 1: one process "
                             "(default: 1 on a CPU device or 2 CPUs, else min(CPUs - 1, 3))")
@@ -233,7 +234,8 @@ def _serve(args: argparse.Namespace) -> int:
         settings = load_settings(
             args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
             fusion_head=args.fusion_head, seed=args.seed,
-            host=args.host, port=args.port, device=args.device, dtype=args.dtype, decode_device=args.decode_device,
+            host=args.host, port=args.port, grpc_port=args.grpc_port, device=args.device, dtype=args.dtype,
+            decode_device=args.decode_device,
             jpeg_draft=args.jpeg_draft,
             served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
             allow_open_admin=args.allow_open_admin, api_workers=args.api_workers, runtime=args.runtime,

@@ -1,6 +1,6 @@
 """The one request layer: what every inference request needs, whatever protocol it came by.
 
-    route handler:  return await serve(request, ENDPOINT)
+    route handler:  return await serve(request, ENDPOINT)      (gRPC: serve_call, server.grpc.infer_endpoint)
     ─────────────────────────────────────────────────────────────────────────────────────────────
     arrival   request id, arrival clock (perf_counter_ns), trace (tracer.begin)      this layer
     parse     endpoint.parse(request, state) -> Parsed(items, context)              the endpoint
@@ -306,24 +306,32 @@ def _watcher_task(request: Request, on_disconnect: Callable[[], None]) -> asynci
 
 async def serve(request: Request, endpoint: Endpoint) -> Response:
     """One request through ``endpoint``: the answer, with ``X-Request-ID`` (and ``traceparent`` while tracing)."""
+    return await serve_call(request.app.state.mmserve, endpoint, request, request.headers,
+                            functools.partial(until_disconnected, request))
+
+
+async def serve_call(state: ServerState, endpoint: Endpoint, source: Any, headers: Mapping[str, str],
+                     until_gone: Callable[[Awaitable[Ran]], Awaitable[Ran]]) -> Any:
+    """One request of any protocol: ``source`` is what ``endpoint.parse`` reads (HTTP: the ``Request``;
+    gRPC: the call), ``headers`` carry ``traceparent``, ``until_gone(work)`` awaits the run unless the client
+    goes away first (then raises ``ClientDisconnectedError``, or an ``ApiError`` saying why it gave up).
+    The answer is the endpoint's: anything with ``status_code`` and a ``headers`` mapping to add to."""
     started_ns = time.perf_counter_ns()
-    state: ServerState = request.app.state.mmserve
     request_id = new_request_id()
     tracer = state.tracer  # None while tracing is off: then nothing below touches a trace
-    trace = tracer.begin(request.headers, started_ns) if tracer is not None else None
+    trace = tracer.begin(headers, started_ns) if tracer is not None else None
     parsed: Parsed | None = None
     items: list[IntakeItem] = []
     outcomes: Sequence[RowOutcome] = ()
     answered: Answered | None = None
     failure: Failure | None = None
     try:
-        parsed = await endpoint.parse(request, state)
+        parsed = await endpoint.parse(source, state)
         span_ids = trace.ids if trace is not None else None
         items = [intake_item(row, f"{request_id}-{index}" if endpoint.is_rows else request_id, span_ids,
                              endpoint.protocol) for index, row in enumerate(parsed.items)]
         endpoint.check(parsed, state)
-        ran = await until_disconnected(request, endpoint.run(parsed, state,
-                                                             Arrival(request_id, started_ns, span_ids, items)))
+        ran = await until_gone(endpoint.run(parsed, state, Arrival(request_id, started_ns, span_ids, items)))
         outcomes = ran.outcomes
         answered = Answered(request_id, started_ns, time.perf_counter_ns(), ran)
         response = endpoint.render(parsed, answered, state)

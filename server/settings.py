@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     # -- network --------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address to bind.")
     port: int = Field(8000, ge=0, le=65535, description="Port to bind (0 = any free port).")
+    grpc_port: int | None = Field(
+        None, ge=1, le=65535, description="Also serve KServe v2 over gRPC on this port (Triton's default is 8001); "
+                                          "off when unset. Needs the grpc extra (pip install mmserve[grpc]).")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     api_workers: int | None = Field(
         None, ge=1, le=64, description="API processes in front of one engine process (HTTP, protocols, keys, limits, "

@@ -31,7 +31,8 @@ from server.http.audit import INVALID_KEY_ID, NO_KEY_ID, run_audited
 from server.http.keys import SCOPE_KEY_ID, ApiKeyConfigError, KeyMatch, KeyRing
 from server.settings import Settings
 
-__all__ = ["ApiKeyAuth", "ApiKeyConfigError", "access_policy", "load_key_ring", "warn_about_open_routes"]
+__all__ = ["ApiKeyAuth", "ApiKeyConfigError", "access_policy", "bearer_token", "load_key_ring", "refusal",
+           "warn_about_open_routes"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,17 +65,23 @@ def warn_about_open_routes(policy: AccessPolicy, host: str) -> None:
                        "MMSERVE_ADMIN_API_KEYS or MMSERVE_ADMIN_API_KEY_FILE is set (or --allow-open-admin)", host)
 
 
+def bearer_token(authorization: bytes) -> bytes:
+    """The key of an ``Authorization`` value (HTTP header or gRPC metadata); ``b""`` when it is not ``Bearer <key>``."""
+    scheme, _, token = authorization.partition(b" ")
+    if scheme.lower() == b"bearer" and token.strip():
+        return token.strip()
+    return b""
+
+
 def _presented_key(scope: Scope) -> bytes | None:
     for name, value in scope.get("headers") or []:
         if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer" and token.strip():
-                return token.strip()
-            return b""
+            return bearer_token(value)
     return None
 
 
-def _refusal(decision: Decision) -> ApiError:
+def refusal(decision: Decision) -> ApiError:
+    """The answer to a decision other than ``ALLOW`` (the same for every protocol: gRPC maps its status)."""
     if decision is Decision.MISSING_KEY:
         return ApiError(401, "missing_api_key", "this server needs an API key: send Authorization: Bearer <key>",
                         "authorization")
@@ -123,7 +130,7 @@ class ApiKeyAuth:
         if decision is Decision.ALLOW:
             await self.app(scope, receive, send)
             return
-        error = _refusal(decision)
+        error = refusal(decision)
         if self._on_reject is not None:
             self._on_reject(scope.get("path", ""), str(error.status))
         response = error.response()

@@ -20,6 +20,7 @@ does.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -33,7 +34,14 @@ from server.http.access_log import AccessLog
 from server.http.auth import ApiKeyAuth, access_policy, warn_about_open_routes
 from server.http.body_guard import BodyGuard
 from server.http.content_types import ContentTypeCheck
-from server.http.rate_limit import InProcessTokenBuckets, RateLimit, RateLimitMiddleware, TokenBucketStore
+from server.http.access_policy import AccessPolicy
+from server.http.rate_limit import (
+    InProcessTokenBuckets,
+    RateLimit,
+    RateLimiter,
+    RateLimitMiddleware,
+    TokenBucketStore,
+)
 from server.settings import Settings
 
 CORS_METHODS = ("GET", "POST", "DELETE", "OPTIONS")
@@ -47,26 +55,36 @@ def cors_origins(settings: Settings) -> list[str]:
     return [origin.strip() for origin in settings.cors_origins.split(",") if origin.strip()]
 
 
+@dataclass(frozen=True)
+class RequestGuards:
+    """The guards' state, one per app: what gRPC (``server.grpc.guards``) applies to its calls as HTTP does."""
+
+    policy: AccessPolicy
+    limiter: RateLimiter | None  # None without a rate limit
+
+
 def add_request_guards(app: FastAPI, settings: Settings,
                        count_rejection: Callable[[str, str], None] | None = None,
                        registry: CollectorRegistry | None = None,
-                       rate_buckets: TokenBucketStore | None = None) -> None:
+                       rate_buckets: TokenBucketStore | None = None) -> RequestGuards:
     """Add the layers above; ``count_rejection(path, status)`` counts a 401, 403, 413, 415 or 429 in the request
     metrics.
 
     ``registry``: where ``mmserve_rate_limited_total`` is exported (the app's own).
     ``rate_buckets``: where the buckets live when rate_limit is set; this process's memory unless given
     (API processes pass the table they share, ``server.workers.shared_rate_buckets``).
+    Returns the policy and limiter the layers use, for other protocols of the same app.
     """
     app.add_middleware(BodyGuard, timeout_s=settings.body_timeout_s, max_body_bytes=settings.max_body_bytes,
                        on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "413")))
     app.add_middleware(ContentTypeCheck,
                        on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "415")))
+    limiter = None
     if settings.rate_limit is not None:
         limit = RateLimit.parse(settings.rate_limit)
         store = rate_buckets if rate_buckets is not None else InProcessTokenBuckets(limit)
-        app.add_middleware(RateLimitMiddleware, store=store, registry=registry,
-                           limit_text=str(limit),
+        limiter = RateLimiter(store, registry, limit_text=str(limit))
+        app.add_middleware(RateLimitMiddleware, limiter=limiter,
                            on_reject=None if count_rejection is None else (lambda path: count_rejection(path, "429")))
     policy = access_policy(settings)
     warn_about_open_routes(policy, settings.host)
@@ -77,6 +95,7 @@ def add_request_guards(app: FastAPI, settings: Settings,
                            allow_headers=list(CORS_REQUEST_HEADERS), expose_headers=list(CORS_EXPOSED_HEADERS))
     app.add_middleware(AccessLog)
     app.add_exception_handler(HTTPException, answer_guard_refusals)
+    return RequestGuards(policy, limiter)
 
 
 async def answer_guard_refusals(request: Request, error: HTTPException) -> Response:

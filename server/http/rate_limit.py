@@ -117,40 +117,52 @@ def client_address(scope: Scope) -> str:
     return client[0] if client else "unknown"
 
 
-class RateLimitMiddleware:
-    """Pure ASGI: takes a token for the caller or answers 429 without reading the body."""
+class RateLimiter:
+    """Takes a token for one caller or gives the 429 to answer; one per app, shared by HTTP and gRPC.
 
-    def __init__(self, app: ASGIApp, store: TokenBucketStore, registry: CollectorRegistry | None = None,
-                 clock_ns: Callable[[], int] = time.monotonic_ns,
-                 on_reject: Callable[[str], None] | None = None, limit_text: str = "") -> None:
-        self.app = app
+    The caller is ``key:<key_id>`` for a recognised key, else ``addr:<address>``.
+    """
+
+    def __init__(self, store: TokenBucketStore, registry: CollectorRegistry | None = None,
+                 clock_ns: Callable[[], int] = time.monotonic_ns, limit_text: str = "") -> None:
         self.store = store
         self.clock_ns = clock_ns
         self.limit_text = limit_text
-        self._on_reject = on_reject  # called with the path of each refusal
         self.rate_limited_total = Counter(
             "mmserve_rate_limited_total", "Requests refused with 429 by MMSERVE_RATE_LIMIT, by key id "
             f"(a {KEY_ID_HEX_DIGITS}-hex-digit SHA-256 prefix; '{ADDRESS_KEY_ID}' for callers limited by address).",
             ["key_id"], registry=registry)
+
+    def refusal(self, key_id: str | None, address: str) -> ApiError | None:
+        """``None`` when a token was taken; else the 429 (``retry_after_s`` set) and the refusal counted."""
+        caller = f"key:{key_id}" if key_id is not None else f"addr:{address}"
+        wait_s = self.store.take(caller, self.clock_ns())
+        if wait_s <= 0:
+            return None
+        self.rate_limited_total.labels(key_id=key_id if key_id is not None else ADDRESS_KEY_ID).inc()
+        who = "this key" if key_id is not None else "this client address"
+        seconds = retry_after_s(wait_s)
+        return ApiError(429, "rate_limited", f"over the rate limit of {self.limit_text} for {who} "
+                        f"(MMSERVE_RATE_LIMIT); retry in {seconds} s", retry_after_s=seconds)
+
+
+class RateLimitMiddleware:
+    """Pure ASGI: takes a token for the caller or answers 429 without reading the body."""
+
+    def __init__(self, app: ASGIApp, limiter: RateLimiter, on_reject: Callable[[str], None] | None = None) -> None:
+        self.app = app
+        self.limiter = limiter
+        self._on_reject = on_reject  # called with the path of each refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or is_never_rate_limited(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         key_id = (scope.get("state") or {}).get(SCOPE_KEY_ID)
-        caller = f"key:{key_id}" if key_id is not None else f"addr:{client_address(scope)}"
-        wait_s = self.store.take(caller, self.clock_ns())
-        if wait_s <= 0:
+        error = self.limiter.refusal(key_id, client_address(scope))
+        if error is None:
             await self.app(scope, receive, send)
             return
-        self.rate_limited_total.labels(key_id=key_id if key_id is not None else ADDRESS_KEY_ID).inc()
         if self._on_reject is not None:
             self._on_reject(scope.get("path", ""))
-        who = "this key" if key_id is not None else "this client address"
-        seconds = retry_after_s(wait_s)
-        error = ApiError(429, "rate_limited",
-                         f"over the rate limit of {self.limit_text} for {who} (MMSERVE_RATE_LIMIT); "
-                         f"retry in {seconds} s")
-        response = error.response()
-        response.headers["Retry-After"] = str(seconds)
-        await response(scope, receive, send)
+        await error.response()(scope, receive, send)

@@ -149,7 +149,8 @@ def _shape(value: object, tensor_name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _from_binary(chunk: bytes, datatype: str, shape: tuple[int, ...], tensor_name: str) -> np.ndarray:
+def tensor_data_from_bytes(chunk: bytes, datatype: str, shape: tuple[int, ...], tensor_name: str) -> np.ndarray:
+    """A tensor's binary form (this body's, or gRPC's ``raw_input_contents``) -> its array; 400 if it does not fit."""
     num_elements = math.prod(shape)
     if datatype == BYTES:
         return _object_array(deserialize_bytes_elements(chunk, num_elements, tensor_name), shape)
@@ -227,7 +228,7 @@ def _decode_input(item: object, binary: memoryview, offset: int) -> tuple[Tensor
         raise _bad("invalid_tensor_data", f"input {name}: binary_data_size {size} runs past the end of the "
                    f"body ({len(binary) - offset} bytes left)", name)
     chunk = bytes(binary[offset:offset + size])
-    return Tensor(name, datatype, shape, _from_binary(chunk, datatype, shape, name), is_binary=True), size
+    return Tensor(name, datatype, shape, tensor_data_from_bytes(chunk, datatype, shape, name), is_binary=True), size
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:

@@ -71,7 +71,7 @@ def _error_response(failure: Failure) -> JSONResponse:
                         headers=headers)
 
 
-def _check_model(state: ServerState, model_name: str, model_version: str | None) -> None:
+def check_model(state: ServerState, model_name: str, model_version: str | None) -> None:
     names = state.served_names
     served = names.served
     if not names.accepts(model_name):
@@ -104,7 +104,7 @@ async def server_metadata(request: Request) -> JSONResponse:
 async def _model_metadata(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
     try:
-        _check_model(state, model_name, model_version)
+        check_model(state, model_name, model_version)
     except ApiError as e:
         return _error_response(Failure(e, None))
     return JSONResponse(model_metadata(state.served_model))
@@ -113,7 +113,7 @@ async def _model_metadata(request: Request, model_name: str, model_version: str 
 async def _model_ready(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
     try:
-        _check_model(state, model_name, model_version)
+        check_model(state, model_name, model_version)
     except ApiError as e:
         return _error_response(Failure(e, None))
     is_ready = state.router.is_ready
@@ -149,7 +149,7 @@ class V2Infer(Endpoint[_V2Call]):
     protocol = "kserve_v2"
 
     async def parse(self, request: Request, state: ServerState) -> Parsed[_V2Call]:
-        _check_model(state, self.model_name, self.model_version)
+        check_model(state, self.model_name, self.model_version)
         v2_request = decode_infer_request(await request.body(), request.headers.get(HEADER_LENGTH))
         return Parsed(rows_from_request(v2_request, state.settings), _V2Call(v2_request))
 

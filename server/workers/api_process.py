@@ -48,6 +48,7 @@ from router.faults import FaultInjector
 from router.item_text import ItemTextFitter
 from router.segments import SegmentCatalog
 from server.app_routes import joint_token_budget, wire_routes
+from server.grpc_api.server import serve_grpc
 from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests
@@ -116,7 +117,8 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry,
                                                                  metrics.request_duration_seconds))
         try:
-            yield
+            async with serve_grpc(app, settings):
+                yield
         finally:
             snapshots.cancel()
             marks.mark(False)

@@ -220,3 +220,28 @@ def test_fastapis_own_telemetry_stays_off_when_the_process_has_a_global_tracer_p
         assert client.post("/v1/embeddings", json={"input": "a caption", "model": "tiny"}).status_code == 200
         assert client.get("/health/ready").status_code == 200
     assert exporter.get_finished_spans() == ()
+
+
+def test_a_grpc_call_traces_under_the_traceparent_of_its_metadata(live_server_runner, tiny_bundle):
+    import socket
+
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    exporter = InMemorySpanExporter()
+    settings = Settings(preset="tiny", device="cpu", trace_sample_ratio=1.0, trace_slow_ms=0, grpc_port=port)
+    with live_server_runner(settings, tiny_bundle, span_exporter=exporter), \
+            triton_grpc.InferenceServerClient(f"127.0.0.1:{port}") as client:
+        text = triton_grpc.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(np.array([TEXT.encode(), b"another one"], dtype=object))
+        client.infer("tiny", [text], headers={"traceparent": SAMPLED_PARENT})
+    spans = spans_of_trace(exporter, PARENT_TRACE_ID)
+    (root,) = [span for span in spans if span.kind == SpanKind.SERVER]
+    assert root.name == "POST /inference.GRPCInferenceService/ModelInfer"
+    assert root.parent.span_id == PARENT_SPAN_ID and dict(root.attributes)["mmserve.rows"] == 2
+    rows = [span for span in spans if span.name == "row" and span.parent.span_id == root.context.span_id]
+    assert sorted(dict(row.attributes)["mmserve.row"] for row in rows) == [0, 1]
+    assert_no_content(spans)

@@ -82,7 +82,8 @@ def test_exposes_and_binds_the_settings_port(dockerfile: Path):
     instructions = final_stage(read_instructions(dockerfile))
     settings = settings_from_env(env_assignments(instructions))
     assert settings.host == "0.0.0.0"
-    assert _last(instructions, "EXPOSE").split() == [str(settings.port)]
+    assert _last(instructions, "EXPOSE").split() == [str(settings.port), str(settings.grpc_port)]
+    assert settings.grpc_port == 8001  # Triton's gRPC port, where tritonclient.grpc users look
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)

@@ -96,7 +96,8 @@ def test_container_runs_the_serve_command_on_the_settings_port(label: str, conta
     if "args" in container:
         assert build_parser().parse_args(container["args"]).command == "serve"
     settings = settings_from_env(container_env(container))
-    assert [port["containerPort"] for port in container["ports"]] == [settings.port]
+    assert [port["containerPort"] for port in container["ports"]] == [settings.port, settings.grpc_port]
+    assert settings.grpc_port == 8001  # Triton's gRPC port
 
 
 @pytest.mark.parametrize(("label", "container"), CONTAINERS, ids=[label for label, _ in CONTAINERS])
@@ -193,8 +194,8 @@ def test_service_pdb_hpa_and_servicemonitor_select_the_deployment(tiny_server):
         assert _matches(service.doc["spec"]["selector"], pod_labels)
         assert _matches(budget.doc["spec"]["selector"]["matchLabels"], pod_labels)
         target_ports = {port["targetPort"] for port in service.doc["spec"]["ports"]}
-        assert {_container_port(container, port) for port in target_ports} == {
-            settings_from_env(container_env(container)).port}
+        settings = settings_from_env(container_env(container))
+        assert {_container_port(container, port) for port in target_ports} == {settings.port, settings.grpc_port}
         target = autoscalers["k8s"]["spec"]["scaleTargetRef"]
         assert (target["kind"], target["name"]) == ("Deployment", deployment.name)
     assert _matches(monitor.doc["spec"]["selector"]["matchLabels"], service.doc["metadata"]["labels"])

@@ -15,6 +15,7 @@ from server.http.rate_limit import (
     InProcessTokenBuckets,
     RateLimit,
     RateLimitMiddleware,
+    RateLimiter,
     retry_after_s,
 )
 
@@ -89,8 +90,9 @@ async def _reading_app(scope, receive, send):
 
 
 def _middleware(registry: CollectorRegistry, clock: list[int]) -> RateLimitMiddleware:
-    return RateLimitMiddleware(_reading_app, InProcessTokenBuckets(RateLimit(2.0, 1)), registry,
-                               clock_ns=lambda: clock[0], limit_text="2/s,burst=1")
+    limiter = RateLimiter(InProcessTokenBuckets(RateLimit(2.0, 1)), registry, clock_ns=lambda: clock[0],
+                          limit_text="2/s,burst=1")
+    return RateLimitMiddleware(_reading_app, limiter)
 
 
 def test_over_the_limit_is_429_with_retry_after_and_the_body_is_never_read():

@@ -1,0 +1,76 @@
+"""The HTTP guards applied to a gRPC call, before its message is decoded: keys and roles, then the rate limit.
+
+They are the app's own (``server.http.middleware.RequestGuards``: the same
+``AccessPolicy`` and ``RateLimiter`` object, so one bucket per key whichever
+protocol it spends on, and with ``--api-workers N`` the shared table). The
+key comes from the ``authorization: Bearer <key>`` metadata, as HTTP reads
+the header. Each RPC has the access class of its HTTP counterpart:
+
+    open        grpc.health.v1.Health/*, ServerLive, ServerReady   (like /health/*, /v2/health/*)
+    admin       RepositoryModelLoad/Unload, *SharedMemoryRegister/Unregister, TraceSetting, LogSettings
+    inference   every other RPC
+
+A refusal is counted in ``mmserve_requests_total{route="v2_grpc"}`` with its
+HTTP status, as HTTP counts its early refusals under the route's label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from server.errors import ApiError
+from server.http.access_policy import Decision, RouteClass
+from server.http.auth import bearer_token, refusal
+from server.http.middleware import RequestGuards
+
+ADMIN_METHODS = frozenset({
+    "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings",
+})
+PROBE_METHODS = frozenset({"ServerLive", "ServerReady", "Check", "Watch"})
+_PROBE_PATH = "/v2/health/ready"  # what the policy decides for the probes (open unless open_health_and_metrics=false)
+
+
+def client_address(peer: str) -> str:
+    """``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000`` -> the address alone (the rate limit's caller without a key)."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer or "unknown"
+    host = rest.rsplit(":", 1)[0]
+    return host.strip("[]")
+
+
+class CallGuards:
+    """``refusal(method, metadata, peer)``: ``None`` to go on, else the error to answer (counted)."""
+
+    def __init__(self, guards: RequestGuards, count_refusal: Callable[[int], None]) -> None:
+        self._policy = guards.policy
+        self._limiter = guards.limiter
+        self._has_keys = guards.policy.keys.has_inference_keys or guards.policy.keys.has_admin_keys
+        self._count_refusal = count_refusal
+
+    def route_class(self, method: str) -> RouteClass:
+        if method in ADMIN_METHODS:
+            return RouteClass.ADMIN
+        if method in PROBE_METHODS:
+            return self._policy.route_class("GET", _PROBE_PATH)
+        return RouteClass.INFERENCE
+
+    def refusal(self, method: str, metadata: Sequence[tuple[str, str | bytes]] | None, peer: str) -> ApiError | None:
+        route_class = self.route_class(method)
+        if route_class is RouteClass.OPEN:
+            return None
+        presented = None
+        if self._has_keys:
+            for name, value in metadata or ():
+                if name == "authorization":
+                    presented = bearer_token(value.encode() if isinstance(value, str) else value)
+                    break
+        match = self._policy.keys.match(presented) if presented else None
+        decision = self._policy.decide(route_class, presented, match.role if match is not None else None)
+        error = None if decision is Decision.ALLOW else refusal(decision)
+        if error is None and self._limiter is not None:
+            error = self._limiter.refusal(match.key_id if match is not None else None, client_address(peer))
+        if error is not None:
+            self._count_refusal(error.status)
+        return error

@@ -1,0 +1,51 @@
+"""The gRPC status table: the issue's mapping, the README's table, retry metadata, peers as rate-limit callers."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import grpc
+
+from server.errors import ApiError
+from server.grpc_api.guards import client_address
+from server.grpc_api.status_table import STATUS_BY_HTTP, error_text, grpc_status, trailing_metadata
+
+README = Path(__file__).parents[3] / "README.md"
+
+
+def test_the_table_maps_each_status_as_the_issue_says():
+    expected = {400: "INVALID_ARGUMENT", 415: "INVALID_ARGUMENT", 422: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED",
+                403: "PERMISSION_DENIED", 404: "NOT_FOUND", 413: "RESOURCE_EXHAUSTED", 429: "RESOURCE_EXHAUSTED",
+                503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+    assert {status: grpc_status(status).name for status in expected} == expected
+    assert grpc_status(500) is grpc.StatusCode.INTERNAL and grpc_status(408) is grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_readme_prints_the_same_table():
+    rows = re.findall(r"^  \| ([^|]+) \| `(\w+)` \| ([^|]+) \| `(\w+)`", README.read_text(), re.M)
+    documented: dict[int, str] = {}
+    for left, left_code, right, right_code in rows:
+        for statuses, code in ((left, left_code), (right, right_code)):
+            for status in re.findall(r"\b(\d{3})\b", statuses):
+                documented[int(status)] = code
+    assert documented == {status: code.name for status, code in STATUS_BY_HTTP.items()}
+
+
+def test_the_message_is_the_http_json_and_a_row_is_named():
+    error = ApiError(422, "text_too_long", "text has 600 tokens; the limit is 64", "text")
+    assert json.loads(error_text(error)) == error.body()
+    assert json.loads(error_text(error, 3))["error"]["message"] == "row 3: text has 600 tokens; the limit is 64"
+
+
+def test_a_retry_delay_goes_in_trailing_metadata_in_seconds_and_milliseconds():
+    assert trailing_metadata(ApiError(503, "overloaded", "full", retry_after_s=2.4)) == (
+        ("retry-after", "2"), ("grpc-retry-pushback-ms", "2000"))
+    assert trailing_metadata(ApiError(400, "bad", "bad")) == ()
+
+
+def test_a_peer_is_its_address():
+    assert client_address("ipv4:127.0.0.1:53412") == "127.0.0.1"
+    assert client_address("ipv6:[::1]:53412") == "::1"
+    assert client_address("unix:/tmp/socket") == "unix:/tmp/socket"
