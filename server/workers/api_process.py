@@ -160,13 +160,15 @@ def yield_cores_to_the_engine(nice: int) -> None:
             logger.warning("could not lower the priority of thread %s: %s", thread, e)
 
 
-def main() -> int:
+def main(listening_fd: int | None = None) -> int:
+    """Serve on the listening socket ``listening_fd`` (default: the first argument), as the supervisor
+    started this process: a new interpreter, or a fork of ``server.workers.api_forkserver``."""
     settings = settings_from_environment()
     configure_logging(settings.log_level, f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
     rate_buckets_path = os.environ.get(RATE_BUCKETS_VARIABLE)  # the supervisor's to remove, unless it was killed
     yield_cores_to_the_engine(settings.api_process_nice)  # before the decode pool starts: its threads inherit it
     exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=lambda: remove_table(rate_buckets_path))
-    listening = socket.socket(fileno=int(sys.argv[1]))
+    listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
