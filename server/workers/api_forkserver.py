@@ -103,6 +103,8 @@ def fork_api_process(control: socket.socket, listening_fd: int) -> int:
     """Fork an API process that is the supervisor's child once this returns; its pid. ``ForkRefused``."""
     if (threads := num_threads()) != 1:
         raise ForkRefused(f"this process has {threads} threads; forking it could copy a held lock")
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # or what it holds would be written by the fork too
     read_fd, write_fd = os.pipe()
     intermediate = os.fork()
     if intermediate == 0:
@@ -134,14 +136,15 @@ def serve_api_process(control: socket.socket, listening_fd: int, intermediate: i
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a new interpreter, until uvicorn sets its own
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     name_process(["-m", API_PROCESS_MODULE, str(listening_fd)])
-    sys.argv = [sys.argv[0], str(listening_fd)]
+    api_process = importlib.import_module(API_PROCESS_MODULE)
+    sys.argv = [api_process.__file__ or API_PROCESS_MODULE, str(listening_fd)]  # as ``python -m`` sets them
     adopted_by = time.monotonic() + 5
     while os.getppid() == intermediate and time.monotonic() < adopted_by:
         time.sleep(0.0005)  # the orphan guard starts in main() and compares the parent with the supervisor
     gc.enable()
     status = 1
     try:
-        status = importlib.import_module(API_PROCESS_MODULE).main(listening_fd)
+        status = api_process.main(listening_fd)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except BaseException:  # noqa: BLE001 - as the interpreter reports an uncaught one, then exit 1
