@@ -154,6 +154,11 @@ class Settings(BaseSettings):
     api_process_nice: int = Field(
         5, ge=0, le=19, description="With --api-workers N > 1, CPU nice added to every API process, so the one "
         "engine, which every request passes, gets the cores first while both have work (Linux; 0: off).")
+    api_process_start: Literal["forkserver", "spawn"] = Field(
+        "forkserver", description="With --api-workers N > 1, how the supervisor starts an API process (the first N "
+        "and every one started again): forkserver: forked from a process that has already imported what an API "
+        "process imports (server/workers/api_forkserver.py; Linux), so it serves within a fraction of a second; "
+        "spawn: a new interpreter (python -m server.workers.api_process), which imports it all again each time.")
     gc_young_threshold: int = Field(
         10_000, ge=1, description="Container objects allocated (net) between two collections of Python's youngest "
         "garbage-collector generation, in every process of the server (Python's default: 700, which under load "

@@ -104,6 +104,9 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         tracing = build_tracing(settings, facts, process=TracedProcess("api", send_batches=client.send_batch_spans))
         marks = ReadyMarks(run_directory)
         router = EngineRouter(client, socket_path, marks)
+        # Started at the engine's priority, a restart's few tens of ms of CPU are not kept waiting behind busy
+        # processes; serving from here on, at api_process_nice (every thread so far; later ones inherit it).
+        yield_cores_to_the_engine(settings.api_process_nice)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
         view = merged_registry(registry, run_directory, socket_path,  # /metrics: every process's
                                metrics.request_duration_seconds)
@@ -146,7 +149,9 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
 def yield_cores_to_the_engine(nice: int) -> None:
     """Add ``nice`` to every thread this process has so far (Linux; threads started later inherit it).
 
-    Every request's batch passes the one engine, and the API processes are
+    Called once start-up is done (the app built, the engine's facts and
+    tokenizer in hand), before the process marks itself serving. Every
+    request's batch passes the one engine, and the API processes are
     many: on a machine they keep busy, the engine getting the cores first
     keeps it from falling behind them (BENCHMARKS.md, history: on 2
     CPUs, ``--api-workers 2`` answered 1.54-1.75x one process's text requests
@@ -162,13 +167,14 @@ def yield_cores_to_the_engine(nice: int) -> None:
             logger.warning("could not lower the priority of thread %s: %s", thread, e)
 
 
-def main() -> int:
+def main(listening_fd: int | None = None) -> int:
+    """Serve on the listening socket ``listening_fd`` (default: the first argument), as the supervisor
+    started this process: a new interpreter, or a fork of ``server.workers.api_forkserver``."""
     settings = settings_from_environment()
     configure_logging(settings.log_level, f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
     rate_buckets_path = os.environ.get(RATE_BUCKETS_VARIABLE)  # the supervisor's to remove, unless it was killed
-    yield_cores_to_the_engine(settings.api_process_nice)  # before the decode pool starts: its threads inherit it
     exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=lambda: remove_table(rate_buckets_path))
-    listening = socket.socket(fileno=int(sys.argv[1]))
+    listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)

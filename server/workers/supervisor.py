@@ -3,7 +3,14 @@
     supervisor (this process)
       binds host:port once; every API process inherits the listening socket and accepts from it
       engine process      python -m server.workers.engine_process   (model, lanes, batcher, cache, monitoring)
+      fork server         python -m server.workers.api_forkserver   (imports what API processes import, forks them)
       API process x N     python -m server.workers.api_process FD  (HTTP, protocols, tokenize, decode -> shared memory)
+
+Every API process, the first N and each one started again, is forked by the
+fork server and becomes this process's child (``server.workers.forked_process``),
+so it serves within a fraction of a second of its start rather than after an
+interpreter's imports; with ``api_process_start: spawn``, or where the fork
+server cannot serve (not Linux, it died), API processes are new interpreters.
 
 With a rate limit the supervisor also creates the table of token buckets every
 API process shares (``server.workers.shared_rate_buckets``), so the limit holds
@@ -55,6 +62,7 @@ from server.workers.handoff import (
     SETTINGS_VARIABLE,
     settings_json,
 )
+from server.workers.forked_process import ForkedProcess, ForkFailed, ForkServer, reap_strays
 from server.workers.metrics_snapshots import remove_snapshot_files
 from server.workers.readiness import forget, is_marked
 from server.workers.restart_backoff import RestartBackoff, RestartPolicy
@@ -69,11 +77,14 @@ EXIT_API_PROCESS_START_FAILED = 5
 EXIT_API_CRASH_LOOP = 6  # server.workers.restart_backoff: API processes die too often to start again
 
 
+ApiProcess = subprocess.Popen | ForkedProcess  # a new interpreter, or forked by the fork server
+
+
 @dataclass
 class _Slot:
     """One of the N API processes: the one running, or the time to start the next one (after a death)."""
 
-    process: subprocess.Popen | None
+    process: ApiProcess | None
     restart_at: float = 0.0
     is_first: bool = True  # started with the server (a start-up failure there stops the server)
 
@@ -95,14 +106,26 @@ class Supervisor:
         if self._rate_buckets is not None:
             self._environment[RATE_BUCKETS_VARIABLE] = self._rate_buckets.path
         self._stopping = False
+        self._fork_server: ForkServer | None = None
         self.num_restarts = 0
 
     def _start(self, module: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=self._environment,
                                 pass_fds=(self._listening.fileno(),))
 
-    def _start_api_process(self) -> subprocess.Popen:
+    def _start_api_process(self) -> ApiProcess:
+        if self._fork_server is not None:
+            try:
+                return self._fork_server.fork()
+            except ForkFailed as e:
+                logger.error("%s; API processes start as new interpreters from now on", e)
+                self._fork_server.close()
+                self._fork_server = None
         return self._start("server.workers.api_process", str(self._listening.fileno()))
+
+    def _own_pids(self, engine: subprocess.Popen, api_processes: list[ApiProcess]) -> set[int]:
+        fork_server = [self._fork_server.process.pid] if self._fork_server is not None else []
+        return {engine.pid, *fork_server, *(process.pid for process in api_processes)}
 
     def _on_signal(self, sig: int, frame: object) -> None:
         self._stopping = True
@@ -112,14 +135,18 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         engine = self._start("server.workers.engine_process")
+        if self._settings.api_process_start == "forkserver":
+            self._fork_server = ForkServer.start(self._environment, self._listening.fileno())
+        adopts = self._fork_server is not None  # a subreaper: orphans below it are its children to reap
         slots = [_Slot(self._start_api_process()) for _ in range(self._num_api_workers)]
         backoff = RestartBackoff(len(slots), self._policy, self._clock)
 
-        def running() -> list[subprocess.Popen]:
+        def running() -> list[ApiProcess]:
             return [slot.process for slot in slots if slot.process is not None]
 
-        logger.info("serving on %s:%d with %d API processes (pids %s) and the engine (pid %d)",
-                    self._settings.host, self._settings.port, len(slots), [p.pid for p in running()], engine.pid)
+        logger.info("serving on %s:%d with %d API processes (pids %s, each %s) and the engine (pid %d)",
+                    self._settings.host, self._settings.port, len(slots), [p.pid for p in running()],
+                    _how_started(slots[0].process), engine.pid)
         ever_ready: set[int] = set()  # API processes seen ready
         try:
             while not self._stopping:
@@ -129,6 +156,8 @@ class Supervisor:
                     self._stop(running(), signal.SIGKILL)
                     return engine.returncode if engine.returncode > 0 else EXIT_ENGINE_DIED  # a signal: < 0
                 ever_ready.update(p.pid for p in running() if is_marked(self._run_directory, p.pid))
+                if adopts:
+                    reap_strays(self._own_pids(engine, running()))
                 for index, slot in enumerate(slots):
                     if self._stopping:
                         break
@@ -138,8 +167,8 @@ class Supervisor:
                             backoff.started(index)
                             self.num_restarts += 1
                             write_restart_count(self._run_directory, self.num_restarts)
-                            logger.info("started API process %d in place of the one that died",
-                                        slot.process.pid)
+                            logger.info("started API process %d in place of the one that died (%s)",
+                                        slot.process.pid, _how_started(slot.process))
                         continue
                     process = slot.process
                     if process.poll() is None:
@@ -169,6 +198,8 @@ class Supervisor:
             self._stop([engine], signal.SIGTERM)
             return 0 if engine.returncode in (0, None) else engine.returncode
         finally:
+            if self._fork_server is not None:
+                self._fork_server.close()
             self._listening.close()
             for process in (engine, *running()):
                 if process.poll() is None:
@@ -185,7 +216,7 @@ class Supervisor:
         forget(self._run_directory, pid)
         remove_snapshot_files(self._run_directory, pid)
 
-    def _stop(self, processes: list[subprocess.Popen], sig: int) -> None:
+    def _stop(self, processes: list[ApiProcess], sig: int) -> None:
         for process in processes:
             if process.poll() is None:
                 process.send_signal(sig)
@@ -196,6 +227,10 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _how_started(process: ApiProcess | None) -> str:
+    return "forked by the fork server" if isinstance(process, ForkedProcess) else "a new interpreter"
 
 
 def run_supervised(settings: Settings, num_api_workers: int) -> int:

@@ -61,9 +61,15 @@ def infer(url: str, body: dict) -> httpx.Response:
     return httpx.post(f"{url}/v1/infer", json=body, timeout=60)
 
 
+def command_line(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
 def test_two_api_processes_and_an_engine_run_under_the_supervisor(workers):
     children = children_of(workers.process.pid)
-    assert len(children) == 3  # the engine and two API processes
+    assert len(children) == 4  # the engine, the API processes' fork server and two API processes
+    assert sorted(sum(kind in command_line(pid) for pid in children)
+                  for kind in (b"engine_process", b"api_forkserver", b"api_process")) == [1, 1, 2]
     answering = set()
     for _ in range(40):  # keep-alive off: each request a new connection, accepted by either process
         answering.add(httpx.get(f"{workers.url}/health/ready", headers={"Connection": "close"}).status_code)

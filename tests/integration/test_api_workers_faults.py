@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from encoded_images import b64, encoded_image
 from server.workers.handoff import RATE_BUCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE
 from server.workers.supervisor import EXIT_API_CRASH_LOOP, EXIT_API_PROCESS_START_FAILED
 from tests.conftest import ServeProcess, run_serve_process
@@ -133,6 +134,9 @@ def test_a_killed_api_process_loses_only_its_requests_and_the_server_stays_ready
     live_seen = []
     try:
         time.sleep(1.0)
+        flowing_by = time.monotonic() + 60  # answers flow before the kill, however busy the machine is
+        while not answered and time.monotonic() < flowing_by:
+            time.sleep(0.1)
         answered_before = len(answered)
         os.kill(api_pids[0], signal.SIGKILL)
         deadline = time.monotonic() + 180  # an API process imports for seconds; more on a loaded machine
@@ -145,6 +149,9 @@ def test_a_killed_api_process_loses_only_its_requests_and_the_server_stays_ready
             time.sleep(0.1)
         answered_meanwhile = len(answered)
         time.sleep(1.0)
+        probed_by = time.monotonic() + 30  # a forked successor serves within a second: probe on after it too
+        while len(ready_statuses) < 20 and time.monotonic() < probed_by:
+            time.sleep(0.1)
     finally:  # the load stops whatever failed, or this test process never ends
         stop.set()
         for thread in threads:
@@ -162,6 +169,67 @@ def test_a_killed_api_process_loses_only_its_requests_and_the_server_stays_ready
     assert len(dropped) <= 4, "only the killed process's in-flight requests are lost"
     assert supervisor.poll() is None
     assert restarts(url) == 1
+
+
+def environment_block(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def kill_one_and_ask_its_successor(served: ServeProcess) -> tuple[int, list[int]]:
+    """SIGKILL one API process, wait for the one started in its place to serve, and send it (alone: the other
+    is stopped meanwhile) a text and an image request on new connections; the successor's pid, and the
+    statuses it answered."""
+    supervisor = served.process.pid
+    killed, survivor = sorted(api_processes_of(supervisor))
+    restarts_before = restarts(served.url)
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 180  # a new interpreter imports for seconds, more on a loaded machine
+    while True:
+        successors = set(api_processes_of(supervisor)) - {killed, survivor}
+        if successors and live_api_processes(served.url) == 2 and restarts(served.url) == restarts_before + 1:
+            break
+        assert time.monotonic() < deadline, "the killed API process was not started again"
+        time.sleep(0.05)
+    (successor,) = successors
+    image = {"b64": b64(encoded_image(5, (64, 48), "JPEG"))}
+    os.kill(survivor, signal.SIGSTOP)  # only the successor accepts connections now
+    try:
+        statuses = [httpx.post(f"{served.url}/v1/infer", json=body, headers={"Connection": "close"},
+                               timeout=60).status_code for body in ({"text": "after a restart"}, {"image": image})]
+    finally:
+        os.kill(survivor, signal.SIGCONT)
+    return successor, statuses
+
+
+def test_a_killed_api_process_is_forked_again_by_the_fork_server_and_answers(tiny_workers):
+    """The successor is a fork of the fork server (it has the fork server's own environment block, which the
+    supervisor gave one variable more), handed to the supervisor as its child, named as an API process."""
+    supervisor = tiny_workers.process.pid
+    (fork_server,) = [pid for pid in children_of(supervisor) if "api_forkserver" in command_line(pid)]
+    (engine,) = [pid for pid in children_of(supervisor) if "engine_process" in command_line(pid)]
+    successor, statuses = kill_one_and_ask_its_successor(tiny_workers)
+    assert statuses == [200, 200]
+    assert parent_of(successor) == supervisor and successor not in children_of(fork_server)
+    listening_fd = command_line(fork_server).split()[4]  # python -m server.workers.api_forkserver CONTROL LISTENING
+    assert command_line(successor).split()[1:] == ["-m", "server.workers.api_process", listening_fd]
+    assert environment_block(successor) == environment_block(fork_server) != environment_block(engine)
+    assert parent_of(fork_server) == supervisor  # the same fork server, still there for the next one
+
+
+def test_with_spawn_a_killed_api_process_is_a_new_interpreter_and_answers(serve_process):
+    """``api_process_start: spawn``: no fork server; each API process is ``python -m server.workers.api_process``."""
+    with serve_process(TINY, {"MMSERVE_API_PROCESS_START": "spawn"}) as served:
+        supervisor = served.process.pid
+        assert not [pid for pid in children_of(supervisor) if "api_forkserver" in command_line(pid)]
+        (engine,) = [pid for pid in children_of(supervisor) if "engine_process" in command_line(pid)]
+        successor, statuses = kill_one_and_ask_its_successor(served)
+        assert statuses == [200, 200]
+        assert parent_of(successor) == supervisor
+        assert environment_block(successor) == environment_block(engine)  # the supervisor's, as given at exec
 
 
 def test_a_crash_loop_stops_the_server_with_its_own_exit_status(tmp_path):
@@ -198,10 +266,11 @@ def test_the_server_exits_non_zero_when_the_engine_dies(serve_process):
         supervisor = served.process
         engines = [pid for pid in children_of(supervisor.pid) if "engine_process" in command_line(pid)]
         api_pids = [pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)]
-        assert len(engines) == 1
+        fork_servers = [pid for pid in children_of(supervisor.pid) if "api_forkserver" in command_line(pid)]
+        assert len(engines) == 1 and len(api_pids) == 2 and len(fork_servers) == 1
         os.kill(engines[0], signal.SIGKILL)
         assert supervisor.wait(timeout=30) != 0
-        for pid in api_pids:
+        for pid in api_pids + fork_servers:
             assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
@@ -220,7 +289,7 @@ def test_the_children_exit_when_the_supervisor_is_killed(serve_process):
     with serve_process(TINY, {"MMSERVE_RATE_LIMIT": "100/s"}) as served:
         supervisor = served.process
         children = children_of(supervisor.pid)
-        assert len(children) == 3  # the engine and two API processes
+        assert len(children) == 4  # the engine, the API processes' fork server and two API processes
         run_directory = Path(environment_entry(children[0], RUN_DIRECTORY_VARIABLE))
         bucket_table = Path(environment_entry(children[0], RATE_BUCKETS_VARIABLE))
         assert run_directory.is_dir() and bucket_table.exists()

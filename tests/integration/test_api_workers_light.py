@@ -83,6 +83,9 @@ def test_api_processes_import_no_model_library_after_serving(workers):
         assert "server.workers.engine_client" in modules and "models.torch_free.json_tokenizer" in modules
         assert _model_libraries(modules) == set(), process_id
         assert not _maps_libtorch(process_id), process_id
+    (fork_server,) = served.children("api_forkserver")  # what every API process is forked from
+    assert "server.workers.api_process" in (fork_server_modules := _imported(fork_server, modules_dir))
+    assert _model_libraries(fork_server_modules) == set() and not _maps_libtorch(fork_server)
     (engine,) = served.children("engine_process")
     assert {"torch", "transformers"} <= _model_libraries(_imported(engine, modules_dir))
     assert _maps_libtorch(engine)

@@ -13,8 +13,8 @@ returned: ``models.preprocessing.pixels_to_model_input``), and
 tokenizer cannot be rebuilt as the engine's does. With ``MMSERVE_TEST_MODULES_DIR`` set, a
 process sent SIGUSR2 writes the names in its ``sys.modules`` to ``<dir>/<pid>`` (what a live
 process has imported by then). While the file named by ``MMSERVE_TEST_API_CRASH_FILE`` exists,
-every API process that starts exits at once with status 1 (a crash at start, before any import
-of the server's).
+every API process that starts exits at once with status 1 (a crash at start: before any import
+of the server's in a new interpreter, right after the fork in one the fork server forks).
 """
 
 import os
@@ -22,10 +22,20 @@ import signal
 import sys
 import time
 
-if os.environ.get("MMSERVE_TEST_API_CRASH_FILE") and os.path.exists(os.environ["MMSERVE_TEST_API_CRASH_FILE"]):
+if os.environ.get("MMSERVE_TEST_API_CRASH_FILE"):
     with open("/proc/self/cmdline", "rb") as _command_line:
-        if b"server.workers.api_process" in _command_line.read():
-            os._exit(1)
+        _command = _command_line.read()
+    if b"server.workers.api_process" in _command and os.path.exists(os.environ["MMSERVE_TEST_API_CRASH_FILE"]):
+        os._exit(1)
+    if b"server.workers.api_forkserver" in _command:  # its forks start here, not in a new interpreter
+        _fork_server_pid = os.getpid()
+
+        def _crash_at_start():  # noqa: ANN202
+            # The fork server forks an intermediate (its child), which forks the API process and exits.
+            if os.getppid() != _fork_server_pid and os.path.exists(os.environ["MMSERVE_TEST_API_CRASH_FILE"]):
+                os._exit(1)
+
+        os.register_at_fork(after_in_child=_crash_at_start)
 
 
 def _logging(real, variable):  # noqa: ANN001, ANN202 - wraps any callable
