@@ -6,9 +6,10 @@ embeddings are float32 numbers within cosine 0.999 of the float32 server's),
 and the OpenAI ``model`` field, ``/v1/models/{id}`` and the KServe v2 model
 name accept the exact string given to ``--model`` (the path) as well as the
 short name, while another name is 404. ``--served-model-name`` renames it in
-every answer. ``/metrics`` has no device series on the CPU. Start-up refusals (``--dtype float16``, ``--decode-device
-cuda``, ``--device cuda`` on this CPU-only machine) run ``mmserve serve`` as a
-process and read its message.
+every answer. ``/metrics`` has no device series on the CPU. These run on any
+machine (the servers are asked for ``device="cpu"``). Start-up refusals
+(``--dtype float16``, ``--decode-device cuda``, ``--device cuda``) run
+``mmserve serve`` as a process and read its message: only where CUDA is absent.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from benchmarks.random_pretrained import write_clip
 from server.settings import Settings
 from tests.encoded_images import encoded_image
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what a machine without CUDA refuses")
+without_cuda = pytest.mark.skipif(torch.cuda.is_available(),
+                                  reason="a CUDA machine accepts it: checks what a machine without CUDA refuses")
 
 
 @pytest.fixture(scope="module")
@@ -121,17 +123,20 @@ def _serve_fails(*args: str) -> str:
     return done.stdout + done.stderr
 
 
+@without_cuda
 def test_float16_on_a_machine_without_cuda_is_refused_at_start_up():
     output = _serve_fails("--dtype", "float16")
     assert "--dtype float16" in output and "needs a CUDA device" in output and "--dtype float32" in output
 
 
+@without_cuda
 def test_decode_device_cuda_without_cuda_is_refused_at_start_up():
     output = _serve_fails("--decode-device", "cuda")
     assert "--decode-device cuda" in output and "no CUDA device is visible" in output
     assert "--decode-device cpu" in output
 
 
+@without_cuda
 def test_device_cuda_without_cuda_is_refused_at_start_up():
     output = _serve_fails("--device", "cuda")
     assert "--device cuda" in output and "no CUDA device is visible" in output
