@@ -18,6 +18,9 @@ latency histogram of each of its input values (``InputHistograms``: fixed
 values, fixed bins), which slides with the digests; attribution reads them to
 say which inputs filled the named stage's slow tail.
 
+Each route's drift tracker and latest status live in ``RouteDrift``
+(``monitoring.route_drift``), which the monitor calls under its lock.
+
 Readers (the Prometheus collector, the JSON views) take the same lock only to
 copy out a snapshot. The baseline is learned from the ``baseline_s`` after
 ``mark_ready()`` and then frozen; ``relearn_baseline()`` learns it again
@@ -35,35 +38,25 @@ import math
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from functools import partial
 from typing import Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
-from monitoring.attribution import Attribution, DigestPair, attribute
 from monitoring.clock import Clock, SystemClock
 from monitoring.collector import SUMMARY_QUANTILES, MonitorCollector
 from monitoring.config import MonitorConfig
 from monitoring.digest import quantiles_of
-from monitoring.drift import DriftState, RouteDriftTracker, StageVerdict, judge_stage, route_condition
 from monitoring.errors import MonitorStateError
 from monitoring.ingest import FoldResult
 from monitoring.input_histograms import InputHistograms
 from monitoring.inputs import RequestInputs
 from monitoring.record_buffer import RecordBuffer
+from monitoring.route_drift import RouteDrift
 from monitoring.stage_digests import StageDigests
 from monitoring.status import BaselinePhase, ExportSnapshot, RouteDriftStatus, StageExport
 from monitoring.views import digests_document, drift_document
 
 logger = logging.getLogger(__name__)
-
-_PHASE_STATE = {
-    BaselinePhase.NOT_READY: DriftState.WAITING_FOR_READY,
-    BaselinePhase.LEARNING: DriftState.LEARNING_BASELINE,
-    BaselinePhase.FROZEN: DriftState.STABLE,
-}
-
 
 class Monitor:
     """Per-(route, stage) T-Digests, drift detection with attribution, and their exports.
@@ -83,8 +76,7 @@ class Monitor:
         self._series: dict[tuple[str, str], StageDigests] = {}  # (route, stage)
         self._inputs: dict[tuple[str, str], InputHistograms] = {}  # (route, stage), once recorded with inputs
         self._stages: dict[str, list[str]] = {}
-        self._trackers: dict[str, RouteDriftTracker] = {}
-        self._statuses: dict[str, RouteDriftStatus] = {}
+        self._drift = RouteDrift(self._config, self._clock)
         self._phase = BaselinePhase.NOT_READY
         self._num_learned_sub_windows = 0
         self._baseline_started_unix_s: float | None = None
@@ -205,10 +197,7 @@ class Monitor:
         )
         self._series[(route, stage)] = series
         self._stages.setdefault(route, []).append(stage)
-        if route not in self._trackers:
-            tracker = RouteDriftTracker(self._config.consecutive, self._clock.unix_s())
-            tracker.set_state(_PHASE_STATE[self._phase], self._clock.unix_s())
-            self._trackers[route] = tracker
+        self._drift.add_route(route, self._phase)
         return series
 
     def _rotate_locked(self, now_s: float, force: bool = False) -> None:
@@ -264,69 +253,21 @@ class Monitor:
 
     def _set_phase_locked(self, phase: BaselinePhase) -> None:
         self._phase = phase
-        now_unix_s = self._clock.unix_s()
-        for route, tracker in self._trackers.items():
-            tracker.set_state(_PHASE_STATE[phase], now_unix_s)
-            self._statuses[route] = self._status_of(route, tracker, None, None, {}, None)
+        self._drift.set_phase(phase)
 
     # ------------------------------------------------------------------ drift
 
     def _evaluate_locked(self) -> None:
-        if self._phase is not BaselinePhase.FROZEN:
-            return
-        now_unix_s = self._clock.unix_s()
-        for route, stages in self._stages.items():
-            pairs: dict[str, DigestPair] = {}
-            verdicts: dict[str, StageVerdict] = {}
-            for stage in stages:
-                series = self._series[(route, stage)]
-                pairs[stage] = (series.window(), series.baseline)
-                observations = None if stage in self._config.request_stages else series.batch_counts()
-                verdicts[stage] = judge_stage(stage, *pairs[stage], self._config, observations)
-            condition = route_condition(verdicts)
-            attribution = attribute(verdicts, pairs, partial(self._segment_pairs_locked, route), self._config,
-                                    partial(self._input_counts_locked, route))
-            tracker = self._trackers[route]
-            tracker.observe(condition, now_unix_s)
-            self._statuses[route] = self._status_of(route, tracker, now_unix_s, condition, verdicts, attribution)
-
-    def _segment_pairs_locked(self, route: str, stage: str) -> dict[tuple[str, str], DigestPair]:
-        return self._series[(route, stage)].segment_pairs()
-
-    def _input_counts_locked(self, route: str, stage: str) -> tuple[np.ndarray, np.ndarray] | None:
-        histograms = self._inputs.get((route, stage))
-        return None if histograms is None else (histograms.window(), histograms.baseline)
-
-    @staticmethod
-    def _status_of(
-        route: str,
-        tracker: RouteDriftTracker,
-        evaluated_unix_s: float | None,
-        condition: bool | None,
-        verdicts: Mapping[str, StageVerdict],
-        attribution: Attribution | None,
-    ) -> RouteDriftStatus:
-        return RouteDriftStatus(
-            route=route,
-            state=tracker.state,
-            since_unix_s=tracker.since_unix_s,
-            evaluated_unix_s=evaluated_unix_s,
-            condition=condition,
-            num_shifted_in_row=tracker.num_shifted_in_row,
-            num_calm_in_row=tracker.num_calm_in_row,
-            verdicts=dict(verdicts),
-            attribution=attribution,
-        )
+        if self._phase is BaselinePhase.FROZEN:
+            self._drift.judge_period(self._stages, lambda route, stage: self._series[(route, stage)],
+                                     lambda route, stage: self._inputs.get((route, stage)))
 
     # ------------------------------------------------------------------ reading
 
     def drift_status(self) -> dict[str, RouteDriftStatus]:
         """Typed drift status per route after the latest period."""
         with self._lock:
-            return {
-                route: self._statuses.get(route) or self._status_of(route, tracker, None, None, {}, None)
-                for route, tracker in self._trackers.items()
-            }
+            return self._drift.statuses()
 
     @property
     def baseline_phase(self) -> BaselinePhase:

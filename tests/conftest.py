@@ -160,6 +160,9 @@ class ServeProcess:
     url: str
 
 
+ServeSpec = tuple[list[str], "dict[str, str] | None"]  # (mmserve serve ARGS, extra environment)
+
+
 @contextmanager
 def run_serve_process(args: list[str], env: dict[str, str] | None = None,
                       ready_timeout_s: float = 120.0) -> Iterator[ServeProcess]:
@@ -169,33 +172,54 @@ def run_serve_process(args: list[str], env: dict[str, str] | None = None,
     until all N do (``mmserve_api_workers_live``), and a test finds them all.
     Output (stdout and stderr together) stays readable from ``process.stdout``.
     """
-    _export_tiny_ahead(args, env or {})
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", *args, "--port", str(port)],
-        env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", **(env or {})},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    with run_serve_processes([(args, env)], ready_timeout_s) as (served,):
+        yield served
+
+
+@contextmanager
+def run_serve_processes(specs: list[ServeSpec], ready_timeout_s: float = 120.0) -> Iterator[list[ServeProcess]]:
+    """Several ``mmserve serve`` processes started side by side, each once ready (see ``run_serve_process``).
+
+    A test that compares two servers (``--api-workers 2`` against one process)
+    starts both at once: a start is mostly one interpreter importing torch and
+    loading a model, one core each, so two overlap on the suite's two cores
+    instead of waiting for each other. Together they have the time to become
+    ready that they had one after another: ``ready_timeout_s`` each.
+    """
+    started: list[tuple[list[str], subprocess.Popen, str]] = []
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if (httpx.get(f"{url}/health/ready", timeout=2).status_code == 200
-                        and _every_api_process_serves(url, args)):
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server never became ready"
-            time.sleep(0.1)
-        yield ServeProcess(process, url)
+        for args, env in specs:
+            _export_tiny_ahead(args, env or {})
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            process = subprocess.Popen(
+                [sys.executable, "-m", "server.cli", "serve", *args, "--port", str(port)],
+                env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", **(env or {})},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            started.append((args, process, f"http://127.0.0.1:{port}"))
+        deadline = time.monotonic() + ready_timeout_s * len(started)  # what the starts had one after another
+        for args, process, url in started:
+            _wait_until_ready(process, url, args, deadline)
+        yield [ServeProcess(process, url) for _, process, url in started]
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        for _, process, _ in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _wait_until_ready(process: subprocess.Popen, url: str, args: list[str], deadline: float) -> None:
+    while True:
+        assert process.poll() is None, process.stdout.read()
+        try:
+            if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200 and _every_api_process_serves(url, args):
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "the server never became ready"
+        time.sleep(0.1)
 
 
 def _every_api_process_serves(url: str, args: list[str]) -> bool:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from encoded_images import encode
+
 COLOURS = {"red": (220, 30, 30), "green": (30, 170, 40), "blue": (30, 60, 220)}
 SHAPES = ("circle", "square", "triangle")
 
@@ -59,7 +61,7 @@ def write_shape_pairs(directory: Path, num_images: int = 180, seed: int = 0) -> 
     for i in range(num_images):
         colour, shape = classes[i % len(classes)]
         path = directory / "images" / f"{i:04d}.png"
-        draw_shape(colour, shape, rng).save(path)
+        path.write_bytes(encode(draw_shape(colour, shape, rng), "PNG"))
         images.append(ShapeImage(path, colour, shape))
     pairs_path = directory / "pairs.jsonl"
     pairs_path.write_text("".join(json.dumps({"image": f"images/{image.path.name}", "text": image.caption}) + "\n"

@@ -8,7 +8,6 @@ a number (embeddings must be equal: the pixels crossed through shared memory).
 from __future__ import annotations
 
 import base64
-import io
 import os
 import re
 import time
@@ -19,10 +18,9 @@ import numpy as np
 import openai
 import pytest
 import tritonclient.http as triton_http
-from PIL import Image
 
 from encoded_images import b64, encoded_image
-from tests.conftest import run_serve_process
+from tests.conftest import run_serve_processes
 from tests.integration.same_answers import assert_same
 from tests.integration.work_logs import send_until_both_api_processes_worked
 
@@ -40,17 +38,22 @@ def decode_log(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workers(decode_log):
+def servers(decode_log):
+    """The ``--api-workers 2`` server and the one-process server, started side by side."""
     env = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]),
            "MMSERVE_TEST_DECODE_LOG": str(decode_log)}
-    with run_serve_process([*TINY, "--api-workers", "2"], env) as served:
-        yield served
+    with run_serve_processes([([*TINY, "--api-workers", "2"], env), (TINY, None)]) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def single():
-    with run_serve_process(TINY) as served:
-        yield served
+def workers(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def single(servers):
+    return servers[1]
 
 
 def jpeg(seed: int, size=(320, 240)) -> bytes:

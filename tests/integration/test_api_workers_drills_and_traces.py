@@ -19,7 +19,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from encoded_images import b64, encoded_image
 from otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
-from tests.conftest import run_serve_process
+from tests.conftest import run_serve_processes
 from tests.integration.work_logs import send_until_both_api_processes_worked
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--enable-fault-injection"]
@@ -50,15 +50,21 @@ def _env(receiver: OtlpReceiver, decode_log: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def workers(receiver, decode_log):
-    with run_serve_process([*TINY, "--api-workers", "2"], _env(receiver, decode_log)) as served:
-        yield served
+def servers(receiver, decode_log, tmp_path_factory):
+    """The ``--api-workers 2`` server and the one-process server, started side by side."""
+    single_env = _env(receiver, tmp_path_factory.mktemp("single") / "decodes.log")
+    with run_serve_processes([([*TINY, "--api-workers", "2"], _env(receiver, decode_log)), (TINY, single_env)]) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def single(receiver, tmp_path_factory):
-    with run_serve_process(TINY, _env(receiver, tmp_path_factory.mktemp("single") / "decodes.log")) as served:
-        yield served
+def workers(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def single(servers):
+    return servers[1]
 
 
 def jpeg(seed: int) -> str:

@@ -19,7 +19,7 @@ import pytest
 from encoded_images import b64, encoded_image
 from server.workers.handoff import RATE_BUCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE
 from server.workers.supervisor import EXIT_API_CRASH_LOOP, EXIT_API_PROCESS_START_FAILED
-from tests.conftest import ServeProcess, run_serve_process
+from tests.conftest import ServeProcess, run_serve_process, run_serve_processes
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--api-workers", "2"]
 # Per API process over 10 s idle. Wake-ups are what a clock costs, and they do not grow with the load of a
@@ -261,17 +261,25 @@ def test_a_crash_loop_stops_the_server_with_its_own_exit_status(tmp_path):
     assert is_gone(api_pids[1])
 
 
-def test_the_server_exits_non_zero_when_the_engine_dies(serve_process):
-    with serve_process(TINY) as served:
-        supervisor = served.process
-        engines = [pid for pid in children_of(supervisor.pid) if "engine_process" in command_line(pid)]
-        api_pids = [pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)]
-        fork_servers = [pid for pid in children_of(supervisor.pid) if "api_forkserver" in command_line(pid)]
-        assert len(engines) == 1 and len(api_pids) == 2 and len(fork_servers) == 1
-        os.kill(engines[0], signal.SIGKILL)
-        assert supervisor.wait(timeout=30) != 0
-        for pid in api_pids + fork_servers:
-            assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+@pytest.fixture(scope="module")
+def doomed() -> Iterator[dict[str, ServeProcess]]:
+    """Two ``--api-workers 2`` tiny servers started side by side, one for each test below that kills a process of
+    its own: the engine; the supervisor (with a rate limit, so there is a shared bucket table it leaves behind)."""
+    with run_serve_processes([(TINY, None), (TINY, {"MMSERVE_RATE_LIMIT": "100/s"})]) as (engine_dies, killed):
+        yield {"engine dies": engine_dies, "supervisor killed": killed}
+
+
+def test_the_server_exits_non_zero_when_the_engine_dies(doomed):
+    served = doomed["engine dies"]
+    supervisor = served.process
+    engines = [pid for pid in children_of(supervisor.pid) if "engine_process" in command_line(pid)]
+    api_pids = [pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)]
+    fork_servers = [pid for pid in children_of(supervisor.pid) if "api_forkserver" in command_line(pid)]
+    assert len(engines) == 1 and len(api_pids) == 2 and len(fork_servers) == 1
+    os.kill(engines[0], signal.SIGKILL)
+    assert supervisor.wait(timeout=30) != 0
+    for pid in api_pids + fork_servers:
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
 def is_gone(pid: int) -> bool:
@@ -283,26 +291,26 @@ def environment_entry(pid: int, name: str) -> str:
                 if entry.startswith(f"{name}="))
 
 
-def test_the_children_exit_when_the_supervisor_is_killed(serve_process):
+def test_the_children_exit_when_the_supervisor_is_killed(doomed):
     """A supervisor killed with SIGKILL runs no clean-up: the engine and API processes must notice alone,
     and remove what it would have: the run directory and the shared rate-limit table."""
-    with serve_process(TINY, {"MMSERVE_RATE_LIMIT": "100/s"}) as served:
-        supervisor = served.process
-        children = children_of(supervisor.pid)
-        assert len(children) == 4  # the engine, the API processes' fork server and two API processes
-        run_directory = Path(environment_entry(children[0], RUN_DIRECTORY_VARIABLE))
-        bucket_table = Path(environment_entry(children[0], RATE_BUCKETS_VARIABLE))
-        assert run_directory.is_dir() and bucket_table.exists()
-        os.kill(supervisor.pid, signal.SIGKILL)
-        supervisor.wait(timeout=10)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not all(is_gone(pid) for pid in children):
-            time.sleep(0.2)
-        left = [pid for pid in children if not is_gone(pid)]
-        for pid in left:  # leave no process behind even when the assertion fails
-            os.kill(pid, signal.SIGKILL)
-        assert not left, f"still running after their supervisor was killed: {left}"
-        assert not run_directory.exists() and not bucket_table.exists()
+    served = doomed["supervisor killed"]
+    supervisor = served.process
+    children = children_of(supervisor.pid)
+    assert len(children) == 4  # the engine, the API processes' fork server and two API processes
+    run_directory = Path(environment_entry(children[0], RUN_DIRECTORY_VARIABLE))
+    bucket_table = Path(environment_entry(children[0], RATE_BUCKETS_VARIABLE))
+    assert run_directory.is_dir() and bucket_table.exists()
+    os.kill(supervisor.pid, signal.SIGKILL)
+    supervisor.wait(timeout=10)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not all(is_gone(pid) for pid in children):
+        time.sleep(0.2)
+    left = [pid for pid in children if not is_gone(pid)]
+    for pid in left:  # leave no process behind even when the assertion fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running after their supervisor was killed: {left}"
+    assert not run_directory.exists() and not bucket_table.exists()
 
 
 def test_sigterm_drains_every_process_and_loses_no_accepted_request():

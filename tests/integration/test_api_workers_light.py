@@ -25,7 +25,7 @@ import pytest
 
 from benchmarks.random_pretrained import write_siglip
 from encoded_images import b64, encoded_image
-from tests.conftest import run_serve_process
+from tests.conftest import run_serve_processes
 from tests.integration.same_answers import assert_same
 from tests.integration.work_logs import Logged, send_until_both_api_processes_worked, serve_logged
 
@@ -108,7 +108,7 @@ def _answer(url: str, body: dict) -> dict:
 def test_siglip_texts_answer_at_two_api_processes_as_in_one(siglip_dir):
     image = {"b64": b64(encoded_image(3, (48, 40), "JPEG"))}
     args = ["--model", str(siglip_dir), "--device", "cpu"]
-    with run_serve_process([*args, "--api-workers", "2"]) as workers, run_serve_process(args) as single:
+    with run_serve_processes([([*args, "--api-workers", "2"], None), (args, None)]) as (workers, single):
         for text in SIGLIP_TEXTS:
             theirs = _answer(single.url, {"text": text})
             fused = _answer(single.url, {"text": text, "image": image})

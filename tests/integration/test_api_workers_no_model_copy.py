@@ -27,7 +27,7 @@ import tritonclient.http as triton_http
 
 from benchmarks.random_pretrained import write_clip, write_open_clip
 from encoded_images import b64, encoded_image
-from tests.conftest import ServeProcess, run_serve_process
+from tests.conftest import ServeProcess, run_serve_process, run_serve_processes
 from tests.integration.same_answers import assert_same
 
 WEIGHTS_FILE = "model.safetensors"  # what CLIPModel.save_pretrained writes
@@ -44,11 +44,6 @@ def _api_processes(served: ServeProcess) -> set[int]:
             if b"api_process" in Path(f"/proc/{pid}/cmdline").read_bytes()}
 
 
-def _serve(directory: Path, *args: str) -> Iterator[ServeProcess]:
-    with run_serve_process(["--model", str(directory), "--device", "cpu", *args]) as served:
-        yield served
-
-
 def _maps_torch(process_id: int) -> bool:
     return "libtorch" in Path(f"/proc/{process_id}/maps").read_text()
 
@@ -59,13 +54,21 @@ def clip_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workers(clip_dir) -> Iterator[ServeProcess]:
-    yield from _serve(clip_dir, "--api-workers", "2")
+def servers(clip_dir) -> Iterator[list[ServeProcess]]:
+    """The ``--api-workers 2`` server and the one-process server, started side by side."""
+    args = ["--model", str(clip_dir), "--device", "cpu"]
+    with run_serve_processes([([*args, "--api-workers", "2"], None), (args, None)]) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def single(clip_dir) -> Iterator[ServeProcess]:
-    yield from _serve(clip_dir)
+def workers(servers) -> ServeProcess:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def single(servers) -> ServeProcess:
+    return servers[1]
 
 
 def test_the_supervisor_holds_no_torch_only_the_engine_does(workers):
@@ -168,8 +171,8 @@ def test_an_open_clip_model_tokenizes_in_the_api_processes_as_in_one(tmp_path):
     directory = write_open_clip(tmp_path / "tiny-open-clip")  # open_clip's own SimpleTokenizer, sent as its BPE
     bodies = ({"text": "a photo of a cat"}, {"text": "a red bicycle " * 60},  # cut to its context, as open_clip cuts
               {"image": {"b64": b64(encoded_image(5, (48, 40), "JPEG"))}, "text": "snow on the mountains"})
-    with run_serve_process(["--model", str(directory), "--device", "cpu", "--api-workers", "2"]) as workers, \
-            run_serve_process(["--model", str(directory), "--device", "cpu"]) as single:
+    args = ["--model", str(directory), "--device", "cpu"]
+    with run_serve_processes([([*args, "--api-workers", "2"], None), (args, None)]) as (workers, single):
         for body in bodies:
             theirs = _answer_fields(_infer(single.url, body))
             for _ in range(3):

@@ -17,7 +17,7 @@ import time
 import httpx
 
 from encoded_images import b64, encoded_image
-from tests.conftest import run_serve_process
+from tests.conftest import run_serve_processes
 
 VISION_QUEUE_BOUND = 2
 NUM_REQUESTS = 1 + VISION_QUEUE_BOUND + 2  # one stalled in its batch, the bound queued, two refused
@@ -68,9 +68,8 @@ def stalled_lane_answers(url: str) -> list[tuple[int, str | None]]:
 
 def test_two_api_processes_accept_and_refuse_what_one_process_does_in_a_stalled_vision_lane():
     args = ["--preset", "tiny", "--device", "cpu", "--api-workers"]
-    with run_serve_process([*args, "1"], ENV, ready_timeout_s=300) as single:
+    with run_serve_processes([([*args, "1"], ENV), ([*args, "2"], ENV)], ready_timeout_s=300) as (single, served):
         one_process = stalled_lane_answers(single.url)
-    with run_serve_process([*args, "2"], ENV, ready_timeout_s=300) as served:
         two_processes = stalled_lane_answers(served.url)
     expected = [(200, None)] * (1 + VISION_QUEUE_BOUND) + [(503, "overloaded")] * 2
     assert one_process == expected, one_process

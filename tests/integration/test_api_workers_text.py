@@ -20,27 +20,30 @@ import pytest
 
 from encoded_images import b64, encoded_image
 from tests.integration.same_answers import assert_same
-from tests.integration.work_logs import Logged, send_until_both_api_processes_worked, serve_logged
+from tests.integration.work_logs import Logged, send_until_both_api_processes_worked, serve_logged_side_by_side
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
 MAX_JOINT_TOKENS = 60
 TOKENIZE_DELAY_S = 0.05
 
 
-def _serve_logged(tmp_path_factory, args: list[str]) -> Iterator[Logged]:
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory) -> Iterator[list[Logged]]:
+    """The ``--api-workers 2`` server and the one-process server, started side by side."""
     env = {"MMSERVE_MAX_JOINT_TOKENS": str(MAX_JOINT_TOKENS), "MMSERVE_TEST_TOKENIZE_DELAY_S": str(TOKENIZE_DELAY_S)}
-    with serve_logged(tmp_path_factory.mktemp("work"), [*TINY, *args], env) as served:
-        yield served
+    with serve_logged_side_by_side([(tmp_path_factory.mktemp("work"), [*TINY, "--api-workers", "2"], env),
+                                    (tmp_path_factory.mktemp("work"), TINY, env)]) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory) -> Iterator[Logged]:
-    yield from _serve_logged(tmp_path_factory, ["--api-workers", "2"])
+def workers(servers) -> Logged:
+    return servers[0]
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory) -> Iterator[Logged]:
-    yield from _serve_logged(tmp_path_factory, [])
+def single(servers) -> Logged:
+    return servers[1]
 
 
 def image(seed: int) -> dict:

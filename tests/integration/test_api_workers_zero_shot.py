@@ -25,22 +25,24 @@ import pytest
 from benchmarks.random_pretrained import write_clip
 from encoded_images import b64, encoded_image
 from otlp_receiver import OtlpReceiver, otlp_receiver
-from tests.conftest import run_serve_process
+from tests.conftest import run_serve_processes
 from tests.integration.same_answers import assert_same
 from tests.integration.test_api_workers_drills_and_traces import CALLER_SPAN_ID, as_int, trace_shape
 from tests.integration.test_zero_shot_api import LIMIT_CASES
 from tests.integration.trained_head_repository import write_tiny_with_a_trained_head
-from tests.integration.work_logs import Logged, serve_logged
+from tests.integration.work_logs import Logged, serve_logged_side_by_side
 
 LIMITS = {"MMSERVE_MAX_LABELS_PER_REQUEST": "8", "MMSERVE_MAX_CANDIDATES_PER_REQUEST": "4"}
 
 
-def _serve(tmp_path_factory, model_dir: Path, receiver: OtlpReceiver, args: list[str]) -> Iterator[Logged]:
+def _serve_both(tmp_path_factory, model_dir: Path, receiver: OtlpReceiver) -> Iterator[list[Logged]]:
+    """The ``--api-workers 2`` server and the one-process server, started side by side."""
     env = {**LIMITS, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.traces_url, "OTEL_BSP_SCHEDULE_DELAY": "50",
            "MMSERVE_TRACE_SAMPLE_RATIO": "1.0", "MMSERVE_TRACE_SLOW_MS": "0"}
-    with serve_logged(tmp_path_factory.mktemp("logs"), ["--model", str(model_dir), "--device", "cpu", *args],
-                      env) as served:
-        yield served
+    args = ["--model", str(model_dir), "--device", "cpu"]
+    with serve_logged_side_by_side([(tmp_path_factory.mktemp("logs"), [*args, "--api-workers", "2"], env),
+                                    (tmp_path_factory.mktemp("logs"), args, env)]) as both:
+        yield both
 
 
 @pytest.fixture(scope="module")
@@ -55,13 +57,18 @@ def clip_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workers(tmp_path_factory, clip_dir, receiver) -> Iterator[Logged]:
-    yield from _serve(tmp_path_factory, clip_dir, receiver, ["--api-workers", "2"])
+def servers(tmp_path_factory, clip_dir, receiver) -> Iterator[list[Logged]]:
+    yield from _serve_both(tmp_path_factory, clip_dir, receiver)
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, clip_dir, receiver) -> Iterator[Logged]:
-    yield from _serve(tmp_path_factory, clip_dir, receiver, [])
+def workers(servers) -> Logged:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def single(servers) -> Logged:
+    return servers[1]
 
 
 def image(seed: int, size=(48, 40), fmt="JPEG") -> dict:
@@ -211,7 +218,7 @@ def test_a_trained_fusion_head_scores_in_the_engine_as_in_one_process(tmp_path):
               ("/v1/rank", {"query": image(51), "candidates": ["cat", "a dog", "bicycle"]}),
               ("/v1/rank", {"query": "a dog", "candidates": [image(51), image(52)]})]
     args = ["--model", str(repository), "--device", "cpu"]
-    with run_serve_process([*args, "--api-workers", "2"]) as workers, run_serve_process(args) as single:
+    with run_serve_processes([([*args, "--api-workers", "2"], None), (args, None)]) as (workers, single):
         for path, body in bodies:
             ours = httpx.post(f"{workers.url}{path}", json=body, timeout=60)
             theirs = httpx.post(f"{single.url}{path}", json=body, timeout=60)

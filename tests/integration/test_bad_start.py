@@ -2,7 +2,9 @@
 
 Each must exit non-zero with one last line that names the setting, print no
 traceback (unless the log level is debug), and, where the value can be
-checked before the model loads, fail before it loads. The servers start in
+checked before the model loads, fail before it loads. The device refusals
+(a dtype, a decode device or a device the machine lacks) say what to use
+instead. The servers start in
 parallel: each is a process importing torch, and none loads a model for long.
 """
 
@@ -15,7 +17,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import torch
 
 MMSERVE = [sys.executable, "-m", "server.cli", "serve"]
@@ -44,7 +45,10 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
                  fails_before_loading=False),
         BadStart("hub id not cached offline", ("--model", "someorg/not-cached"), ("someorg/not-cached", "HF_HUB_OFFLINE"),
                  env=(("HF_HUB_OFFLINE", "1"), ("HF_HOME", str(tmp_path / "hf")))),
-        BadStart("dtype the CPU lacks", ("--preset", "tiny", "--device", "cpu", "--dtype", "float16"), ("--dtype",)),
+        BadStart("dtype the CPU lacks", ("--preset", "tiny", "--device", "cpu", "--dtype", "float16"),
+                 ("--dtype float16", "needs a CUDA device", "--dtype float32")),
+        BadStart("decode device the CPU lacks", ("--preset", "tiny", "--device", "cpu", "--decode-device", "cuda"),
+                 ("--decode-device cuda", "--decode-device cpu")),
         BadStart("port out of range", ("--preset", "tiny", "--port", "99999"), ("--port", "65535")),
         BadStart("port taken", ("--preset", "tiny", "--port", str(taken_port)), ("--port", str(taken_port))),
         BadStart("host not an address", ("--preset", "tiny", "--host", "999.0.0.1", "--port", "0"), ("--host",)),
@@ -53,7 +57,8 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
         BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
     ]
     if not torch.cuda.is_available():  # the no-CUDA message needs a machine without CUDA
-        cases.append(BadStart("no CUDA", ("--preset", "tiny", "--device", "cuda"), ("--device cuda",)))
+        cases.append(BadStart("no CUDA", ("--preset", "tiny", "--device", "cuda"),
+                              ("--device cuda", "no CUDA device is visible")))
     return cases
 
 

@@ -6,12 +6,9 @@ each shape only once.
 
 from __future__ import annotations
 
-import base64
-import io
-
 import numpy as np
-from PIL import Image
 
+from encoded_images import encoded_image_b64
 from server.settings import Settings
 
 
@@ -20,10 +17,7 @@ def test_vit_l16_default_answers_a_fusion_request(live_server_runner):
     # code runs on ONNX Runtime in the tiny preset's tests, and `mmserve export --preset vit-l16` exercises it.
     settings = Settings(device="cpu", max_batch_size=1, max_queue_delay_ms=0, runtime="torch")
     assert settings.preset == "vit-l16"
-    pixels = np.random.default_rng(0).integers(0, 256, (300, 400, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG")
-    body = {"text": "a photo of a harbour", "image": {"b64": base64.b64encode(buffer.getvalue()).decode()}}
+    body = {"text": "a photo of a harbour", "image": {"b64": encoded_image_b64(0, (400, 300), "JPEG")}}
     with live_server_runner(settings) as server, server.client() as client:
         answer = client.post("/v1/infer", json=body)
     assert answer.status_code == 200, answer.text

@@ -12,11 +12,12 @@ The nvJPEG equality (cosine 0.9999) is checked by ``benchmarks/gpu/real_model.py
 from __future__ import annotations
 
 import base64
-import io
 
 import numpy as np
 import pytest
 from PIL import Image
+
+from encoded_images import encode, gradient_image
 
 from server.settings import Settings
 from tests.conftest import run_live_server
@@ -25,15 +26,11 @@ MIN_COSINE = 0.999  # libjpeg vs Pillow IDCT rounding and torch vs Pillow resamp
 
 
 def _picture(shift: int) -> Image.Image:
-    y, x = np.mgrid[0:64, 0:96]
-    pixels = np.stack([(x * 255 // 96 + shift) % 256, y * 255 // 64, (x + y) * 127 // 160], -1)
-    return Image.fromarray(pixels.astype(np.uint8))
+    return gradient_image((96, 64), shift)
 
 
 def _encoded(image: Image.Image, fmt: str) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **({"quality": 95} if fmt == "JPEG" else {}))
-    return buffer.getvalue()
+    return encode(image, fmt, **({"quality": 95} if fmt == "JPEG" else {}))
 
 
 def _data_uri(data: bytes, mime: str) -> str:

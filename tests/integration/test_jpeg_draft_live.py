@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import base64
-import io
 
 import numpy as np
 from PIL import Image
+
+from encoded_images import encode
 
 from models.preprocessing import resize_to_model_input
 from server.ingest.decoding import decode_image
@@ -16,10 +17,8 @@ def photo_like(width: int, height: int) -> bytes:
     rng = np.random.default_rng(width + height)
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     pixels = np.stack([x / width * 200, y / height * 180, 40 + 25 * np.sin(x / 9.0) * np.cos(y / 13.0)], -1)
-    buffer = io.BytesIO()
-    Image.fromarray(np.clip(pixels + rng.normal(0, 6, pixels.shape), 0, 255).astype(np.uint8)).save(
-        buffer, format="JPEG", quality=90)
-    return buffer.getvalue()
+    return encode(Image.fromarray(np.clip(pixels + rng.normal(0, 6, pixels.shape), 0, 255).astype(np.uint8)),
+                  "JPEG", quality=90)
 
 
 def image_embedding(client, jpeg: bytes) -> np.ndarray:

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 
 import httpx
 import numpy as np
-from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
+
+from encoded_images import encoded_image_b64
 
 import server.ingest.inputs
 
 
 def png(seed: int) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (48, 40, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="PNG")
-    return base64.b64encode(buffer.getvalue()).decode()
+    return encoded_image_b64(seed, (40, 48))
 
 
 def cache_events(client: httpx.Client) -> dict[tuple[str, str], float]:

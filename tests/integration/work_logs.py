@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ServeProcess, run_serve_process
+from tests.conftest import ServeProcess, run_serve_processes
 
 HOOKS = str(Path(__file__).parent / "api_workers_hooks")
 
@@ -50,14 +50,26 @@ class Logged:
 @contextmanager
 def serve_logged(log_directory: Path, args: list[str], env: Mapping[str, str] = {}) -> Iterator[Logged]:
     """``mmserve serve ARGS`` with the hooks on the path and its logs in ``log_directory`` (``env`` added)."""
-    tokenize_log, decode_log, pixels_log = (log_directory / f"{name}.log" for name in ("tokenize", "decode", "pixels"))
-    for log in (tokenize_log, decode_log, pixels_log):
-        log.write_text("")
-    hooked = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]),
-              "MMSERVE_TEST_TOKENIZE_LOG": str(tokenize_log), "MMSERVE_TEST_DECODE_LOG": str(decode_log),
-              "MMSERVE_TEST_PIXELS_LOG": str(pixels_log), **env}
-    with run_serve_process(args, hooked) as served:
-        yield Logged(served, tokenize_log, decode_log, pixels_log)
+    with serve_logged_side_by_side([(log_directory, args, env)]) as (logged,):
+        yield logged
+
+
+@contextmanager
+def serve_logged_side_by_side(runs: list[tuple[Path, list[str], Mapping[str, str]]]) -> Iterator[list[Logged]]:
+    """Several ``serve_logged`` servers, (log directory, ARGS, env) each, started at once (``run_serve_processes``)."""
+    specs, logs = [], []
+    for log_directory, args, env in runs:
+        tokenize_log, decode_log, pixels_log = (log_directory / f"{name}.log"
+                                                for name in ("tokenize", "decode", "pixels"))
+        for log in (tokenize_log, decode_log, pixels_log):
+            log.write_text("")
+        hooked = {"PYTHONPATH": os.pathsep.join([HOOKS, os.environ.get("PYTHONPATH", "")]),
+                  "MMSERVE_TEST_TOKENIZE_LOG": str(tokenize_log), "MMSERVE_TEST_DECODE_LOG": str(decode_log),
+                  "MMSERVE_TEST_PIXELS_LOG": str(pixels_log), **env}
+        specs.append((args, hooked))
+        logs.append((tokenize_log, decode_log, pixels_log))
+    with run_serve_processes(specs) as served:
+        yield [Logged(process, *paths) for process, paths in zip(served, logs)]
 
 
 def send_until_both_api_processes_worked(send: Callable[[int], object], log: Path, *, at_least: int,

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.harness.process_resources import ProcessTreeSampler, child_pids
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc, which only Linux has")
 
 PARENT = "import subprocess, sys, time; subprocess.Popen(['sleep', '30']); sys.stdout.write('ok\\n'); " \
          "sys.stdout.flush(); time.sleep(30)"

@@ -10,13 +10,15 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from encoded_images import encode
+
 from models.errors import TrainingDataError
 from models.training.pairs import read_pairs, sample_mismatches, split_by_image
 
 
 def _write(tmp_path: Path, records: list[object], num_images: int = 6) -> Path:
     for i in range(num_images):
-        Image.new("RGB", (4, 4), (i * 40, 0, 0)).save(tmp_path / f"{i}.png")
+        (tmp_path / f"{i}.png").write_bytes(encode(Image.new("RGB", (4, 4), (i * 40, 0, 0)), "PNG"))
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
     return path

@@ -143,13 +143,15 @@ def test_held_out_validation_and_training_images_are_disjoint_and_each_set_has_b
 
     from PIL import Image
 
+    from encoded_images import encode
+
     from models.training.loop import TrainingConfig
     from models.training.pairs import read_pairs, same_text
     from models.training.train_fusion import _make_sets
 
     records = []
     for i in range(40):
-        Image.new("RGB", (4, 4), (i, 0, 0)).save(tmp_path / f"{i}.png")
+        (tmp_path / f"{i}.png").write_bytes(encode(Image.new("RGB", (4, 4), (i, 0, 0)), "PNG"))
         records.append({"image": f"{i}.png", "text": f"caption {i % 4}"})
         if is_labelled:
             records.append({"image": f"{i}.png", "text": f"caption {(i + 1) % 4}", "label": 0})

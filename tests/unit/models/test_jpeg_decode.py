@@ -8,12 +8,13 @@ nvJPEG's answers with the CPU-decoded ones on a real device.
 
 from __future__ import annotations
 
-import io
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+
+from encoded_images import encode, gradient_image
 
 from models.jpeg_decode import DeviceJpegDecoder, cpu_decode_to_input, is_jpeg
 from models.loading.config import PreprocessConfig
@@ -24,15 +25,10 @@ CLIP_LIKE = PreprocessConfig(input_size=32, resize_size=32, interpolation="bicub
 
 
 def _smooth_image(width: int, height: int) -> Image.Image:
-    y, x = np.mgrid[0:height, 0:width]
-    pixels = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], axis=-1)
-    return Image.fromarray(pixels.astype(np.uint8))
+    return gradient_image((width, height))
 
 
-def _encoded(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
+_encoded = encode
 
 
 def test_jpegs_are_decoded_by_the_batch_decoder_and_others_by_pillow():

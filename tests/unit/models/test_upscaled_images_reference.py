@@ -23,6 +23,8 @@ import torch
 from PIL import Image
 from transformers import AutoModel, AutoTokenizer, CLIPImageProcessor, CLIPImageProcessorPil
 
+from encoded_images import encode
+
 from benchmarks.random_pretrained import TowerSize, write_clip
 from kernels import preprocess_uint8
 from models.families.pretrained import load_pretrained
@@ -51,9 +53,7 @@ def _png_images() -> list[bytes]:
         y, x = np.mgrid[0:height, 0:width]
         smooth = np.stack([x * 255 / width, y * 255 / height, ((x + y) % 64) * 4.0], axis=-1)  # (H, W, 3)
         pixels = np.clip(smooth + rng.normal(0, 12, smooth.shape), 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(pixels).save(buffer, format="PNG")
-        encoded.append(buffer.getvalue())
+        encoded.append(encode(Image.fromarray(pixels), "PNG"))
     return encoded
 
 

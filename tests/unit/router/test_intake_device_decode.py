@@ -21,6 +21,8 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from encoded_images import encode, gradient_image
+
 from models.jpeg_decode import DeviceJpegDecoder
 from router.errors import ImageItemError, IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
@@ -56,20 +58,8 @@ class PillowDecoder:
             return ImageOps.exif_transpose(opened).convert("RGB")
 
 
-def _picture(width: int, height: int, shift: int = 0) -> Image.Image:
-    y, x = np.mgrid[0:height, 0:width]
-    pixels = np.stack([(x * 255 // width + shift) % 256, y * 255 // height, (x + y) * 127 // (width + height)], -1)
-    return Image.fromarray(pixels.astype(np.uint8))
-
-
-def _encoded(image: Image.Image, fmt: str, **kwargs: object) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
-
-
 def _jpeg(shift: int = 0, size: tuple[int, int] = (96, 64), **kwargs: object) -> bytes:
-    return _encoded(_picture(*size, shift=shift), "JPEG", quality=95, **kwargs)
+    return encode(gradient_image(size, shift), "JPEG", quality=95, **kwargs)
 
 
 def _rotated_jpeg() -> bytes:
@@ -103,7 +93,7 @@ def intake_max_batch_size() -> int:
 def test_one_call_sends_its_jpegs_to_the_device_in_one_batch_and_the_rest_to_the_cpu(make_router, pool):
     """KServe-like call: JPEG, PNG, EXIF-rotated JPEG, text-only, and a JPEG pair; answers as the CPU path's."""
     jpeg_a, jpeg_b, jpeg_c = _jpeg(0), _jpeg(40), _jpeg(80)
-    png, rotated = _encoded(_picture(80, 80, shift=20), "PNG"), _rotated_jpeg()
+    png, rotated = encode(gradient_image((80, 80), shift=20), "PNG"), _rotated_jpeg()
     items = [_item("jpeg", jpeg_a), _item("png", png), _item("rotated", rotated), _item("text", text="a square"),
              _item("pair", jpeg_b, jpeg_c, text="two squares", as_list=True)]
     intake, device, cpu = _intakes(make_router(), pool)

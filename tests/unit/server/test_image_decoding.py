@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import struct
 import warnings
 import zlib
@@ -12,6 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import encoded_images
+
 from server.ingest.decoding import (decode_base64, decode_image, decode_pixels,
                                     ignore_decompression_bomb_warnings)
 from server.errors import ApiError
@@ -20,9 +21,7 @@ MAX_PIXELS = 10_000_000
 
 
 def encode(image: Image.Image, fmt: str = "PNG", **kwargs) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt, **kwargs)
-    return buffer.getvalue()
+    return encoded_images.encode(image, fmt, **kwargs)
 
 
 def gradient(mode: str, size=(16, 12)) -> Image.Image:
@@ -68,9 +67,8 @@ def test_exif_orientation_is_applied():
 
 def test_animated_images_give_the_first_frame():
     frames = [Image.new("RGB", (8, 8), color) for color in ((255, 0, 0), (0, 0, 255))]
-    buffer = io.BytesIO()
-    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:])
-    assert decode_image(buffer.getvalue(), MAX_PIXELS).getpixel((0, 0))[0] > 200
+    animated = encode(frames[0], "GIF", save_all=True, append_images=frames[1:])
+    assert decode_image(animated, MAX_PIXELS).getpixel((0, 0))[0] > 200
 
 
 @pytest.mark.parametrize(("data", "status", "code"), [

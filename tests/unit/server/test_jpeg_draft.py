@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from encoded_images import encode
+
 from models.loading.config import PreprocessConfig
 from models.preprocessing import resize_to_model_input
 from server.ingest.decoding import decode_image, draft_scale
@@ -25,9 +27,7 @@ def photo_like(width: int, height: int, fmt: str = "JPEG") -> bytes:
     base = np.stack([x / width * 200, y / height * 180, (x + y) / (width + height) * 160], -1)
     texture = 25 * np.sin(x / 7.0)[..., None] * np.cos(y / 11.0)[..., None]
     pixels = np.clip(base + texture + rng.normal(0, 6, (height, width, 3)), 0, 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
-    return buffer.getvalue()
+    return encode(Image.fromarray(pixels), fmt, **({"quality": 90} if fmt == "JPEG" else {}))
 
 
 def decoder(is_draft: bool):
