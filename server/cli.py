@@ -18,15 +18,10 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from models.families.presets import DEFAULT_PRESET, PRESET_NAMES
-
-if TYPE_CHECKING:
-    from server.settings import Settings
 
 _EPILOG = """\
 examples:
@@ -247,7 +242,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     if settings.api_workers is None:
-        settings = settings.model_copy(update={"api_workers": _default_api_workers(settings)})
+        from server.workers.default_count import api_workers_for
+
+        settings = settings.model_copy(update={"api_workers": api_workers_for(settings.device)})
     check_without_torch(settings)  # keys and the model's location, in a second, before torch is imported
     if settings.api_workers > 1:
         from server.workers.supervisor import run_supervised
@@ -272,20 +269,6 @@ def _serve(args: argparse.Namespace) -> int:
             raise startup.error from None  # printed as one line by main()
         raise
     return server.exit_code if server.started else 1
-
-
-def _default_api_workers(settings: Settings) -> int:
-    """``--api-workers`` when not given: from the usable CPUs and the device (server/workers/default_count.py)."""
-    from server.workers.default_count import default_api_workers, torch_device_in_subprocess, usable_cpus
-
-    num_cpus = usable_cpus()
-    device = settings.device
-    if device == "auto":  # on <= 2 CPUs the answer is 1 whatever the device: no need to ask torch
-        device = "cpu" if num_cpus <= 2 else torch_device_in_subprocess()  # cuda unseen: loading says so
-    count = default_api_workers(num_cpus, device)
-    logging.getLogger(__name__).info("--api-workers not given: %d for %d usable CPUs and device %s "
-                                     "(server/workers/default_count.py)", count, num_cpus, device)
-    return count
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -58,7 +58,6 @@ A new ``protocol`` label shows as ``other`` in drift attribution until
 from __future__ import annotations
 
 import abc
-import asyncio
 import functools
 import os
 import random
@@ -75,7 +74,7 @@ from router.intake import IntakeItem
 from router.item_facts import ItemFacts
 from router.tracing import SpanIds
 from server.errors import ApiError
-from server.http.disconnect_watch import SCOPE_KEY as DISCONNECT_WATCH, DisconnectWatch
+from server.http.client_disconnect import ClientDisconnectedError, until_disconnected
 from server.http.traced_answer import TracedAnswer, TracedItem, answer_traced
 from server.ingest.inputs import ParsedInput, intake_item
 from server.protocols.rows import Failure, RowOutcome, failure_from, infer_rows
@@ -243,65 +242,6 @@ def new_request_id() -> str:
     fixed bits are set here rather than by building a ``uuid.UUID``: 0.4 us an id instead of 1.5.
     """
     return f"{_REQUEST_ID_BITS.getrandbits(128) & ~_UUID4_FIXED_MASK | _UUID4_FIXED_BITS:032x}"
-
-
-class ClientDisconnectedError(Exception):
-    """The client closed the connection before its answer was ready."""
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work`` unless the client goes away first; then cancel it.
-
-    Cancelling the intake cancels its queued items, so a request whose client
-    disconnected never reaches the model. ``work`` runs in the request's own
-    task, and a disconnect cancels that task, whose ``CancelledError``
-    becomes ``ClientDisconnectedError``. The disconnect comes from the HTTP
-    protocol's ``DisconnectWatch`` in the scope (``server.http.disconnect_watch``:
-    a callback, no task); without one, from a watcher task awaiting ``receive()``.
-    """
-    task = asyncio.current_task()
-    assert task is not None
-    is_disconnected = is_finished = False
-
-    def on_disconnect() -> None:
-        nonlocal is_disconnected
-        if is_finished:  # a watcher's done-callback runs a loop turn after it ended: too late to cancel
-            return
-        is_disconnected = True
-        task.cancel()
-
-    watch: DisconnectWatch | None = request.scope.get(DISCONNECT_WATCH)
-    if watch is not None:
-        watch.add(on_disconnect)
-        stop_watching: Callable[[], object] = functools.partial(watch.remove, on_disconnect)
-    else:
-        stop_watching = _watcher_task(request, on_disconnect).cancel
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not is_disconnected:
-            raise
-        task.uncancel()
-        raise ClientDisconnectedError() from None
-    finally:
-        is_finished = True  # a disconnect noticed from here on cancels nothing
-        stop_watching()
-
-
-def _watcher_task(request: Request, on_disconnect: Callable[[], None]) -> asyncio.Future:
-    """A task that calls ``on_disconnect`` when ``receive()`` says the client went away (cancel it to stop)."""
-    def on_done(watcher: asyncio.Future) -> None:
-        if not watcher.cancelled() and watcher.exception() is None:
-            on_disconnect()
-
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    watcher.add_done_callback(on_done)
-    return watcher
 
 
 async def serve(request: Request, endpoint: Endpoint) -> Response:

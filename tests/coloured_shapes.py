@@ -24,6 +24,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from encoded_images import encode
+
 IMAGE_SIZE_PX = 224
 COLOURS = {"red": (200, 35, 35), "green": (40, 150, 60), "blue": (35, 70, 200), "yellow": (235, 200, 30)}
 SHAPES = ("disc", "star", "square")
@@ -88,7 +90,7 @@ def write_coloured_shapes(directory: Path, num_images: int = 120, seed: int = 0)
     for i in range(num_images):
         colour, shape = classes[i % len(classes)]
         path = directory / "photos" / f"{i:03d}.jpg"
-        draw_coloured_shape(colour, shape, rng).save(path, quality=85)
+        path.write_bytes(encode(draw_coloured_shape(colour, shape, rng), "JPEG", quality=85))
         images.append(ColouredShape(path, colour, shape))
     pairs_path = directory / "pairs.jsonl"
     pairs_path.write_text("".join(json.dumps({"image": f"photos/{image.path.name}", "text": image.caption}) + "\n"

@@ -28,7 +28,8 @@ from server.protocols.kserve_v2_codec import RequestedOutput, V2InferRequest, V2
 from server.protocols.kserve_v2_grpc import infer_request, infer_response
 from server.protocols.kserve_v2_model import MODEL_VERSION, choose_outputs, output_tensors, rows_from_request
 from server.protocols.rows import Failure
-from server.request_layer import Answered, ClientDisconnectedError, Endpoint, Parsed
+from server.http.client_disconnect import ClientDisconnectedError
+from server.request_layer import Answered, Endpoint, Parsed
 from server.routes.v2 import check_model
 from server.state import ServerState
 

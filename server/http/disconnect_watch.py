@@ -16,7 +16,7 @@ It fires exactly when uvicorn marks the request disconnected (the same
 request, the same condition), which is when ``receive()`` would have said
 ``http.disconnect``. A request whose scope has no watch (another server, a
 request uvicorn started from a pipelined chunk) keeps the watcher task
-(``server.request_layer.until_disconnected``).
+(``server.http.client_disconnect.until_disconnected``).
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ A probe that fails (torch missing or broken, the child killed or past
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -81,6 +82,17 @@ def default_api_workers(num_cpus: int, device_type: str) -> int:
     if device_type == "cpu" or num_cpus <= 2:
         return 1
     return min(num_cpus - 1, MAX_DEFAULT_API_WORKERS)
+
+
+def api_workers_for(device: str) -> int:
+    """``--api-workers`` when not given, for the ``device`` setting, logged with what it was chosen from."""
+    num_cpus = usable_cpus()
+    if device == "auto":  # on <= 2 CPUs the answer is 1 whatever the device: no need to ask torch
+        device = "cpu" if num_cpus <= 2 else torch_device_in_subprocess()  # cuda unseen: loading says so
+    count = default_api_workers(num_cpus, device)
+    logging.getLogger(__name__).info("--api-workers not given: %d for %d usable CPUs and device %s "
+                                     "(server/workers/default_count.py)", count, num_cpus, device)
+    return count
 
 
 def torch_device_in_subprocess() -> str:

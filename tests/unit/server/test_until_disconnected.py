@@ -9,7 +9,7 @@ import pytest
 from starlette.requests import Request
 
 from server.http.disconnect_watch import SCOPE_KEY, DisconnectWatch
-from server.request_layer import ClientDisconnectedError, until_disconnected
+from server.http.client_disconnect import ClientDisconnectedError, until_disconnected
 
 SCOPE = {"type": "http", "method": "POST", "path": "/v1/embeddings", "headers": []}
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import io
 import socket
 import time
 from multiprocessing import resource_tracker
@@ -25,6 +24,7 @@ from router.segments import ImageContent, SegmentCatalog
 from server.errors import ApiError
 from server.settings import Settings
 from server.workers import handoff
+from encoded_images import encode
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
 from server.workers.frames import encode_frame, read_frame, read_frame_blocking
 from server.workers.metrics_snapshots import exemplars_of
@@ -180,9 +180,7 @@ def test_an_encoded_image_decoded_into_a_slot_goes_as_its_key_length_and_header(
     """With the peek's keys, a decoded JPEG's file stays here: the engine keys and counts it as its bytes do, and
     where it will not ask the cache (key ``None``) nothing is hashed; one without a slot keeps its bytes."""
     catalog = SegmentCatalog(SegmentCache(image_budget_bytes=1 << 20, text_budget_bytes=1 << 20), "fp", "size=32")
-    buffer = io.BytesIO()
-    Image.new("RGB", (40, 30), (200, 10, 10)).save(buffer, format="JPEG")
-    jpeg = ImageContent(encoded=buffer.getvalue() + bytes(5000))  # a file of some size
+    jpeg = ImageContent(encoded=encode(Image.new("RGB", (40, 30), (200, 10, 10)), "JPEG") + bytes(5000))  # a file of some size
     held = ImageContent(encoded=b"\x89PNG\r\n\x1a\n" + bytes(40))
     items = [IntakeItem("keyed", images=(jpeg, held), protocol="kserve_v2"), IntakeItem("unasked", images=(jpeg,))]
     keys = [[catalog.image_key(jpeg), catalog.image_key(held)], [None]]
