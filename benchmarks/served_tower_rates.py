@@ -114,6 +114,7 @@ def _vision_median_s(metrics_text: str) -> float:
 
 def measure_served(name: str, command: ServerCommand, runtime: str, num_requests: int, flop: int,
                    log: Callable[[str], None]) -> ServedRate:
+    log(f"{name}: {flop / 1e9:.0f} GFLOP per batch of {BATCH} (image tower); starting mmserve")
     start = time.perf_counter()
     with running(command, READY_TIMEOUT_S) as server:
         log(f"{name}: ready in {time.perf_counter() - start:.0f} s")
@@ -129,6 +130,7 @@ def measure_served(name: str, command: ServerCommand, runtime: str, num_requests
                     best_ms = min(best_ms, vision_ms)
                 log(f"  request {index}: vision {vision_ms:.0f} ms for {BATCH} images")
             median_s = _vision_median_s(client.get("/metrics").text)
+    log(f"  {name}: median {median_s * 1e3:.0f} ms per batch (digest), fastest {best_ms:.0f} ms")
     return ServedRate(name, served.label(), flop / 1e9, median_s * 1e3, best_ms)
 
 

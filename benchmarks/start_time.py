@@ -9,7 +9,9 @@ into an export cache directory of their own that starts empty:
 2. from the cache: the same command again, the graph read back and checked.
 
 Time is from the process's start to ``GET /health/ready`` answering 200 (the
-server is ready only after warm-up). Models: the default preset (ViT-L/16,
+server is ready only after warm-up); beside it the server's CPU seconds until
+then, which a machine shared with other work stretches less than the wall
+time (on 2 cores, wall >= CPU / 2 when the server has them to itself). Models: the default preset (ViT-L/16,
 what ``mmserve serve`` starts with no model named) and a random SigLIP-L
 directory: transformers' ``SiglipConfig`` at the sizes of
 ``google/siglip-large-patch16-384`` (24 layers, 1024 wide, 384 px, patch 16),
@@ -52,6 +54,7 @@ class StartTime:
     model: str
     start: str  # "first start" | "from the cache"
     ready_s: float
+    cpu_s: float  # user + system CPU of the server's processes until ready: what the load cannot stretch
     runtime: str
     phases: tuple[str, ...]  # the server's log lines on the ONNX step and the warm-up
 
@@ -68,19 +71,20 @@ def timed_start(model: str, start: str, command: ServerCommand, runtime: str) ->
     began = time.perf_counter()
     with running(command, READY_TIMEOUT_S) as server:
         ready_s = time.perf_counter() - began
+        cpu_s = server.cpu_s()
         served = served_runtime(server.url)
         phases = _phases(server.stderr_tail(max_chars=1_000_000))
     check_served(served, runtime, "cpu", None)
-    return StartTime(model, start, ready_s, served.label(), phases)
+    return StartTime(model, start, ready_s, cpu_s, served.label(), phases)
 
 
 def format_report(times: list[StartTime]) -> str:
-    rows = [("model", "start", "ready s", "runtime", f"target (ViT-L/16 preset from the cache <= {TARGET_CACHED_S:g} s)")]
+    rows = [("model", "start", "ready s", "CPU s to ready", "runtime", f"target (ViT-L/16 preset from the cache <= {TARGET_CACHED_S:g} s)")]
     for t in times:
         target = "-"
-        if t.model.startswith("ViT-L/16") and t.start == "from the cache":
+        if t.model.startswith("ViT-L/16") and t.start.startswith("from the cache"):
             target = "met" if t.ready_s <= TARGET_CACHED_S else "NOT met"
-        rows.append((t.model, t.start, f"{t.ready_s:.1f}", t.runtime, target))
+        rows.append((t.model, t.start, f"{t.ready_s:.1f}", f"{t.cpu_s:.1f}", t.runtime, target))
     notes = [f"{t.model}, {t.start}: {phase}" for t in times for phase in t.phases]
     return ruled(rows) + ("\n\nthe servers' log lines:\n" + "\n".join(notes) if notes else "")
 
@@ -109,8 +113,11 @@ def main(argv: list[str] | None = None) -> None:
         if "siglip-l" in args.models:
             siglip = write_siglip(scratch / "siglip-l", SIGLIP_L, max_text_tokens=SIGLIP_L_TEXT_TOKENS)
             commands["SigLIP-L/16 384 px (random, --model DIR)"] = mmserve_model_command(siglip, settings)
+        # A kept cache that already holds graphs makes both starts cache reads; the rows say so.
+        is_cache_empty = not (cache.exists() and any(cache.iterdir()))
+        starts = ("first start", "from the cache") if is_cache_empty else ("from the cache", "from the cache again")
         for model, command in commands.items():
-            for start in ("first start", "from the cache"):
+            for start in starts:
                 log(f"{model}: {start}")
                 times.append(timed_start(model, start, command, args.runtime))
                 log(f"  ready in {times[-1].ready_s:.1f} s on {times[-1].runtime}")
