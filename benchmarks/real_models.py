@@ -78,10 +78,9 @@ from benchmarks.embedding_agreement import (
 )
 from benchmarks.harness import (
     AlternationPlan, RunSpec, ServerProcess, ServerRuns, ServerStartError, Targets, WrkBodies, cpu_ratio,
-    cpu_target_text,
-    format_comparison, format_saturation, infinity_command, log, machine_line, mmserve_model_command,
-    num_usable_cpus, resumed, run_alternated, run_saturation, running, start_paused, utc_now, verdict_text, verdicts,
-    wrk_path, wrk_saturation, write_bodies,
+    cpu_target_text, format_comparison, format_saturation, infinity_command, log, machine_line, num_usable_cpus,
+    resumed, run_alternated, run_saturation, start_paused, utc_now, verdict_text, verdicts, wrk_path, wrk_saturation,
+    write_bodies,
 )
 from benchmarks.harness.peer_venv import DEFAULT_INFINITY_VENV, PeerInstallError, ensure_venv, installed_version
 from benchmarks.loadgen.config import BenchConfig
