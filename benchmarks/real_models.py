@@ -29,15 +29,24 @@ has no such knob) and run float32 on the CPU.
    - open-loop p99 at 70 % of Infinity's saturation from the Python
      generator, which times each request from its intended send time.
 
-   Targets, as ratios mmserve / Infinity within the run: text throughput
-   >= 2x, p99 <= 0.5x, server CPU per answer <= 0.6x; images throughput
-   >= 1.15x, p99 <= 0.7x, and server CPU per answer no worse than the
-   previous run's ratio (``benchmarks.real_models_figures``: pass the file
-   an earlier run saved with ``--save-figures`` as ``--previous-figures``).
+   Targets, as ratios mmserve / Infinity within the run (issue 43, mmserve
+   under ``--runtime auto``, which is ONNX Runtime on the CPU): text
+   throughput >= 1.6x, server CPU per answer <= 0.65x; images (224 px JPEGs)
+   throughput >= 2x, server CPU per answer <= 0.5x; fixed-rate p99 text
+   <= 0.5x, images <= 0.7x. ``--previous-figures`` (a file an earlier run
+   saved with ``--save-figures``) prints that run's CPU ratios beside.
+3. The runtime against torch (``--torch-baseline``, on by default when
+   timing): the same directory served by a second mmserve under
+   ``--runtime torch``, images only, saturation A-B-B-A against the first;
+   target: CPU per image answer <= 0.55x torch's.
+
+Every table names the runtime and quantization each mmserve says it serves
+(``GET /v1/models``), and the script stops if that is not what it asked for.
 
     python -m benchmarks.real_models
     python -m benchmarks.real_models --families clip --timing-families clip --seconds 5
     python -m benchmarks.real_models --save-figures new.json --previous-figures old.json
+    python -m benchmarks.real_models --families clip --timing-families clip --quantize int8
     python -m benchmarks.real_models --families clip --timing-families clip --no-peer --seconds 2 --rounds 1
 
 ``--no-peer`` times mmserve alone (saturation from wrk, no ratios, no fixed
@@ -58,7 +67,7 @@ import random
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,10 +77,10 @@ from benchmarks.embedding_agreement import (
     AgreementRow, agreement_row, failure_reason, format_agreement_table, served_model_name,
 )
 from benchmarks.harness import (
-    AlternationPlan, RunSpec, ServerProcess, ServerRuns, ServerStartError, Targets, WrkBodies, cpu_target_text,
-    format_comparison, format_saturation, infinity_command, log, machine_line, mmserve_model_command,
-    num_usable_cpus, resumed, run_alternated, run_saturation, running, start_paused, utc_now, verdict_text, verdicts,
-    wrk_path, wrk_saturation, write_bodies,
+    AlternationPlan, RunSpec, ServerProcess, ServerRuns, ServerStartError, Targets, WrkBodies, cpu_ratio,
+    cpu_target_text, format_comparison, format_saturation, infinity_command, log, machine_line, num_usable_cpus,
+    resumed, run_alternated, run_saturation, start_paused, utc_now, verdict_text, verdicts, wrk_path, wrk_saturation,
+    write_bodies,
 )
 from benchmarks.harness.peer_venv import DEFAULT_INFINITY_VENV, PeerInstallError, ensure_venv, installed_version
 from benchmarks.loadgen.config import BenchConfig
@@ -84,6 +93,7 @@ from benchmarks.real_models_figures import (
     figures_document, lane_figures, load_figures, previous_cpu_ratio, save_figures,
 )
 from benchmarks.reference_embeddings import Family, ReferenceInputs, reference_embeddings, write_family
+from benchmarks.served_runtime import MmserveRuntime, ServedRuntime, start_checked
 
 MMSERVE = "mmserve"
 INFINITY = "infinity"
@@ -104,9 +114,9 @@ NUM_WRK_TEXTS = 64
 NUM_WRK_IMAGES = 100
 WRK_IMAGE_SIZE = ImageSize(224, 224)
 WRK_BODY_SEED = 7
-TEXT_CPU_TARGET = 0.6  # mmserve's server CPU per answered text request, at most this share of Infinity's
-IMAGE_CPU_BASIS = "previous run"
 WRK_GENERATOR = "wrk -t1"
+MMSERVE_TORCH = "mmserve-torch"  # the same directory under --runtime torch: what the runtime saves, same run
+TORCH_CPU_TARGET = 0.55  # mmserve's CPU per image answer, at most this share of its own under --runtime torch
 
 
 @dataclass(frozen=True)
@@ -118,15 +128,9 @@ class Lane:
     targets: Targets
 
 
-LANES = (Lane("text", parse_mix("text:1"), Targets(2.0, 0.5, max_cpu_ratio=TEXT_CPU_TARGET)),
-         Lane("image", parse_mix("vision:1"), Targets(1.15, 0.7, cpu_basis=IMAGE_CPU_BASIS)))
-
-
-def lane_targets(lane: Lane, family: str, previous: dict[str, Any] | None) -> Targets:
-    """The lane's targets, the image CPU bound taken from the previous run's figures (none without them)."""
-    if lane.targets.cpu_basis != IMAGE_CPU_BASIS:
-        return lane.targets
-    return replace(lane.targets, max_cpu_ratio=previous_cpu_ratio(previous, family, lane.name))
+# Issue 43's targets for mmserve on ONNX Runtime (fp32) against Infinity's torch engine; p99 from the issue before.
+LANES = (Lane("text", parse_mix("text:1"), Targets(1.6, 0.5, max_cpu_ratio=0.65)),
+         Lane("image", parse_mix("vision:1"), Targets(2.0, 0.7, max_cpu_ratio=0.5)))
 
 
 class WrkInputs:
@@ -209,9 +213,28 @@ def _timing(family: Family, servers: dict[str, ServerProcess], dialects: dict[st
         if INFINITY in servers:
             runs = run_alternated(servers, INFINITY, MMSERVE, plan, config_for, label, saturate)
         else:
-            runs = run_saturation(servers, list(servers), plan, saturate, label)
+            runs = run_saturation(servers, [n for n in servers if n != MMSERVE_TORCH], plan, saturate, label)
+        if lane.name == "image" and MMSERVE_TORCH in servers:
+            against_torch = run_saturation(servers, (MMSERVE_TORCH, MMSERVE), plan, saturate, f"{label} vs torch")
+            runs[f"{MMSERVE} (vs torch)"] = against_torch[MMSERVE]
+            runs[MMSERVE_TORCH] = against_torch[MMSERVE_TORCH]
         results.append((lane, runs))
     return results
+
+
+def _torch_lines(family: Family, runs: dict[str, ServerRuns], plan: AlternationPlan,
+                 runtimes: dict[str, ServedRuntime]) -> tuple[str, str]:
+    """The table of mmserve against itself under --runtime torch (images), and its verdict line."""
+    pair = {f"{MMSERVE} ({runtimes[MMSERVE].label()})": runs[f"{MMSERVE} (vs torch)"],
+            f"{MMSERVE} ({runtimes[MMSERVE_TORCH].label()})": runs[MMSERVE_TORCH]}
+    table = format_saturation(f"{family.value}, image only, mmserve against itself under --runtime torch, "
+                              "A-B-B-A", pair, plan, WRK_GENERATOR)
+    ratio = cpu_ratio(runs[MMSERVE_TORCH], runs[f"{MMSERVE} (vs torch)"])
+    is_met = None if ratio is None else ratio <= TORCH_CPU_TARGET
+    ratio_text = "not measured" if ratio is None else f"{ratio:.2f}x"
+    verdict = (f"  {family.value} image, {runtimes[MMSERVE].label()} against torch: server CPU per answer "
+               f"{ratio_text} (target <= {TORCH_CPU_TARGET:.2f}) {verdict_text(is_met)}")
+    return table, verdict
 
 
 def _verdict_line(family: Family, lane: Lane, targets: Targets, runs: dict[str, ServerRuns]) -> str:
@@ -242,55 +265,68 @@ class TimingSetup:
     inputs: WrkInputs
     previous: dict[str, Any] | None
     is_alone_timed: bool  # --no-peer: saturation of mmserve alone, for want of Infinity
+    is_torch_baseline: bool  # also time mmserve under --runtime torch on images
 
 
 def _print_timing(family: Family, timed: list[tuple[Lane, dict[str, ServerRuns]]], setup: TimingSetup,
-                  result: FamilyResult) -> None:
-    for lane, runs in timed:
-        title = f"{family.value}, {lane.name} only"
+                  runtimes: dict[str, ServedRuntime], result: FamilyResult) -> None:
+    for lane, all_runs in timed:
+        runs = {name: all_runs[name] for name in (INFINITY, MMSERVE) if name in all_runs}
+        title = f"{family.value}, {lane.name} only, mmserve on {runtimes[MMSERVE].label()}"
         if INFINITY not in runs:
             print(format_saturation(f"{title}, mmserve alone", runs, setup.plan, WRK_GENERATOR), flush=True)
             result.figures[lane.name] = lane_figures(runs, None, MMSERVE)
-            continue
-        targets = lane_targets(lane, family.value, setup.previous)
-        print(format_comparison(title, runs, INFINITY, MMSERVE, setup.plan, targets, num_usable_cpus(), "mm/inf",
-                                WRK_GENERATOR), flush=True)
-        if targets.cpu_basis:
-            source = ("none was given: pass --previous-figures FILE, saved by an earlier run's --save-figures"
-                      if targets.max_cpu_ratio is None else "from --previous-figures")
-            print(f"(server CPU target: mmserve's CPU per answer over Infinity's no higher than the "
-                  f"{targets.cpu_basis}'s ratio; {source})", flush=True)
-        result.verdict_lines.append(_verdict_line(family, lane, targets, runs))
-        result.figures[lane.name] = lane_figures(runs, INFINITY, MMSERVE)
+        else:
+            print(format_comparison(title, runs, INFINITY, MMSERVE, setup.plan, lane.targets, num_usable_cpus(),
+                                    "mm/inf", WRK_GENERATOR), flush=True)
+            before = previous_cpu_ratio(setup.previous, family.value, lane.name)
+            if before is not None:
+                print(f"(the previous run's server CPU ratio mm/inf, from --previous-figures: {before:.2f})",
+                      flush=True)
+            result.verdict_lines.append(_verdict_line(family, lane, lane.targets, runs))
+            result.figures[lane.name] = lane_figures(runs, INFINITY, MMSERVE)
+        if MMSERVE_TORCH in all_runs:
+            table, verdict = _torch_lines(family, all_runs, setup.plan, runtimes)
+            print(table, flush=True)
+            result.verdict_lines.append(verdict)
 
 
 def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceInputs, setup: TimingSetup | None,
-               device: str) -> FamilyResult:
+               asked: MmserveRuntime) -> FamilyResult:
     """One family end to end: write, serve on both, compare embeddings, then time (when ``setup`` is given).
 
     Prints each timing table as it is done; returns the agreement rows, one
-    verdict line per lane timed against Infinity, and the lanes' figures.
+    verdict line per lane timed against Infinity (and against torch), and the lanes' figures.
     """
     directory = write_family(family, root / family.value, TIMING_SIZE)
     result = FamilyResult([], [], {})
-    with running(mmserve_model_command(directory, MMSERVE_SETTINGS, device=device), READY_TIMEOUT_S) as mmserve:
-        mmserve.pause()  # started one after the other, so neither start-up competes with the other's
+    # Started one after the other and paused, so no start-up competes with another's.
+    mmserve, served = start_checked(directory, asked, MMSERVE_SETTINGS, READY_TIMEOUT_S)
+    started = {MMSERVE: mmserve}
+    runtimes = {MMSERVE: served}
+    peer = None
+    try:
+        if setup is not None and setup.is_torch_baseline:
+            torch_asked = MmserveRuntime("torch", None, asked.device)
+            started[MMSERVE_TORCH], runtimes[MMSERVE_TORCH] = start_checked(directory, torch_asked, MMSERVE_SETTINGS,
+                                                                            READY_TIMEOUT_S)
+        print(f"{family.value}: " + ", ".join(f"{name} serves on {runtimes[name].label()}" for name in runtimes),
+              flush=True)
         peer, peer_failure = _start_peer(venv, directory, family)
-        try:
-            servers = {MMSERVE: mmserve} if peer is None else {INFINITY: peer, MMSERVE: mmserve}
-            dialects = {}
-            for name, server in servers.items():
-                with resumed(server):
-                    dialects[name] = _dialect(server, is_image_modality_marked=name == INFINITY)
-            result.rows += _agreement(family, servers, dialects, directory, inputs)
-            if peer_failure is not None:
-                result.rows.append(AgreementRow(family.value, INFINITY, failure=peer_failure))
-            if setup is not None and (peer is not None or setup.is_alone_timed):
-                timed = _timing(family, servers, dialects, setup.plan, setup.inputs, root / f"{family.value}-wrk")
-                _print_timing(family, timed, setup, result)
-        finally:
-            if peer is not None:
-                peer.stop()
+        servers = started if peer is None else {INFINITY: peer, **started}
+        dialects = {}
+        for name, server in servers.items():
+            with resumed(server):
+                dialects[name] = _dialect(server, is_image_modality_marked=name == INFINITY)
+        result.rows += _agreement(family, servers, dialects, directory, inputs)
+        if peer_failure is not None:
+            result.rows.append(AgreementRow(family.value, INFINITY, failure=peer_failure))
+        if setup is not None and (peer is not None or setup.is_alone_timed):
+            timed = _timing(family, servers, dialects, setup.plan, setup.inputs, root / f"{family.value}-wrk")
+            _print_timing(family, timed, setup, runtimes, result)
+    finally:
+        for server in ([] if peer is None else [peer]) + list(started.values()):
+            server.stop()
     return result
 
 
@@ -319,6 +355,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-peer", action="store_true",
                         help="mmserve against the references only; timing: mmserve's saturation alone")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnxruntime"), default="auto",
+                        help="mmserve's --runtime (auto: ONNX Runtime on the CPU); checked against what it serves")
+    parser.add_argument("--quantize", choices=("int8",), help="mmserve's --quantize (ONNX Runtime only)")
+    parser.add_argument("--no-torch-baseline", dest="is_torch_baseline", action="store_false",
+                        help="skip timing the same directory under --runtime torch (images)")
     parser.add_argument("--save-figures", type=Path, help="write this run's CPU and throughput figures (JSON) here")
     parser.add_argument("--previous-figures", type=Path,
                         help="a file an earlier run saved: the image CPU target is its mm/inf ratio")
@@ -343,7 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except PeerInstallError as e:
             print(f"Infinity could not be installed: {e}", flush=True)
     print(f"models: random, {TIMING_SIZE.num_layers} layers, {TIMING_SIZE.hidden_size} wide, "
-          f"{TIMING_SIZE.image_size} px, patch {TIMING_SIZE.patch_size}; device {args.device}, float32; batch cap "
+          f"{TIMING_SIZE.image_size} px, patch {TIMING_SIZE.patch_size}; device {args.device}, float32; mmserve "
+          f"--runtime {args.runtime}{'' if args.quantize is None else ' --quantize ' + args.quantize}; batch cap "
           f"{BATCH_CAP} on both, mmserve batch delay {QUEUE_DELAY_MS:g} ms and segment cache off; OpenAI "
           f"/v1/embeddings, one input per request; timing: texts of {TEXT_CHARS.min_chars}-{TEXT_CHARS.max_chars} "
           f"chars, images JPEGs {WRK_IMAGE_SIZE}; saturation: {WRK_GENERATOR} -c{args.concurrency} posting "
@@ -353,7 +395,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if previous is not None:
         print(f"previous figures: {args.previous_figures}, saved {previous.get('saved', '?')}", flush=True)
     inputs = agreement_inputs()
-    setup = TimingSetup(plan, WrkInputs(), previous, args.no_peer) if timed_families else None
+    setup = (TimingSetup(plan, WrkInputs(), previous, args.no_peer, args.is_torch_baseline and args.runtime != "torch")
+             if timed_families else None)
+    asked = MmserveRuntime(args.runtime, args.quantize, args.device)
     rows: list[AgreementRow] = []
     verdict_lines: list[str] = []
     figures: dict[str, dict[str, Any]] = {}
@@ -362,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             family = Family(name)
             log(f"{name}: writing the model, starting the servers")
             result = run_family(family, Path(root), venv, inputs, setup if name in timed_families else None,
-                                args.device)
+                                asked)
             rows += result.rows
             verdict_lines += result.verdict_lines
             if result.figures:

@@ -102,6 +102,10 @@ class Router:
         self.lanes = {route: Lane(route, lane_settings[route]) for route in Route}
         warm_up_lock = threading.Lock()  # one executor warms up and measures at a time
         self._batch_tracer = batch_tracer
+        # Under ONNX Runtime every executor calls the same sessions: a shape one warmed is warm for all (the
+        # image executor then skips the text and fusion shapes the text executor ran). Torch keeps one set
+        # per executor (per-stream CUDA graphs, kernels compiled per device context).
+        self._shared_warm_shapes: set[tuple] | None = set() if bundle.runtime == "onnxruntime" else None
         self.executors = [self._executor(plan, stage_hook, clock_ns, warm_up_lock) for plan in executors]
         self._executor_of = {route: executor for executor in self.executors for route in executor.plan.routes}
         self.metrics = metrics
@@ -129,7 +133,8 @@ class Router:
         scheduler = Scheduler([self.lanes[route] for route in plan.routes], ServiceTimeEstimator(), clock_ns)
         runner = BatchRunner(self.bundle, {route: self.lanes[route].settings for route in plan.routes},
                              stage_hook=stage_hook, max_images_per_request=self.budget.max_images_per_request,
-                             on_cold_shape=functools.partial(self._on_cold_shape, plan.name))
+                             on_cold_shape=functools.partial(self._on_cold_shape, plan.name),
+                             warmed_shapes=self._shared_warm_shapes)
         worker = ComputeWorker(plan, scheduler, runner, warm_up_lock=warm_up_lock,
                                on_batch=functools.partial(self._on_batch, runner), clock_ns=clock_ns,
                                batch_tracer=self._batch_tracer)

@@ -74,10 +74,15 @@ class BatchRunner:
     def __init__(self, bundle: ModelBundle, lane_settings: dict[Route, LaneSettings],
                  stage_hook: StageHook | None = None,
                  max_images_per_request: int = 1,
-                 on_cold_shape: Callable[[tuple], None] | None = None) -> None:
+                 on_cold_shape: Callable[[tuple], None] | None = None,
+                 warmed_shapes: set[tuple] | None = None) -> None:
+        """``warmed_shapes``: a set shared with the other executors' runners where they call the same
+        sessions (ONNX Runtime: one session per tower for every executor, which plans memory per input
+        shape, so a shape one executor ran is warm for all); None: this runner's own."""
         self.bundle = bundle
         self._on_cold_shape = on_cold_shape
-        self._warmed_shapes: set[tuple] = set()  # what warm_up ran; after ready, anything else is cold
+        # What warm-up ran (here, or through the same sessions); after ready, anything else is cold.
+        self._warmed_shapes: set[tuple] = set() if warmed_shapes is None else warmed_shapes
         self._is_ready = False
         self.max_images_per_request = max_images_per_request  # fusion is warmed for each count up to it
         self.model = bundle.model

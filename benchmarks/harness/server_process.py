@@ -83,11 +83,12 @@ class ServerProcess:
         """The server's main process (the group's leader), e.g. for a profiler to attach to."""
         return self._process.pid
 
-    def stderr_tail(self) -> str:
+    def stderr_tail(self, max_chars: int = _STDERR_TAIL_CHARS) -> str:
+        """The last ``max_chars`` of what the server wrote to stderr (its log)."""
         self._stderr.flush()
         self._stderr.seek(0, os.SEEK_END)
         size = self._stderr.tell()
-        self._stderr.seek(max(0, size - _STDERR_TAIL_CHARS))
+        self._stderr.seek(max(0, size - max_chars))
         return self._stderr.read().decode("utf-8", errors="replace")
 
     def wait_ready(self, timeout_s: float) -> None:

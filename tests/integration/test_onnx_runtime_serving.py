@@ -130,3 +130,41 @@ def test_int8_is_refused_with_the_torch_runtime_and_changes_the_fingerprint(tmp_
                     with_runtime(tiny_bundle, "onnxruntime").fingerprint,
                     with_runtime(tiny_bundle, "onnxruntime", "int8").fingerprint}
     assert len(fingerprints) == 3 and tiny_bundle.fingerprint in fingerprints  # torch keeps the loaded one
+
+
+def _warm_up_counts(text: str) -> dict[str, int]:
+    """``{"text": 280, "image": 8}`` from the executors' ``<name> executor: warm-up ran N shapes`` lines."""
+    counts = {}
+    for line in text.splitlines():
+        if " executor: warm-up ran " in line:
+            name, rest = line.rsplit(" executor: warm-up ran ", 1)
+            counts[name.rsplit(" ", 1)[-1]] = int(rest.split()[0])
+    return counts
+
+
+def test_under_onnx_runtime_the_image_executor_does_not_warm_again_what_the_text_executor_ran(
+        live_server_factory, caplog):
+    """Both executors call the same sessions, so the text and fusion shapes are warmed once, and every lane's
+    shapes still count as warm after ready on either executor (no cold shape for text, fusion or images)."""
+    body_per_route = {"text": {"text": "a kite"},
+                      "vision": {"image": {"b64": encoded_image_b64(5)}},
+                      "fusion": {"text": "a kite", "image": {"b64": encoded_image_b64(6)}}}
+    counts = {}
+    for runtime in ("torch", "onnxruntime"):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="router.worker"), \
+                live_server_factory(runtime=runtime, max_batch_size=2) as server, server.client() as client:
+            assert server.app.state.mmserve.router.bundle.runtime == runtime
+            for route, body in body_per_route.items():
+                answer = client.post("/v1/infer", json={**body, "use_cache": False})
+                assert answer.status_code == 200 and answer.json()["route"] == route, answer.text
+            cold = [line for line in client.get("/metrics").text.splitlines()
+                    if line.startswith("mmserve_cold_compiles_total")]
+        assert cold == ['mmserve_cold_compiles_total{kind="shape"} 0.0',
+                        'mmserve_cold_compiles_total{kind="triton_kernel"} 0.0'], (runtime, cold)
+        counts[runtime] = _warm_up_counts(caplog.text)
+    assert set(counts["torch"]) == {"text", "image"}, counts
+    total_torch, total_ort = sum(counts["torch"].values()), sum(counts["onnxruntime"].values())
+    # Under torch the image executor also warms the fusion lane's text shapes; under ONNX Runtime it runs only
+    # the vision shapes the text executor could not (batch sizes 1 and 2 here).
+    assert min(counts["onnxruntime"].values()) == 2 and total_ort < total_torch, counts
