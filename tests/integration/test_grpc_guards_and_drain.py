@@ -41,7 +41,7 @@ MODEL = "tiny"
 KEY = "inference-key-guards-Wx4k"  # the cancel test's
 LIMITED_KEY = "inference-key-limited-Ht8v"  # the rate-limit test's: its bucket is spent on purpose
 ADMIN_KEY = "admin-key-guards-Zr2q"
-BURST = 4
+BURST = 8  # KEY and ADMIN_KEY spend 3 and 1 of theirs; LIMITED_KEY spends all of its own
 RATE_LIMIT = f"0.001/s,burst={BURST}"  # a spent bucket stays spent for the test's life
 SERVICE = "inference.GRPCInferenceService"
 
