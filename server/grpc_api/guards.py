@@ -11,15 +11,19 @@ the header. Each RPC has the access class of its HTTP counterpart:
     inference   every other RPC
 
 A refusal is counted in ``mmserve_requests_total{route="v2_grpc"}`` with its
-HTTP status, as HTTP counts its early refusals under the route's label.
+HTTP status, as HTTP counts its early refusals under the route's label. The
+admission carries the caller's key id (``none``/``invalid`` as the audit log
+writes them) so an admin call's audit line names who made it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from server.errors import ApiError
 from server.http.access_policy import Decision, RouteClass
+from server.http.audit import INVALID_KEY_ID, NO_KEY_ID
 from server.http.auth import bearer_token, refusal
 from server.http.middleware import RequestGuards
 
@@ -40,8 +44,16 @@ def client_address(peer: str) -> str:
     return host.strip("[]")
 
 
+@dataclass(frozen=True)
+class Admission:
+    """``error``: ``None`` to go on, else the error to answer (counted); ``key_id``: who called."""
+
+    key_id: str
+    error: ApiError | None
+
+
 class CallGuards:
-    """``refusal(method, metadata, peer)``: ``None`` to go on, else the error to answer (counted)."""
+    """``admit(method, metadata, peer)``: the caller's key id and, for a refused call, the error to answer."""
 
     def __init__(self, guards: RequestGuards, count_refusal: Callable[[int], None]) -> None:
         self._policy = guards.policy
@@ -57,9 +69,12 @@ class CallGuards:
         return RouteClass.INFERENCE
 
     def refusal(self, method: str, metadata: Sequence[tuple[str, str | bytes]] | None, peer: str) -> ApiError | None:
+        return self.admit(method, metadata, peer).error
+
+    def admit(self, method: str, metadata: Sequence[tuple[str, str | bytes]] | None, peer: str) -> Admission:
         route_class = self.route_class(method)
         if route_class is RouteClass.OPEN:
-            return None
+            return Admission(NO_KEY_ID, None)
         presented = None
         if self._has_keys:
             for name, value in metadata or ():
@@ -73,4 +88,5 @@ class CallGuards:
             error = self._limiter.refusal(match.key_id if match is not None else None, client_address(peer))
         if error is not None:
             self._count_refusal(error.status)
-        return error
+        key_id = NO_KEY_ID if presented is None else INVALID_KEY_ID if match is None else match.key_id
+        return Admission(key_id, error)

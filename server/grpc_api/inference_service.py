@@ -10,7 +10,8 @@ rate limit) and only then decodes it, so a refused caller costs no parsing.
     ModelInfer        one call through the request layer (``server.grpc_api.infer_endpoint``)
     ModelStreamInfer  each request of the stream as its own call, answered in order of completion
                       with its id; an error is that answer's ``error_message`` and the stream goes on
-    every other RPC   UNIMPLEMENTED, naming what mmserve serves instead
+    every other RPC   UNIMPLEMENTED, naming what mmserve serves instead; an admin one (RepositoryModelLoad,
+                      ...) writes its audit line (``server.http.audit``) as an HTTP admin route does
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from server.errors import ApiError
-from server.grpc_api.guards import ADMIN_METHODS, CallGuards
+from server.grpc_api.guards import ADMIN_METHODS, CallGuards, client_address
 from server.grpc_api.infer_endpoint import GrpcCall, GrpcReply, V2GrpcInfer, deadline_us, until_call_ends
 from server.grpc_api.status_table import error_text, grpc_status, trailing_metadata
+from server.http.audit import log_admin_call
 from server.protocols.kserve_v2_grpc import model_config, model_metadata
 from server.protocols.kserve_v2_model import MODEL_VERSION
 from server.request_layer import serve_call
@@ -73,7 +75,13 @@ class InferenceService:
 
     def _unimplemented(self, method: str) -> grpc.RpcMethodHandler:
         async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> None:
-            await self._admit(method, context)
+            admission = self._guards.admit(method, context.invocation_metadata(), context.peer())
+            if method in ADMIN_METHODS:
+                log_admin_call(admission.key_id, "gRPC", f"{SERVICE}/{method}",
+                               501 if admission.error is None else admission.error.status,
+                               client_address(context.peer()))
+            if admission.error is not None:
+                await _abort(context, admission.error)
             await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                                 f"mmserve does not implement {SERVICE}/{method}: it serves one model, loaded at "
                                 "start-up, with tensors sent in the message (ModelInfer, ModelStreamInfer)")

@@ -9,6 +9,11 @@ is the answer's status, refusals (401, 403) included, so an operator sees who
 tried as well as who did. The line goes to the ``mmserve.audit`` logger at
 INFO, so it can be routed on its own; ``time`` is in the message too, so the
 line stands alone whatever the log format.
+
+``log_admin_call`` writes one line whatever protocol carried the call: HTTP
+through ``run_audited`` (``route=DELETE /v1/cache``), gRPC from its service
+(``route=gRPC inference.GRPCInferenceService/RepositoryModelLoad``, outcome
+the HTTP status of the answer's gRPC code: 403, 429, 501 for UNIMPLEMENTED).
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ def audit_line(key_id: str, method: str, path: str, status: int | str, client: s
     return f"audit key_id={key_id} route={method} {path} outcome={status} time={stamp} client={client}"
 
 
+def log_admin_call(key_id: str, method: str, path: str, status: int | str, client: str) -> None:
+    """The audit line of one admin call, now, whichever protocol carried it."""
+    logger.info(audit_line(key_id, method, path, status, client, datetime.now(timezone.utc)))
+
+
 async def run_audited(app: ASGIApp, key_id: str, scope: Scope, receive: Receive, send: Send) -> None:
     """Run ``app`` for an admin route and log its audit line once the answer has started (or failed)."""
     status: int | str = "none"
@@ -48,5 +58,4 @@ async def run_audited(app: ASGIApp, key_id: str, scope: Scope, receive: Receive,
             status = 500
         raise
     finally:
-        logger.info(audit_line(key_id, scope.get("method", "-"), scope.get("path", "-"), status,
-                               client_address(scope), datetime.now(timezone.utc)))
+        log_admin_call(key_id, scope.get("method", "-"), scope.get("path", "-"), status, client_address(scope))

@@ -15,7 +15,9 @@ and over the HTTP v2 route (``tritonclient.http``, binary) for the same inputs:
     N = 2                                             each API process listens on the port (SO_REUSEPORT), 2 channels
 
 The drain (health NOT_SERVING, new calls UNAVAILABLE, running ones finish) is
-shown on an in-process server, whose router drains as SIGTERM makes it.
+shown here on an in-process server, whose router drains as SIGTERM makes it,
+and on a real process sent SIGTERM in test_grpc_guards_and_drain.py (with the
+rate limit, the audit log and a client's cancel).
 """
 
 from __future__ import annotations
