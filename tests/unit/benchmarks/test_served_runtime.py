@@ -5,7 +5,7 @@ import pytest
 from benchmarks.served_runtime import (
     MmserveRuntime, RuntimeMismatchError, ServedRuntime, check_served, expected_runtime,
 )
-from benchmarks.start_time import _phases
+from benchmarks.startup import _phases, _row_label
 
 
 def test_auto_means_onnx_runtime_on_the_cpu_and_torch_on_cuda():
@@ -30,7 +30,7 @@ def test_labels_and_settings_name_the_runtime_and_quantization():
     assert MmserveRuntime("torch", None, "cpu").settings({}) == {"RUNTIME": "torch"}
 
 
-def test_start_time_keeps_the_servers_onnx_and_warm_up_lines_only():
+def test_startup_keeps_the_servers_onnx_and_warm_up_lines_only():
     log = ("2026-12-06 03:40:10,001 INFO server.runtime.runtime_choice: the towers run in ONNX Runtime (read from "
            "the export cache /c in 12.0 s; default intra-op threads each, no spinning)\n"
            "2026-12-06 03:40:11,001 INFO uvicorn.access: 127.0.0.1 - GET /health/ready 503\n"
@@ -38,3 +38,10 @@ def test_start_time_keeps_the_servers_onnx_and_warm_up_lines_only():
     assert [line.split(": ", 1)[1] for line in _phases(log)] == [
         "the towers run in ONNX Runtime (read from the export cache /c in 12.0 s; default intra-op threads each, "
         "no spinning)", "image executor: warm-up ran 40 shapes in 19.0 s"]
+
+
+def test_startup_names_a_start_by_the_cache_it_finds_not_the_way_it_was_asked():
+    assert _row_label("torch", is_filled=False) == "torch"
+    assert _row_label("cold", is_filled=False) == _row_label("warm", is_filled=False) == "ORT, cold export cache"
+    assert _row_label("warm", is_filled=True) == "ORT, warm export cache"
+    assert _row_label("cold", is_filled=True) == "ORT, cache already filled"
