@@ -7,9 +7,11 @@
 #      mmserve eager vs CUDA graphs, nvJPEG vs Pillow decode, and `mmserve serve --model` at saturation
 #      (KServe v2 binary uint8 batches through wrk, no decode; the fp32 server also answers a batch of
 #      JPEGs decoded by its own --decode-device cuda intake)                   (real_model.py, <= 3.75 min)
+#   4. several devices: one engine per GPU against one engine, served images/s (engines.py; only where more than
+#      one GPU is visible, <= 4 min; on a one-GPU box it prints that it was skipped and takes seconds)
 # Served runs that would not fit the budget print a "skipped: time budget" row (bf16 eager served, usually);
 # `python3 benchmarks/gpu/real_model.py --budget-s 400` alone gives every row.
-#   benchmarks/gpu/run.sh [--kernels-only | --model-only]
+#   benchmarks/gpu/run.sh [--kernels-only | --model-only | --engines-only]
 # Exit status: 0 checks passed, 1 a check failed, 2 no CUDA, 124 cut short.
 set -euo pipefail
 
@@ -45,6 +47,10 @@ else
 fi
 
 status=0
+if [[ "${1:-}" == "--engines-only" ]]; then
+  timeout --signal=INT --kill-after=10 270 "$python_bin" benchmarks/gpu/engines.py --budget-s 250 || status=$?
+  exit "$status"
+fi
 if [[ "${1:-}" != "--model-only" ]]; then
   # SIGINT lets a section print the rows it has; 15 s later it is killed.
   timeout --signal=INT --kill-after=10 60 "$python_bin" benchmarks/gpu/bench_gpu.py --skip-vit --skip-compile \
@@ -55,5 +61,10 @@ if [[ "${1:-}" != "--kernels-only" ]]; then
   timeout --signal=INT --kill-after=10 225 "$python_bin" benchmarks/gpu/real_model.py --budget-s 205 \
     || model_status=$?
   if [[ $status -eq 0 ]]; then status=$model_status; fi
+fi
+if [[ -z "${1:-}" ]]; then
+  engines_status=0
+  timeout --signal=INT --kill-after=10 270 "$python_bin" benchmarks/gpu/engines.py --budget-s 250 || engines_status=$?
+  if [[ $status -eq 0 ]]; then status=$engines_status; fi
 fi
 exit "$status"

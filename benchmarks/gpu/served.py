@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -102,8 +103,9 @@ class Server:
                 self.process.wait()
 
 
-def start_server(model_dir: Path, env: dict[str, str], ready_timeout_s: float, device: str = "cuda") -> Server:
-    """``mmserve serve --model DIR`` on a free port, once ``/health/ready`` answers 200."""
+def start_server(model_dir: Path, env: dict[str, str], ready_timeout_s: float, device: str = "cuda",
+                 extra_args: Sequence[str] = ()) -> Server:
+    """``mmserve serve --model DIR [extra_args]`` on a free port, once ``/health/ready`` answers 200."""
     import httpx
 
     with socket.socket() as sock:
@@ -111,7 +113,7 @@ def start_server(model_dir: Path, env: dict[str, str], ready_timeout_s: float, d
         port = sock.getsockname()[1]
     log_path = Path(tempfile.mkstemp(prefix="mmserve-gpu-", suffix=".log")[1])
     command = [sys.executable, "-m", "server.cli", "serve", "--model", str(model_dir), "--device", device,
-               "--port", str(port)]
+               "--port", str(port), *extra_args]
     process = subprocess.Popen(command, env={**os.environ, "MMSERVE_LOG_LEVEL": "warning",
                                              "MMSERVE_CACHE_IMAGE_BYTES": "0", **env},
                                stdout=log_path.open("w"), stderr=subprocess.STDOUT)

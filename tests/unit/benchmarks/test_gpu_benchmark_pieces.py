@@ -110,3 +110,39 @@ def test_the_served_decode_check_fails_a_server_that_did_not_decode_on_the_devic
     notes = [row.note for row in report.rows]
     assert notes[0].startswith("PASS") and notes[1].startswith("FAIL 0.000000 >= 3")
     assert report.num_failed_checks == 1
+
+
+def test_the_several_device_part_runs_only_where_more_than_one_gpu_is_visible():
+    from benchmarks.gpu.engines import engine_runs, skipped_line
+
+    assert engine_runs(0) == [] and engine_runs(1) == []
+    assert skipped_line(1) == ("several-device part skipped: this box has one GPU; it runs where more than one GPU "
+                               "is visible")
+    two = engine_runs(2)
+    assert [(run.extra_args, run.num_engines) for run in two] == [((), 1), (("--devices", "cuda:0,cuda:1"), 2)]
+    eight = engine_runs(8)
+    assert eight[:2] == two and (eight[2].extra_args, eight[2].num_engines) == (("--engines", "auto"), 8)
+
+
+def test_the_several_device_part_counts_batches_by_engine():
+    from benchmarks.gpu.engines import batches_by_engine
+
+    exposition = ('# TYPE mmserve_batch_size histogram\n'
+                  'mmserve_batch_size_bucket{engine="0",lane="vision",le="1.0"} 2.0\n'
+                  'mmserve_batch_size_count{engine="0",lane="vision"} 4.0\n'
+                  'mmserve_batch_size_count{engine="1",lane="vision"} 3.0\n'
+                  'mmserve_batch_size_count{engine="1",lane="text"} 1.0\n'
+                  'mmserve_batch_size_count{lane="fusion"} 0.0\n')
+    assert batches_by_engine(exposition) == {"-": 0.0, "0": 4.0, "1": 4.0}
+
+
+def test_the_several_device_part_says_when_there_is_no_cuda(capsys):
+    import torch
+
+    from benchmarks.gpu.engines import main
+    from benchmarks.gpu.report import EXIT_NO_CUDA
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the exit on a machine without CUDA; this one has a GPU")
+    assert main([]) == EXIT_NO_CUDA
+    assert "CUDA is not available" in capsys.readouterr().err

@@ -1,0 +1,163 @@
+"""Several GPUs behind one server: one engine per device against one engine, served images/s on the same box.
+
+``benchmarks/gpu/run.sh``, step 4 (``--engines-only`` alone). It runs only
+where more than one GPU is visible; on a box with one it prints that it was
+skipped because the box has one GPU, and exits 0 (nothing measured, nothing
+faked). Where it runs, one random SigLIP at
+google/siglip-large-patch16-256's shape (``benchmarks.gpu.siglip_large``) is
+served, bf16 with CUDA graphs, segment cache off, by:
+
+    1 engine     mmserve serve --model DIR --device cuda                      (cuda:0)
+    2 engines    mmserve serve --model DIR --devices cuda:0,cuda:1
+    N engines    mmserve serve --model DIR --device cuda --engines auto      (only when N > 2)
+
+each at saturation through wrk (KServe v2 binary ``image_uint8`` batches,
+``benchmarks.gpu.served``; 64 requests in flight per engine). Each row gives
+images/s and its ratio to the one engine (ideal: the number of engines); the
+checks: every engine computed batches (``mmserve_batch_size_count`` by its
+``engine`` label), no non-2xx answer, no cold compile after ready.
+
+Exit status: 0 passed (or skipped: one GPU), 1 a check failed, 2 no CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.gpu.report import EXIT_CHECK_FAILED, EXIT_NO_CUDA, Deadline, Report, Row
+from benchmarks.gpu.served import find_wrk, kserve_uint8_body, metric_sum, run_wrk, scrape, start_server
+
+_BATCH_COUNT = re.compile(r'^mmserve_batch_size_count\{([^}]*)\}\s+(\S+)$', re.MULTILINE)
+_ENGINE_LABEL = re.compile(r'engine="([^"]*)"')
+
+
+@dataclass(frozen=True)
+class EngineRun:
+    """One served configuration: its row label, its flags beside ``--device cuda``, and the engines it should run."""
+
+    label: str
+    extra_args: tuple[str, ...]
+    num_engines: int
+
+
+def engine_runs(num_gpus: int) -> list[EngineRun]:
+    """One engine, two listed devices, and (on a box with more than two GPUs) one engine per visible GPU."""
+    if num_gpus < 2:
+        return []
+    runs = [EngineRun("1 engine (cuda:0)", (), 1),
+            EngineRun("2 engines (--devices cuda:0,cuda:1)", ("--devices", "cuda:0,cuda:1"), 2)]
+    if num_gpus > 2:
+        runs.append(EngineRun(f"{num_gpus} engines (--engines auto)", ("--engines", "auto"), num_gpus))
+    return runs
+
+
+def skipped_line(num_gpus: int) -> str:
+    """What the step prints on a box it cannot measure."""
+    what = "one GPU" if num_gpus == 1 else f"{num_gpus} GPUs"
+    return f"several-device part skipped: this box has {what}; it runs where more than one GPU is visible"
+
+
+def batches_by_engine(exposition: str) -> dict[str, float]:
+    """``mmserve_batch_size_count`` summed over lanes by its ``engine`` label ("-" for series without one)."""
+    counts: dict[str, float] = {}
+    for labels, value in _BATCH_COUNT.findall(exposition):
+        engine = _ENGINE_LABEL.search(labels)
+        key = engine.group(1) if engine else "-"
+        counts[key] = counts.get(key, 0.0) + float(value)
+    return dict(sorted(counts.items()))
+
+
+def _check(report: Report, case: str, is_passed: bool, note: str) -> None:
+    report.num_failed_checks += 0 if is_passed else 1
+    report.add(Row("check", case, "engines", None, None, f"{'PASS' if is_passed else 'FAIL'} {note}"))
+
+
+def serve_each(report: Report, args: argparse.Namespace, model_dir: Path, runs: Sequence[EngineRun],
+               deadline: Deadline) -> None:
+    from benchmarks.gpu.siglip_large import random_images
+
+    wrk = find_wrk()
+    if wrk is None:
+        report.add(Row("engines", "all", "wrk", None, None, "skipped: no wrk (benchmarks/gpu/prepare_offline.sh)"))
+        return
+    body = kserve_uint8_body(random_images(args.rows_per_request, 256, seed=11))
+    env = {"MMSERVE_DTYPE": "bfloat16", "MMSERVE_VISION_MAX_BATCH_SIZE": str(args.batch_size),
+           "MMSERVE_VISION_MAX_QUEUE_SIZE": "4096", "MMSERVE_MAX_QUEUE_DELAY_MS": "2"}
+    one_engine_per_s: float | None = None
+    for run in runs:
+        if deadline.remaining_s() < args.duration_s + 60:
+            report.add(Row("engines", run.label, "wrk", None, None, "skipped: time budget"))
+            continue
+        started = time.monotonic()
+        server = start_server(model_dir, env, ready_timeout_s=max(30.0, deadline.remaining_s() - args.duration_s),
+                              extra_args=run.extra_args)
+        start_s = time.monotonic() - started
+        connections = args.connections * run.num_engines
+        try:
+            run_wrk(wrk, server.url, str(model_dir), body, connections, 2)  # warm the connections
+            result = run_wrk(wrk, server.url, str(model_dir), body, connections, args.duration_s)
+            exposition = scrape(server.url)
+        finally:
+            server.stop()
+        images_per_s = result.images_per_s(args.rows_per_request)
+        one_engine_per_s = one_engine_per_s or images_per_s
+        report.add(Row("engines", run.label, "KServe v2 uint8 binary", None, images_per_s / one_engine_per_s,
+                       f"{images_per_s:,.0f} img/s, {connections} in flight; p50 {result.p50_ms:.1f} ms p99 "
+                       f"{result.p99_ms:.1f} ms; start-up {start_s:.0f}s (ideal ratio {run.num_engines})"))
+        by_engine = batches_by_engine(exposition)
+        num_computing = len([count for count in by_engine.values() if count > 0])
+        _check(report, f"{run.label} every engine computed", num_computing == run.num_engines,
+               f"batches by engine {by_engine}")
+        _check(report, f"{run.label} non-2xx + socket errors", result.num_non_2xx + result.num_socket_errors == 0,
+               f"{result.num_non_2xx} + {result.num_socket_errors}")
+        compiles = metric_sum(exposition, "mmserve_cold_compiles_total") or 0.0
+        _check(report, f"{run.label} cold compiles after ready", compiles == 0, f"{compiles:.0f}")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-size", type=int, default=32, help="each engine's vision batch")
+    parser.add_argument("--rows-per-request", type=int, default=8, help="images per KServe request")
+    parser.add_argument("--connections", type=int, default=64, help="requests wrk keeps in flight per engine")
+    parser.add_argument("--duration-s", type=int, default=10, help="each served measurement (after 2 s warm-up)")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="skip rows that would not fit")
+    parser.add_argument("--model-dir", type=Path, help="reuse a model written before (default: write one)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("error: CUDA is not available; this benchmark needs a GPU", file=sys.stderr)
+        return EXIT_NO_CUDA
+    num_gpus = torch.cuda.device_count()
+    runs = engine_runs(num_gpus)
+    if not runs:
+        print(skipped_line(num_gpus))
+        return 0
+    from benchmarks.gpu.siglip_large import SIGLIP_LARGE_ID, write_random_siglip
+
+    deadline = Deadline(args.budget_s)
+    report = Report()
+    model_dir = args.model_dir or write_random_siglip(Path(tempfile.mkdtemp(prefix="siglip-large-")) / "siglip-large")
+    serve_each(report, args, model_dir, runs, deadline)
+    names = ", ".join(sorted({torch.cuda.get_device_name(index) for index in range(num_gpus)}))
+    print(f"{num_gpus} x {names} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, random weights, bf16")
+    report.print_table()
+    if report.num_failed_checks:
+        print(f"{report.num_failed_checks} check(s) FAILED", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
