@@ -40,6 +40,7 @@ TEXT_TOKENS = "text_tokens"
 IMAGES = "images"
 PRIORITY = "priority"
 PROTOCOL = "protocol"
+ENGINE = "engine"
 
 NONE = "none"
 OTHER = "other"
@@ -51,6 +52,7 @@ _PIXEL_BUCKETS: tuple[tuple[int, str], ...] = (
 )
 _TOKEN_BUCKETS: tuple[tuple[int, str], ...] = ((0, "0"), (16, "1-16"), (64, "17-64"), (256, "65-256"))
 _MAX_COUNTED_IMAGES = 4
+_NAMED_ENGINES = 8  # engines 0-7 by their number (a box's GPUs), the rest as "other"
 
 DIMENSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (IMAGE_PIXELS, (NONE, *(label for _, label in _PIXEL_BUCKETS), "16MP+", UNKNOWN)),
@@ -59,6 +61,7 @@ DIMENSIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (IMAGES, ("0", "1", "2", "3", "4+")),
     (PRIORITY, ("high", "normal", "low", OTHER)),
     (PROTOCOL, ("native", "kserve_v2", "kserve_v2_grpc", "openai", OTHER)),
+    (ENGINE, (*(str(engine) for engine in range(_NAMED_ENGINES)), OTHER)),
 )
 """Every dimension and its fixed values, in the order of ``VALUES``."""
 
@@ -82,7 +85,7 @@ DIMENSION_SLICES: dict[str, slice] = _dimension_slices()
 _RADICES = np.array([len(values) for _, values in DIMENSIONS], dtype=np.int64)
 _STRIDES = np.concatenate(([1], np.cumprod(_RADICES[:-1])))
 NUM_COMBINATIONS = int(np.prod(_RADICES))
-"""Distinct ``RequestInputs`` there can be (33 600); codes are ``0 .. NUM_COMBINATIONS - 1``."""
+"""Distinct ``RequestInputs`` there can be (302 400); codes are ``0 .. NUM_COMBINATIONS - 1``."""
 _OFFSETS = np.array([s.start for s in DIMENSION_SLICES.values()], dtype=np.int64)
 _INDEX = [{value: i for i, value in enumerate(values)} for _, values in DIMENSIONS]
 _FALLBACK = [len(values) - 1 if values[-1] in (OTHER, UNKNOWN) else None for _, values in DIMENSIONS]
@@ -120,7 +123,7 @@ class RequestInputs:
     """One request's value in every input dimension; build it with ``RequestInputs.of``.
 
     Attributes:
-        image_pixels ... protocol: The labels, each one of ``DIMENSIONS``' values.
+        image_pixels ... engine: The labels, each one of ``DIMENSIONS``' values.
         code: The combination's number (mixed radix over the dimensions), what
             the folder reads; not part of equality.
     """
@@ -131,6 +134,7 @@ class RequestInputs:
     images: str
     priority: str
     protocol: str
+    engine: str
     code: int = field(compare=False, repr=False)
 
     @classmethod
@@ -143,6 +147,7 @@ class RequestInputs:
         num_images: int,
         priority: str,
         protocol: str,
+        engine: int = 0,
     ) -> RequestInputs:
         """Bucket one request's plain facts; any label outside the fixed values becomes ``other``/``unknown``.
 
@@ -153,6 +158,7 @@ class RequestInputs:
             num_images: Images it carried.
             priority: ``high``, ``normal`` or ``low``.
             protocol: ``native``, ``kserve_v2``, ``kserve_v2_grpc`` or ``openai``.
+            engine: The engine that computed it (0 with one engine), so a stall on one engine is named.
         """
         has_image = num_images > 0
         return _interned((
@@ -162,6 +168,7 @@ class RequestInputs:
             images_bucket(num_images),
             priority,
             protocol,
+            str(engine),
         ))
 
     def labels(self) -> dict[str, str]:
@@ -169,7 +176,8 @@ class RequestInputs:
         return dict(zip((name for name, _ in DIMENSIONS), self._values()))
 
     def _values(self) -> tuple[str, ...]:
-        return (self.image_pixels, self.image_encoding, self.text_tokens, self.images, self.priority, self.protocol)
+        return (self.image_pixels, self.image_encoding, self.text_tokens, self.images, self.priority, self.protocol,
+                self.engine)
 
 
 @functools.lru_cache(maxsize=4096)  # labels as the caller gave them: bounded, since they need not be ours

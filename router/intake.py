@@ -146,6 +146,7 @@ class IntakeOutcome:
     decode_started_ns: int = 0  # when preparing began (the clock's value): where the decode stage starts
     facts: ItemFacts | None = None  # what is known about the item (router.item_facts)
     cache: dict[str, str | list[str]] | None = None  # per-segment cache status, as the answer shows it
+    engine: int = 0  # which engine computed it (several engines: server.workers.engine_dispatch)
 
 
 class _NeighbourRefusedError(Exception):

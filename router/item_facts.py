@@ -49,6 +49,7 @@ class ItemFacts:
         num_text_tokens: Tokens the text encoder runs (after truncation); ``None``: no text.
         is_text_truncated: Whether the text was cut (to its limit or the joint budget).
         num_joint_tokens: images x tokens per image + text tokens, as the budget counted them.
+        engine: Which engine computed it (0 with one engine; ``server.workers.engine_dispatch``).
     """
 
     protocol: str
@@ -63,6 +64,7 @@ class ItemFacts:
     num_text_tokens: int | None = None
     is_text_truncated: bool | None = None
     num_joint_tokens: int | None = None
+    engine: int = 0
 
     @classmethod
     def sent(cls, item: IntakeItem) -> ItemFacts:

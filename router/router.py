@@ -159,6 +159,11 @@ class Router:
     def num_texts_encoded(self) -> int:
         return sum(executor.runner.num_texts_encoded for executor in self.executors)
 
+    def estimated_waits_s(self) -> dict[str, float]:
+        """Per lane, the time its executor needs to drain what is queued: the load several engines are compared
+        by (``server.workers.engine_dispatch``)."""
+        return {route.value: self._executor_of[route].scheduler.drain_s() for route in Route}
+
     def total_depth(self) -> int:
         """Requests queued in every lane."""
         return sum(executor.scheduler.total_depth() for executor in self.executors)

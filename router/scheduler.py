@@ -58,6 +58,11 @@ class Scheduler:
         self._is_asleep = False
         self._asleep_until_ns: int | None = None
 
+    def drain_s(self) -> float:
+        """The time to finish the running batch and everything queued, at the measured pace."""
+        with self._condition:
+            return self._drain_s()
+
     def _drain_s(self) -> float:
         remaining_ns = max(0, self._running_until_ns - self._clock_ns())
         return (remaining_ns + work_ahead_ns(self.lanes, _NO_LIMIT, self.estimator.estimate_ns)) / 1e9

@@ -62,6 +62,14 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--api-workers", type=_positive_int, metavar="N",
                        help="API processes sharing the port in front of one engine process; 1: one process "
                             "(default: 1 on a CPU device or 2 CPUs, else min(CPUs - 1, 3))")
+    serve.add_argument("--engines", type=_engine_count, metavar="N|auto",
+                       help="engine processes behind the API processes, each with its own model and cache; a "
+                            "request goes to the one that owns its first cacheable segment (default 1; auto: one "
+                            "per visible GPU)")
+    serve.add_argument("--devices", metavar="cuda:0,cuda:1",
+                       help="one engine per listed device (sets --engines)")
+    serve.add_argument("--engine-dispatch", choices=("affinity", "round_robin"),
+                       help="how requests are spread over several engines (default affinity: by cache key)")
     serve.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto")
     serve.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"),
                        help="what the model computes in (default auto: bfloat16 on CUDA, float32 on the CPU)")
@@ -117,6 +125,10 @@ def _init_parser(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("directory", type=Path, metavar="DIR")
     init.add_argument("--preset", required=True, choices=PRESET_NAMES)
     init.add_argument("--seed", type=int, default=0)
+
+
+def _engine_count(value: str) -> int | str:
+    return value if value == "auto" else _positive_int(value)
 
 
 def _positive_int(text: str) -> int:
@@ -235,6 +247,7 @@ def _serve(args: argparse.Namespace) -> int:
             served_model_name=args.served_model_name, enable_fault_injection=args.enable_fault_injection,
             allow_open_admin=args.allow_open_admin, api_workers=args.api_workers, runtime=args.runtime,
             quantize=args.quantize, compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir,
+            engines=args.engines, devices=args.devices, engine_dispatch=args.engine_dispatch,
         )
     except ValidationError as e:
         raise settings_error(e) from e
@@ -246,10 +259,13 @@ def _serve(args: argparse.Namespace) -> int:
 
         settings = settings.model_copy(update={"api_workers": api_workers_for(settings.device)})
     check_without_torch(settings)  # keys and the model's location, in a second, before torch is imported
-    if settings.api_workers > 1:
+    from server.workers.engine_plan import num_engines
+
+    engines = num_engines(settings)
+    if settings.api_workers > 1 or engines > 1:  # only API processes can send each request to one of the engines
         from server.workers.supervisor import run_supervised
 
-        return run_supervised(settings, settings.api_workers)  # the supervisor imports no torch and no model code
+        return run_supervised(settings.model_copy(update={"engines": engines}), settings.api_workers)  # no torch here
     listening = bind_listening_socket(settings.host, settings.port)  # a bad address fails before the model loads
     from server.runtime.model_loading import plan_device  # torch: this process loads the model anyway
 

@@ -224,6 +224,7 @@ class Endpoint(abc.ABC, Generic[C]):
         return self.metrics_label
 
 
+ENGINE_HEADER = "x-mmserve-engine"  # which engine computed the answer (0 with one engine)
 _REQUEST_ID_BITS = random.Random()  # seeded from the OS once; reseeded in a forked child (below)
 os.register_at_fork(after_in_child=_REQUEST_ID_BITS.seed)
 
@@ -294,6 +295,9 @@ async def serve_call(state: ServerState, endpoint: Endpoint, source: Any, header
     request_duration.observe((ended_ns - started_ns) / 1e9, exemplar)
     response.headers["X-Request-ID"] = request_id
     if answered is not None and failure is None:
+        served_by = next((row.prepared.engine for row in answered.outcomes if isinstance(row, RowOutcome)), None)
+        if served_by is not None:  # a request goes whole to one engine (server.workers.engine_dispatch)
+            response.headers[ENGINE_HEADER] = str(served_by)
         # last: the answer is complete, and nothing comes back from monitoring
         _record(state, endpoint, metrics_route, answered)
     return response

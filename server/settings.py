@@ -7,10 +7,11 @@ the default preset; README.md carries the table.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
+    NoDecode,
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
@@ -99,6 +100,23 @@ class Settings(BaseSettings):
                                        "image decode); 1: one process serves everything. Unset: chosen from the "
                                        "usable CPUs and the device (server/workers/default_count.py): 1 on a CPU "
                                        "device or on 2 CPUs, else min(CPUs - 1, 3).")
+
+    engines: int | Literal["auto"] = Field(
+        1, description="Engine processes behind the API processes, each with its own model, lanes, batcher and "
+                       "segment cache; a request goes whole to one, chosen by its first cacheable segment "
+                       "(server/workers/engine_dispatch.py). auto: one per visible GPU (one on the CPU). More "
+                       "than 1 always runs API processes in front (--api-workers 1: one API process).")
+    devices: Annotated[list[str] | None, NoDecode] = Field(
+        None, description="One engine per listed device (cuda:0,cuda:1 ... or cpu); sets --engines. Each engine "
+                          "sees only its own GPU (CUDA_VISIBLE_DEVICES).")
+    engine_wait_bound_ms: float = Field(
+        50.0, ge=0, description="With several engines: a cacheable request leaves the engine that owns its key "
+                                "for the least-loaded one when the owner's estimated wait exceeds that one's "
+                                "by more than this.")
+    engine_dispatch: Literal["affinity", "round_robin"] = Field(
+        "affinity", description="With several engines: affinity = by the first cacheable segment's key (the "
+                                "segment cache is not split); round_robin = in turn, to measure what affinity "
+                                "saves.")
 
     # -- input limits ---------------------------------------------------------
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1, description="Largest request body accepted.")
@@ -244,6 +262,27 @@ class Settings(BaseSettings):
             raise ValueError(f"pixel_slots ({self.pixel_slots}) must be at least max_images_per_request "
                              f"({self.max_images_per_request})")
         return self
+
+    @field_validator("engines")
+    @classmethod
+    def _engines_in_range(cls, value: int | str) -> int | str:
+        if value != "auto" and not 1 <= int(value) <= 64:
+            raise ValueError("engines must be auto or between 1 and 64")
+        return value
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices_listed(cls, value: object) -> object:
+        """``cuda:0,cuda:1`` (a flag or the environment) as the list of its devices, each checked."""
+        if isinstance(value, str):
+            value = [device.strip() for device in value.split(",") if device.strip()]
+        if isinstance(value, list):
+            for device in value:
+                if not (device == "cpu" or (device.startswith("cuda:") and device[5:].isdigit())):
+                    raise ValueError(f"each device must be cpu or cuda:N, got {device!r}")
+            if not value:
+                raise ValueError("devices must name at least one device, e.g. cuda:0,cuda:1")
+        return value
 
     def lane_value(self, lane: LaneName, name: str) -> float:
         """A batching knob for one lane: its override if set, else the shared value."""

@@ -40,6 +40,7 @@ class ServerState:
     faults: FaultInjector | None = None  # only with enable_fault_injection
     tracer: RequestTracer | None = None  # only while tracing is on (server.runtime.tracing_setup)
     zero_shot: ZeroShotScorer | None = None  # /v1/classify and /v1/rank's middle: this model's, or the engine's
+    _model_descriptions: dict[int, dict] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     @functools.cached_property
     def served_names(self) -> ServedModelNames:
@@ -50,3 +51,7 @@ class ServerState:
     def model_description(self) -> dict:
         """The ``model`` object of every answer: name, fingerprint, family, score, normalisation, head."""
         return dataclasses.asdict(self.served_model.description)
+
+    def model_description_of(self, engine: int) -> dict:
+        """The ``model`` object of an answer computed by ``engine`` (0 with one engine): which one served it."""
+        return self._model_descriptions.setdefault(engine, {**self.model_description, "engine": engine})

@@ -59,7 +59,7 @@ def _response_body(request_id: str, state: ServerState, prepared: IntakeOutcome,
     body: dict = {
         "id": request_id,
         "route": result.route.value,
-        "model": state.model_description,
+        "model": state.model_description_of(prepared.engine),
     }
     if images_as_list:
         body["image_embeddings"] = list(result.image_embeddings)

@@ -132,7 +132,7 @@ def _request_record(call: _Call, scores: ZeroShotScores) -> tuple[dict[str, obje
     inputs = RequestInputs.of(
         largest_image_pixels=largest_image_pixels(call.images), image_encoding=images_encoding(call.images),
         num_text_tokens=scores.num_text_tokens, num_images=len(call.images),
-        priority=call.body.priority, protocol="native")
+        priority=call.body.priority, protocol="native", engine=scores.outcomes[0].engine)
     record = RequestRecord(scores.stage_ns, batch_size=scores.outcomes[0].result.batch_size,
                            cache_hit=cache_hit_of({"images": image_statuses, "texts": text_statuses}), inputs=inputs)
     return {"images": image_statuses, "texts": dict(scores.text_statuses)}, record
@@ -184,7 +184,8 @@ class _ZeroShot(Endpoint[_Call]):
 
     def render(self, parsed: Parsed[_Call], answered: Answered, state: ServerState) -> Response:
         scored: _Scored = answered.value
-        body = {"id": answered.request_id, "model": state.model_description, "score_kind": scored.score_kind,
+        body = {"id": answered.request_id, "model": state.model_description_of(answered.outcomes[0].prepared.engine),
+                "score_kind": scored.score_kind,
                 "results": self.results(parsed.context, scored.matrix), "cache": scored.cache,
                 "timings_ms": {stage: round(ns / 1e6, 3) for stage, ns in answered.stage_ns().items()}}
         return Response(json_body.dumps(body), media_type="application/json")

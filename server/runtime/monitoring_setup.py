@@ -108,4 +108,5 @@ def request_inputs(facts: ItemFacts | None) -> RequestInputs | None:
         num_images=facts.num_images,
         priority=facts.priority,
         protocol=facts.protocol,
+        engine=facts.engine,
     )

@@ -62,9 +62,9 @@ from server.workers.engine_monitor import EngineMonitor
 from server.workers.engine_client import EngineClient, describe_engine
 from server.workers.engine_router import EngineRouter
 from server.workers.handoff import (
-    ENGINE_SOCKET_VARIABLE,
     RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
+    engine_sockets_from_environment,
     settings_from_environment,
     supervisor_pid,
 )
@@ -81,15 +81,16 @@ logger = logging.getLogger(__name__)
 ENGINE_CONNECT_TIMEOUT_S = 600.0  # the engine loads and warms its model meanwhile
 
 
-def create_api_app(settings: Settings, socket_path: str, run_directory: str,
+def create_api_app(settings: Settings, socket_paths: list[str], run_directory: str,
                    rate_buckets_path: str | None = None) -> FastAPI:
-    """``rate_buckets_path``: the table of token buckets every API process shares (with a rate limit)."""
+    """``socket_paths``: every engine's, in engine order. ``rate_buckets_path``: the table of token buckets
+    every API process shares (with a rate limit)."""
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        facts, tokenizer_files = await describe_engine(socket_path, ENGINE_CONNECT_TIMEOUT_S)
+        facts, tokenizer_files = await describe_engine(socket_paths[0], ENGINE_CONNECT_TIMEOUT_S)
         tokenizer = await asyncio.to_thread(unpack_tokenizer, tokenizer_files)
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
         preprocess = facts.config.preprocess
@@ -97,18 +98,20 @@ def create_api_app(settings: Settings, socket_path: str, run_directory: str,
         texts = ItemTextFitter(tokenizer, joint_token_budget(settings, facts), decode_pool)
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         keys = SegmentCatalog(None, facts.fingerprint, facts.preprocess_id)  # type: ignore[arg-type]  # keys only
-        client = EngineClient(socket_path, keys, preprocess, image_decoder(settings, preprocess), decode_pool,
+        client = EngineClient(socket_paths, keys, preprocess, image_decoder(settings, preprocess), decode_pool,
                               slots, texts, faults, is_image_cache_on=settings.cache_image_bytes > 0,
-                              inline_image_max_pixels=settings.inline_image_max_pixels)
+                              inline_image_max_pixels=settings.inline_image_max_pixels,
+                              is_text_cache_on=settings.cache_text_bytes > 0,
+                              wait_bound_s=settings.engine_wait_bound_ms / 1e3, dispatch_mode=settings.engine_dispatch)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
         tracing = build_tracing(settings, facts, process=TracedProcess("api", send_batches=client.send_batch_spans))
         marks = ReadyMarks(run_directory)
-        router = EngineRouter(client, socket_path, marks)
+        router = EngineRouter(client, marks)
         # Started at the engine's priority, a restart's few tens of ms of CPU are not kept waiting behind busy
         # processes; serving from here on, at api_process_nice (every thread so far; later ones inherit it).
         yield_cores_to_the_engine(settings.api_process_nice)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
-        view = merged_registry(registry, run_directory, socket_path,  # /metrics: every process's
+        view = merged_registry(registry, run_directory, socket_paths[0],  # /metrics: every process's
                                metrics.request_duration_seconds)
         state = ServerState(settings, facts, router, view, metrics, decode_pool,  # type: ignore[arg-type]
                             monitor=EngineMonitor(client), intake=client,  # type: ignore[arg-type]
@@ -175,7 +178,7 @@ def main(listening_fd: int | None = None) -> int:
     rate_buckets_path = os.environ.get(RATE_BUCKETS_VARIABLE)  # the supervisor's to remove, unless it was killed
     exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=lambda: remove_table(rate_buckets_path))
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
-    app = create_api_app(settings, os.environ[ENGINE_SOCKET_VARIABLE], os.environ[RUN_DIRECTORY_VARIABLE],
+    app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path)
     server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
     server.run(sockets=[listening])

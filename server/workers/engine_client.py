@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -80,10 +80,13 @@ from router.intake import ImageDecoder, IntakeItem, IntakeOutcome
 from router.item_facts import ItemFacts
 from router.item_text import ItemTextFitter
 from router.joint_budget import JointTokens
-from router.segments import SegmentCatalog
+from router.segments import SegmentCatalog, SegmentKey
 from router.tracing import BatchTrace
 from server.errors import ApiError
-from server.workers.frames import CorkedFrameWriter, encode_frame, read_frame, read_messages
+from server.workers.engine_connection import EngineConnection, clear_engine_cache
+from server.workers.engine_connection import describe_engine as describe_connection
+from server.workers.engine_dispatch import EngineDispatch, NoEngineServing
+from server.workers.engine_routes import forwarded_targets
 from server.workers.missing_images import MissingImages
 from server.workers.pixel_slots import PixelSlots
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
@@ -93,42 +96,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-STATUS_PERIOD_S = 0.2
-
-
-@dataclasses.dataclass(frozen=True)
-class EngineGone:
-    """``router.fault``'s shape (``server.runtime.lifecycle`` reads ``message``)."""
-
-    message: str
-
-
-async def _open_engine_connection(socket_path: str,
-                                  timeout_s: float) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to the engine, retried until ``timeout_s`` (the engine listens once its model is loaded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await asyncio.open_unix_connection(socket_path)
-        except (FileNotFoundError, ConnectionRefusedError):
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-
-
 async def describe_engine(socket_path: str, timeout_s: float) -> tuple[ServedModelFacts, TokenizerFiles]:
     """The engine's model as an API process needs it: its facts and its tokenizer's files (one short connection).
 
     Everything an API process knows of the model comes from here: it loads no
     weights, so its answers' ``model`` object, its cache keys' fingerprint and
-    preprocessing, its protocols' shapes and its tokenizer are the engine's.
+    preprocessing, its protocols' shapes and its tokenizer are the engine's
+    (every engine loads the same model: engine 0 is asked).
     """
-    reader, writer = await _open_engine_connection(socket_path, timeout_s)
-    try:
-        writer.write(encode_frame(("describe", 0)))
-        kind, _, *fields = await read_frame(reader)
-    finally:
-        writer.close()
+    kind, _, *fields = await describe_connection(socket_path, timeout_s)
     answer = fields[0] if kind == "ok" and len(fields) == 1 else None
     if not (type(answer) is tuple and len(answer) == 2 and isinstance(answer[0], ServedModelFacts)
             and isinstance(answer[1], TokenizerFiles)):
@@ -137,113 +113,99 @@ async def describe_engine(socket_path: str, timeout_s: float) -> tuple[ServedMod
 
 
 class EngineClient:
-    """One connection to the engine, shared by every request of this API process."""
+    """This API process's way to the engines: one connection each, every request sent whole to one of them.
 
-    def __init__(self, socket_path: str, catalog: SegmentCatalog, preprocess: PreprocessConfig,
+    Engine 0 also holds the one monitor (records go there) and exports the
+    batch spans of kept traces (each batch once, whichever engine ran it:
+    its ids are its own). The drills this process copies are engine 0's
+    (a drill change through the admin route is made on every engine).
+    """
+
+    def __init__(self, socket_paths: Sequence[str], catalog: SegmentCatalog, preprocess: PreprocessConfig,
                  decode_image: ImageDecoder, executor: Executor, slots: PixelSlots, texts: ItemTextFitter,
                  faults: FaultInjector | None = None, is_image_cache_on: bool = True,
-                 inline_image_max_pixels: int = INLINE_IMAGE_MAX_PIXELS) -> None:
-        self._socket_path = socket_path
+                 inline_image_max_pixels: int = INLINE_IMAGE_MAX_PIXELS, is_text_cache_on: bool = True,
+                 wait_bound_s: float = 0.05, dispatch_mode: str = "affinity") -> None:
+        if isinstance(socket_paths, str):
+            socket_paths = [socket_paths]
         self._texts = texts
         self._faults = faults  # a copy of the engine's drills, kept by the engine's pushes
         self._catalog = catalog  # keys only: the cache is the engine's
         self._images = MissingImages(catalog, preprocess, decode_image, executor, faults, is_image_cache_on,
                                      inline_image_max_pixels)
+        self._is_text_cache_on = is_text_cache_on
         self._slots = slots
-        self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future] = {}
-        self._writer: CorkedFrameWriter | None = None
-        self._reader_task: asyncio.Task | None = None
-        self._status_task: asyncio.Task | None = None
-        self.engine_status = (False, True, False)  # ready, alive, draining
-        self.fault: EngineGone | None = None
+        self.engines = [EngineConnection(index, path, faults.adopt if faults is not None and index == 0 else None)
+                        for index, path in enumerate(socket_paths)]
+        self._dispatch = EngineDispatch(self.engines, wait_bound_s, dispatch_mode)
         self.is_draining = False
         self.num_in_flight = 0
-        self.on_status: Callable[[], None] | None = None  # after each poll (the ready mark follows it)
+
+    @property
+    def engine_status(self) -> tuple[bool, bool, bool]:
+        """ready (at least one engine serves), alive (always: a dead engine is started again), draining."""
+        return any(engine.is_serving for engine in self.engines), True, False
+
+    @property
+    def fault(self) -> None:
+        """Never set: an engine that dies is started again (``server.workers.supervisor``)."""
+        return None
+
+    @property
+    def on_status(self) -> Callable[[], None] | None:
+        return self.engines[0].on_status
+
+    @on_status.setter
+    def on_status(self, callback: Callable[[], None] | None) -> None:
+        for engine in self.engines:
+            engine.on_status = callback
 
     async def connect(self, timeout_s: float) -> None:
-        """Connect (the engine may still be loading its model: retry until ``timeout_s``)."""
-        reader, writer = await _open_engine_connection(self._socket_path, timeout_s)
-        self._writer = CorkedFrameWriter(writer)
-        self._reader_task = asyncio.create_task(self._read_answers(reader))
-        if self._faults is not None:
-            await self._call("watch_faults")  # the drills now arrive before its answer, and after every change
-        self._status_task = asyncio.create_task(self._poll_status())
+        """Connect to every engine (each may still be loading its model: retry until ``timeout_s``)."""
+        await asyncio.gather(*(engine.connect(timeout_s) for engine in self.engines))
 
     async def close(self) -> None:
-        for task in (self._status_task, self._reader_task):
-            if task is not None:
-                task.cancel()
-        if self._writer is not None:
-            self._writer.close()
+        for engine in self.engines:
+            await engine.close()
 
-    async def _read_answers(self, reader: asyncio.StreamReader) -> None:
+    def choose(self, key: bytes | None, lane: str) -> EngineConnection:
+        """The engine for a request whose first cacheable segment is ``key`` (``server.workers.engine_dispatch``)."""
         try:
-            while True:
-                for kind, call_id, *fields in await read_messages(reader):  # a turn of the engine's answers
-                    if kind == "faults":  # unasked: the drills changed
-                        if self._faults is not None:
-                            self._faults.adopt(fields[0])
-                        continue
-                    future = self._waiting.pop(call_id, None)
-                    if future is not None and not future.done():
-                        future.set_result((kind, fields))
-        except (asyncio.IncompleteReadError, ConnectionError) as e:
-            self.fault = EngineGone(f"the engine closed its connection ({type(e).__name__})")
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 - a broken stream is the engine gone
-            self.fault = EngineGone(f"the engine's connection broke: {e}")
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(ApiError(503, "engine_unavailable", "the engine process is gone"))
-
-    def _send(self, *message: object) -> tuple[int, asyncio.Future]:
-        if self.fault is not None or self._writer is None:
-            raise ApiError(503, "engine_unavailable", "the engine process is gone", retry_after_s=1.0)
-        call_id = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[call_id] = future
-        self._writer.write((message[0], call_id, *message[1:]))
-        return call_id, future
+            return self._dispatch.choose(key, lane)  # type: ignore[return-value]
+        except NoEngineServing:
+            raise ApiError(503, "engine_unavailable", "no engine is serving (each one is starting again)",
+                           retry_after_s=1.0) from None
 
     def send_batch_spans(self, batches: Sequence[BatchTrace]) -> None:
-        """Ask the engine to export these batches' spans (each once, whichever process asks first); no answer."""
-        if self.fault is None and self._writer is not None:
-            self._writer.write(("batch_spans", next(self._ids), list(batches)))
+        """Ask engine 0 to export these batches' spans (each once, whichever process asks first); no answer."""
+        self.engines[0].write("batch_spans", list(batches))
 
     def send_record(self, route: str, stage_ns: Mapping[str, int], batch_size: int | None, cache_hit: bool | None,
                     inputs: RequestInputs | None) -> None:
-        """One answered request's latency record, for the engine's monitor (``server.workers.engine_monitor``);
-        its inputs go as their code (``monitoring.inputs.inputs_of_code``)."""
-        if self.fault is None and self._writer is not None:
-            self._writer.write(("record", next(self._ids), route, dict(stage_ns), batch_size, cache_hit,
-                                None if inputs is None else inputs.code))
-
-    async def _call(self, *message: object) -> object:
-        _, future = self._send(*message)
-        kind, fields = await future
-        return fields[0]
-
-    async def _poll_status(self) -> None:
-        while self.fault is None:
-            try:
-                self.engine_status = await self._call("status")  # type: ignore[assignment]
-            except ApiError:
-                return
-            if self.on_status is not None:
-                self.on_status()
-            await asyncio.sleep(STATUS_PERIOD_S)
+        """One answered request's latency record, for the monitor in engine 0 (``server.workers.engine_monitor``);
+        its inputs go as their code (``monitoring.inputs.inputs_of_code``), the serving engine among them."""
+        self.engines[0].write("record", route, dict(stage_ns), batch_size, cache_hit,
+                              None if inputs is None else inputs.code)
 
     async def answer_in_engine(self, method: str, path: str, headers: list, body: bytes,
                                client: tuple) -> tuple[int, list, bytes]:
-        """A whole HTTP request answered by the engine's app (``server.workers.engine_routes``)."""
-        kind, fields = await self._send("http", method, path, headers, body, client)[1]
-        if kind == "ok":
-            return fields[0]
-        _, (status, code, message, field, retry_after_s) = fields
-        raise ApiError(status, code, message, field, retry_after_s)
+        """A whole HTTP request answered by the engines' app (``server.workers.engine_routes``): the monitor's
+        routes by engine 0, a drill change by every engine (or the one ``?engine=N`` names), engine 0's answer."""
+        targets = forwarded_targets(method, path, len(self.engines))
+        if any(self.engines[index].fault is not None for index in targets):
+            raise ApiError(503, "engine_unavailable", f"engine {targets} is not serving (it is starting again)",
+                           retry_after_s=1.0)
+        answers = await asyncio.gather(*(self.engines[index].send("http", method, path, headers, body, client)[1]
+                                         for index in targets))
+        for kind, fields in answers:
+            if kind != "ok":
+                _, (status, code, message, field, retry_after_s) = fields
+                raise ApiError(status, code, message, field, retry_after_s)
+        return answers[0][1][0]
 
+    def clear_caches(self) -> int:
+        """``DELETE /v1/cache``: every engine's cache emptied; the entries removed, summed."""
+        return sum(clear_engine_cache(engine.socket_path) for engine in self.engines if engine.fault is None)
 
     # -- the intake's run --------------------------------------------------------
 
@@ -255,19 +217,34 @@ class EngineClient:
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
             to_decode = items if refused is None else items[:refused]
             keys = self._images.keys(to_decode)
-            pixels = await self._images.decode(to_decode, self._peek, keys)
+            engine = self.choose(self._dispatch_key(items, fitted, keys), "text" if not items[0].images else "vision")
+            pixels = await self._images.decode(to_decode, functools.partial(self._peek, engine), keys)
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
             # What was decoded here goes as its key, length and header (server.workers.raw_pixels_sent).
             fitted = raw_pixels_left_behind(fitted, pixels, self._catalog, keys)  # type: ignore[arg-type]
             slots = self.put_pixels(pixels)
-            kind, fields = await call.send(slots, "run", fitted, arrival_ns, self._slots.name, slots)
+            kind, fields = await call.send(engine, slots, "run", fitted, arrival_ns, self._slots.name, slots)
         if kind == "ok":  # the ids this process sent, the joint count and the facts are not sent back
             return [call.counted(outcome, fit.tokens, *self._derived(outcome, item, fit))  # (portable_of_item)
                     for outcome, item, fit in zip(fields[0], items, fitted)]
         row, (status, code, message, field, retry_after_s) = fields
         error = ApiError(status, code, message, field, retry_after_s)
         raise IntakeItemError(row, error) if row is not None else error
+
+    def _dispatch_key(self, items: Sequence[IntakeItem], fitted: Sequence[object],
+                      keys: Sequence[Sequence[SegmentKey | None]]) -> bytes | None:
+        """The first cacheable segment's key: the first image's, else (text only) the first text's; ``None``
+        when the request asks no cache (``server.workers.engine_dispatch``)."""
+        for item_keys in keys:
+            for key in item_keys:
+                if key is not None:
+                    return key.digest
+        first = fitted[0] if fitted else None
+        if (isinstance(first, IntakeItem) and first.tokens is not None and first.use_cache and not first.images
+                and self._is_text_cache_on):
+            return self._catalog.text_key(first.tokens.token_ids).digest
+        return None
 
     def _derived(self, outcome: IntakeOutcome, item: IntakeItem,
                  fitted: IntakeItem) -> tuple[JointTokens, ItemFacts] | tuple[()]:
@@ -283,7 +260,8 @@ class EngineClient:
         """The shared-memory block of this process's pixel slots (the engine attaches it by name)."""
         return self._slots.name
 
-    async def decode_pixels(self, items: Sequence[IntakeItem]) -> list[list[np.ndarray | None]]:
+    async def decode_pixels(self, items: Sequence[IntakeItem],
+                            engine: EngineConnection) -> list[list[np.ndarray | None]]:
         """A ``decode`` drill's delay, then every image the engine does not hold decoded to the model's input.
 
         Per item and image: the pixels, or ``None`` (the engine holds the
@@ -291,10 +269,11 @@ class EngineClient:
         the call is sent, so a call that ends before holds no slot.
         """
         await self._images.drill(items)
-        return await self._images.decode(items, self._peek)
+        return await self._images.decode(items, functools.partial(self._peek, engine))
 
-    async def _peek(self, keys: list) -> object:
-        return await self._call("peek", keys)
+    @staticmethod
+    async def _peek(engine: EngineConnection, keys: list) -> object:
+        return await engine.call("peek", keys)
 
     def put_pixels(self, pixels: Sequence[Sequence[np.ndarray | None]]) -> list[list[int | None]]:
         """Each decoded image written into a pixel slot, held until the engine copies it out; the slot numbers.
@@ -307,7 +286,8 @@ class EngineClient:
         numbers = iter(self._slots.put(images) if images else ())
         return [[next(numbers) if image is not None else None for image in item_pixels] for item_pixels in pixels]
 
-    async def call_with_slots(self, slots: Sequence[Sequence[int | None]], *message: object) -> tuple[str, list]:
+    async def call_with_slots(self, engine: EngineConnection, slots: Sequence[Sequence[int | None]],
+                              *message: object) -> tuple[str, list]:
         """Send ``message``, which names ``slots`` (``put_pixels``), and await the engine's ``ok`` or ``error``.
 
         The engine frees the slots as it copies the pixels out, when the call
@@ -316,16 +296,18 @@ class EngineClient:
         away) cancels the call in the engine.
         """
         try:
-            call_id, future = self._send(*message)
+            call_id, future = engine.send(*message)
         except BaseException:
             self._slots.give_back([slot for item_slots in slots for slot in item_slots if slot is not None])
             raise
+        engine.num_in_flight += 1
         try:
             kind, fields = await asyncio.shield(future)
         except asyncio.CancelledError:
-            if self.fault is None and self._writer is not None:
-                self._writer.write(("cancel", call_id))  # the engine answers "cancelled" to the call itself
+            engine.cancel(call_id)  # the engine answers "cancelled" to the call itself
             raise
+        finally:
+            engine.num_in_flight -= 1
         if kind == "cancelled":
             raise asyncio.CancelledError()
         return kind, fields
@@ -335,12 +317,13 @@ class CallInFlight:
     """One call to the engine, from its first preparing step to its answer (a ``with`` block): refused while
     draining, counted in flight, and its preparing here timed (this process's part of ``decode``)."""
 
-    __slots__ = ("_client", "started_ns", "prepare_ns")
+    __slots__ = ("_client", "started_ns", "prepare_ns", "engine")
 
     def __init__(self, client: EngineClient) -> None:
         self._client = client
         self.started_ns = 0
         self.prepare_ns = 0
+        self.engine = 0  # the engine the call went to
 
     def __enter__(self) -> CallInFlight:
         if self._client.is_draining:
@@ -352,10 +335,12 @@ class CallInFlight:
     def __exit__(self, *exc_info: object) -> None:
         self._client.num_in_flight -= 1
 
-    async def send(self, slots: Sequence[Sequence[int | None]], *message: object) -> tuple[str, list]:
+    async def send(self, engine: EngineConnection, slots: Sequence[Sequence[int | None]],
+                   *message: object) -> tuple[str, list]:
         """The call, once everything is prepared: the engine's ``ok`` or ``error`` (``call_with_slots``)."""
         self.prepare_ns = time.perf_counter_ns() - self.started_ns
-        return await self._client.call_with_slots(slots, *message)
+        self.engine = engine.index
+        return await self._client.call_with_slots(engine, slots, *message)
 
     def counted(self, outcome: IntakeOutcome, sent_tokens: TokenizedText | None = None,
                 joint: JointTokens | None = None, facts: ItemFacts | None = None) -> IntakeOutcome:
@@ -363,7 +348,8 @@ class CallInFlight:
         and what the engine leaves out put back: the token ids this process sent for its item, and the joint
         count and facts derived here (``EngineClient._derived``)."""
         text = sent_tokens if outcome.text is None else outcome.text
+        facts = outcome.facts if facts is None else facts
         return dataclasses.replace(outcome, decode_ns=self.prepare_ns + outcome.decode_ns,
                                    decode_started_ns=self.started_ns, text=text,
-                                   joint=outcome.joint if joint is None else joint,
-                                   facts=outcome.facts if facts is None else facts)
+                                   joint=outcome.joint if joint is None else joint, engine=self.engine,
+                                   facts=facts if facts is None else dataclasses.replace(facts, engine=self.engine))

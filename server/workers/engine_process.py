@@ -89,6 +89,7 @@ from server.workers.frames import CorkedFrameWriter, read_messages
 from server.workers.handoff import (
     ENGINE_SOCKET_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
+    engine_index_from_environment,
     settings_from_environment,
     supervisor_pid,
 )
@@ -175,7 +176,8 @@ class Engine:
                         reply("ok", call_id, self._peek(message[2]))
                     elif kind == "status":
                         router = self._state.router
-                        reply("ok", call_id, (router.is_ready, router.is_alive, router.is_draining))
+                        reply("ok", call_id, (router.is_ready, router.is_alive, router.is_draining,
+                                              router.estimated_waits_s()))
                     elif kind == "describe":
                         reply("ok", call_id, self._description)
                     elif kind == "watch_faults":
@@ -278,7 +280,8 @@ def main() -> int:
     import os
 
     settings = settings_from_environment()
-    configure_logging(settings.log_level, "%(asctime)s %(levelname)s engine %(name)s: %(message)s",
+    configure_logging(settings.log_level,
+                      f"%(asctime)s %(levelname)s engine-{engine_index_from_environment()} %(name)s: %(message)s",
                       turn_buffered=False)
     run_directory = os.environ[RUN_DIRECTORY_VARIABLE]  # the supervisor's to remove, unless it was killed
     exit_when_orphaned(parent_pid=supervisor_pid(),

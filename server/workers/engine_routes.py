@@ -56,6 +56,25 @@ from server.errors import ApiError
 
 ENGINE_PATHS = frozenset({"/v1/admin/faults", "/v1/monitoring/drift", "/v1/monitoring/digests",
                           "/v1/monitoring/baseline"})
+MONITOR_ENGINE = 0  # the engine holding the one latency monitor
+
+
+def forwarded_targets(method: str, path: str, num_engines: int) -> list[int]:
+    """The engines a forwarded request goes to: a drill change to every engine, or to the one ``?engine=N``
+    names (so one engine can be slowed), anything else to the monitor's engine. The first target answers."""
+    route, _, query = path.partition("?")
+    if route != "/v1/admin/faults":
+        return [MONITOR_ENGINE]
+    for parameter in query.split("&"):
+        name, _, value = parameter.partition("=")
+        if name == "engine":
+            if not value.isdigit() or int(value) >= num_engines:
+                raise ApiError(422, "invalid_engine", f"engine must be an engine's number, 0 to {num_engines - 1}, "
+                                                      f"got {value!r}", field="engine")
+            return [int(value)]
+    return list(range(num_engines))
+
+
 BODY_FRAMING_HEADERS = (b"content-length", b"transfer-encoding")  # the engine's client frames the body it sends
 
 Forward = Callable[[str, str, list[tuple[str, str]], bytes, tuple[str, int]],

@@ -16,7 +16,9 @@ from pydantic import SecretStr
 from server.settings import Settings
 
 SETTINGS_VARIABLE = "MMSERVE_WORKER_SETTINGS_JSON"
-ENGINE_SOCKET_VARIABLE = "MMSERVE_WORKER_ENGINE_SOCKET"
+ENGINE_SOCKET_VARIABLE = "MMSERVE_WORKER_ENGINE_SOCKET"  # an engine's own socket
+ENGINE_SOCKETS_VARIABLE = "MMSERVE_WORKER_ENGINE_SOCKETS"  # every engine's, in engine order (os.pathsep-joined)
+ENGINE_INDEX_VARIABLE = "MMSERVE_WORKER_ENGINE_INDEX"  # an engine's number (0: the one holding the monitor)
 RUN_DIRECTORY_VARIABLE = "MMSERVE_WORKER_RUN_DIR"
 RATE_BUCKETS_VARIABLE = "MMSERVE_WORKER_RATE_BUCKETS"  # the shared bucket table's path, only with a rate limit
 SUPERVISOR_PID_VARIABLE = "MMSERVE_WORKER_SUPERVISOR_PID"  # the parent a child must have (server.workers.orphan_guard)
@@ -39,3 +41,13 @@ def supervisor_pid() -> int | None:
     """The supervisor's pid as it handed it down (``None`` outside a supervised process)."""
     value = os.environ.get(SUPERVISOR_PID_VARIABLE)
     return int(value) if value else None
+
+
+def engine_sockets_from_environment() -> list[str]:
+    """Every engine's socket, in engine order, as an API process was handed them."""
+    return os.environ[ENGINE_SOCKETS_VARIABLE].split(os.pathsep)
+
+
+def engine_index_from_environment() -> int:
+    """This engine's number (0 outside a supervised engine)."""
+    return int(os.environ.get(ENGINE_INDEX_VARIABLE, "0"))

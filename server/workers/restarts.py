@@ -23,10 +23,19 @@ from prometheus_client.core import CounterMetricFamily
 from server.workers.readiness import register_single_process_live_worker
 
 COUNT_FILE = "api_worker_restarts"
+ENGINE_COUNT_FILE = "engine_restarts"
 
 
 def write_restart_count(run_directory: str, count: int) -> None:
     path = Path(run_directory) / COUNT_FILE
+    staging = path.with_suffix(".writing")
+    staging.write_text(str(count))
+    os.replace(staging, path)
+
+
+def write_engine_restart_count(run_directory: str, count: int) -> None:
+    """Engines the supervisor started again after they died (``mmserve_engine_restarts_total``)."""
+    path = Path(run_directory) / ENGINE_COUNT_FILE
     staging = path.with_suffix(".writing")
     staging.write_text(str(count))
     os.replace(staging, path)

@@ -1,8 +1,10 @@
-"""``mmserve serve --api-workers N`` (N > 1): one engine process and N API processes on one port.
+"""``mmserve serve --api-workers N`` (N > 1) or ``--engines E`` (E > 1): E engines and N API processes on one port.
 
     supervisor (this process)
       binds host:port once; every API process inherits the listening socket and accepts from it
-      engine process      python -m server.workers.engine_process   (model, lanes, batcher, cache, monitoring)
+      engine process x E  python -m server.workers.engine_process   (model, lanes, batcher, cache; engine 0
+                          also the one monitor), engine i on <run directory>/engine-<i>.sock with its own
+                          settings (device, compute threads: ``server.workers.engine_plan``)
       fork server         python -m server.workers.api_forkserver   (imports what API processes import, forks them)
       API process x N     python -m server.workers.api_process FD  (HTTP, protocols, tokenize, decode -> shared memory)
 
@@ -31,9 +33,17 @@ Faults (exit statuses of the supervisor in brackets):
       the server, before   tokenizer not rebuilt the same), and starting it again would only fail
       it was ever ready    again; a process started again that dies before it is ready counts as a
                            death above
-  the engine dies          every API process is stopped and the supervisor exits non-zero (the
-                           engine's status, or [4] when a signal killed it), so whatever supervises
-                           it (systemd, k8s) restarts the server
+  an engine dies           started again with the same backoff as an API process (its own slots);
+                           only the requests it held fail (503 engine_unavailable, retriable), the
+                           other engines take the rest (``server.workers.engine_dispatch``) and the
+                           server stays ready while one engine serves; with one engine the server
+                           answers 503 engine_unavailable and is not ready until it is back; every
+                           start again is counted in mmserve_engine_restarts_total
+  ... a crash loop         the 5th death of an engine within 60 s: every process is stopped and the
+                           server exits [7, EXIT_ENGINE_CRASH_LOOP], for systemd or Kubernetes to see
+  ... one started with     the server stops with the engine's status ([4] when a signal killed it): its
+      the server, before   model does not load, and starting it again would only fail again
+      it ever listened
   SIGTERM / SIGINT         every API process drains (readiness 503, accepted requests finish),
                            then the engine drains and stops; exit 0
 """
@@ -54,8 +64,11 @@ from pathlib import Path
 
 from server.runtime.startup_checks import bind_listening_socket
 from server.settings import Settings
+from server.workers.engine_plan import EnginePlan, engine_plans
 from server.workers.handoff import (
+    ENGINE_INDEX_VARIABLE,
     ENGINE_SOCKET_VARIABLE,
+    ENGINE_SOCKETS_VARIABLE,
     RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
     SUPERVISOR_PID_VARIABLE,
@@ -66,7 +79,7 @@ from server.workers.forked_process import ForkedProcess, ForkFailed, ForkServer,
 from server.workers.metrics_snapshots import remove_snapshot_files
 from server.workers.readiness import forget, is_marked
 from server.workers.restart_backoff import RestartBackoff, RestartPolicy
-from server.workers.restarts import write_restart_count
+from server.workers.restarts import write_engine_restart_count, write_restart_count
 from server.workers.shared_rate_buckets import SharedBucketTable
 
 logger = logging.getLogger(__name__)
@@ -75,6 +88,7 @@ POLL_S = 0.05
 EXIT_ENGINE_DIED = 4
 EXIT_API_PROCESS_START_FAILED = 5
 EXIT_API_CRASH_LOOP = 6  # server.workers.restart_backoff: API processes die too often to start again
+EXIT_ENGINE_CRASH_LOOP = 7  # engines die too often to start again
 
 
 ApiProcess = subprocess.Popen | ForkedProcess  # a new interpreter, or forked by the fork server
@@ -89,6 +103,20 @@ class _Slot:
     is_first: bool = True  # started with the server (a start-up failure there stops the server)
 
 
+@dataclass
+class _EngineSlot:
+    """One engine: the process running, or the time to start it again (after a death)."""
+
+    plan: EnginePlan
+    socket_path: str
+    process: subprocess.Popen | None = None
+    restart_at: float = 0.0
+    has_listened: bool = False  # its model loaded once: a death after this is started again
+
+    def listens(self) -> bool:
+        return Path(self.socket_path).exists()
+
+
 class Supervisor:
     def __init__(self, settings: Settings, num_api_workers: int, policy: RestartPolicy = RestartPolicy(),
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -98,9 +126,10 @@ class Supervisor:
         self._clock = clock
         self._listening = bind_listening_socket(settings.host, settings.port)  # StartupError: one line, no run dir
         self._run_directory = tempfile.mkdtemp(prefix="mmserve-")
-        self._engine_socket = str(Path(self._run_directory) / "engine.sock")
+        self._engines = [_EngineSlot(plan, str(Path(self._run_directory) / f"engine-{plan.index}.sock"))
+                         for plan in engine_plans(settings)]
         self._environment = {**os.environ, SETTINGS_VARIABLE: settings_json(settings),
-                             ENGINE_SOCKET_VARIABLE: self._engine_socket,
+                             ENGINE_SOCKETS_VARIABLE: os.pathsep.join(slot.socket_path for slot in self._engines),
                              RUN_DIRECTORY_VARIABLE: self._run_directory, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
         self._rate_buckets = SharedBucketTable.create() if settings.rate_limit is not None else None
         if self._rate_buckets is not None:
@@ -108,10 +137,22 @@ class Supervisor:
         self._stopping = False
         self._fork_server: ForkServer | None = None
         self.num_restarts = 0
+        self.num_engine_restarts = 0
 
     def _start(self, module: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=self._environment,
                                 pass_fds=(self._listening.fileno(),))
+
+    def _start_engine(self, slot: _EngineSlot) -> None:
+        """Engine ``slot.plan.index``: its own settings, socket and GPU; no listening socket (it serves none)."""
+        Path(slot.socket_path).unlink(missing_ok=True)  # a dead engine's: the new one listens when it is loaded
+        environment = {**self._environment, **slot.plan.environment,
+                       SETTINGS_VARIABLE: settings_json(slot.plan.settings), ENGINE_SOCKET_VARIABLE: slot.socket_path,
+                       ENGINE_INDEX_VARIABLE: str(slot.plan.index)}
+        slot.process = subprocess.Popen([sys.executable, "-m", "server.workers.engine_process"], env=environment)
+
+    def _engine_processes(self) -> list[subprocess.Popen]:
+        return [slot.process for slot in self._engines if slot.process is not None]
 
     def _start_api_process(self) -> ApiProcess:
         if self._fork_server is not None:
@@ -123,9 +164,10 @@ class Supervisor:
                 self._fork_server = None
         return self._start("server.workers.api_process", str(self._listening.fileno()))
 
-    def _own_pids(self, engine: subprocess.Popen, api_processes: list[ApiProcess]) -> set[int]:
+    def _own_pids(self, api_processes: list[ApiProcess]) -> set[int]:
         fork_server = [self._fork_server.process.pid] if self._fork_server is not None else []
-        return {engine.pid, *fork_server, *(process.pid for process in api_processes)}
+        return {*(engine.pid for engine in self._engine_processes()), *fork_server,
+                *(process.pid for process in api_processes)}
 
     def _on_signal(self, sig: int, frame: object) -> None:
         self._stopping = True
@@ -134,7 +176,10 @@ class Supervisor:
         write_restart_count(self._run_directory, 0)
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        engine = self._start("server.workers.engine_process")
+        write_engine_restart_count(self._run_directory, 0)
+        for engine_slot in self._engines:
+            self._start_engine(engine_slot)
+        engine_backoff = RestartBackoff(len(self._engines), self._policy, self._clock)
         if self._settings.api_process_start == "forkserver":
             self._fork_server = ForkServer.start(self._environment, self._listening.fileno())
         adopts = self._fork_server is not None  # a subreaper: orphans below it are its children to reap
@@ -144,20 +189,19 @@ class Supervisor:
         def running() -> list[ApiProcess]:
             return [slot.process for slot in slots if slot.process is not None]
 
-        logger.info("serving on %s:%d with %d API processes (pids %s, each %s) and the engine (pid %d)",
+        logger.info("serving on %s:%d with %d API processes (pids %s, each %s) and %d engines (pids %s)",
                     self._settings.host, self._settings.port, len(slots), [p.pid for p in running()],
-                    _how_started(slots[0].process), engine.pid)
+                    _how_started(slots[0].process), len(self._engines), [p.pid for p in self._engine_processes()])
         ever_ready: set[int] = set()  # API processes seen ready
         try:
             while not self._stopping:
                 time.sleep(POLL_S)
-                if engine.poll() is not None:
-                    logger.critical("the engine process exited with status %d: stopping the server", engine.returncode)
-                    self._stop(running(), signal.SIGKILL)
-                    return engine.returncode if engine.returncode > 0 else EXIT_ENGINE_DIED  # a signal: < 0
+                exit_code = self._watch_engines(engine_backoff, running)
+                if exit_code is not None:
+                    return exit_code
                 ever_ready.update(p.pid for p in running() if is_marked(self._run_directory, p.pid))
                 if adopts:
-                    reap_strays(self._own_pids(engine, running()))
+                    reap_strays(self._own_pids(running()))
                 for index, slot in enumerate(slots):
                     if self._stopping:
                         break
@@ -179,7 +223,7 @@ class Supervisor:
                                         "fails (its log above says why); stopping the server", process.pid,
                                         process.returncode)
                         self._stop([p for p in running() if p is not process], signal.SIGKILL)
-                        self._stop([engine], signal.SIGTERM)
+                        self._stop(self._engine_processes(), signal.SIGTERM)
                         return EXIT_API_PROCESS_START_FAILED
                     restart_at = backoff.died(index)
                     if restart_at is None:
@@ -188,27 +232,65 @@ class Supervisor:
                                         self._policy.max_crashes, self._policy.crash_window_s, process.pid,
                                         process.returncode, EXIT_API_CRASH_LOOP)
                         self._stop([p for p in running() if p is not process], signal.SIGTERM)
-                        self._stop([engine], signal.SIGTERM)
+                        self._stop(self._engine_processes(), signal.SIGTERM)
                         return EXIT_API_CRASH_LOOP
                     logger.error("API process %d exited with status %d: starting it again in %.1f s",
                                  process.pid, process.returncode, restart_at - self._clock())
                     slot.process, slot.restart_at, slot.is_first = None, restart_at, False
-            # Drain: the API processes first (each finishes what it accepted), then the engine.
+            # Drain: the API processes first (each finishes what it accepted), then the engines.
             self._stop(running(), signal.SIGTERM)
-            self._stop([engine], signal.SIGTERM)
-            return 0 if engine.returncode in (0, None) else engine.returncode
+            engines = self._engine_processes()
+            self._stop(engines, signal.SIGTERM)
+            return next((engine.returncode for engine in engines if engine.returncode not in (0, None)), 0)
         finally:
             if self._fork_server is not None:
                 self._fork_server.close()
             self._listening.close()
-            for process in (engine, *running()):
+            for process in (*self._engine_processes(), *running()):
                 if process.poll() is None:
                     process.kill()
             if self._rate_buckets is not None:
                 self._rate_buckets.remove()
-            for process in (engine, *running()):
+            for process in (*self._engine_processes(), *running()):
                 process.wait()  # nobody writes to the run directory any more
             shutil.rmtree(self._run_directory, ignore_errors=True)  # the engine's socket, snapshots, restart count
+
+    def _watch_engines(self, backoff: RestartBackoff, running: Callable[[], list[ApiProcess]]) -> int | None:
+        """Start again the engines whose time has come, and note the ones that died; the server's exit status
+        when it must stop (an engine that never loaded its model, or a crash loop), else ``None``."""
+        for index, slot in enumerate(self._engines):
+            if slot.process is None:
+                if self._clock() >= slot.restart_at:
+                    self._start_engine(slot)
+                    backoff.started(index)
+                    self.num_engine_restarts += 1
+                    write_engine_restart_count(self._run_directory, self.num_engine_restarts)
+                    logger.info("started engine %d again (pid %d)", index, slot.process.pid)  # type: ignore[union-attr]
+                continue
+            process = slot.process
+            if process.poll() is None:
+                slot.has_listened = slot.has_listened or slot.listens()
+                continue
+            if not slot.has_listened:
+                logger.critical("engine %d exited with status %d before its model was loaded: stopping the server",
+                                index, process.returncode)
+                return self._stop_all(running(), process.returncode if process.returncode > 0 else EXIT_ENGINE_DIED)
+            restart_at = backoff.died(index)
+            if restart_at is None:
+                logger.critical("crash loop: engines died %d times within %.0f s (the last, engine %d, with status "
+                                "%d); stopping the server with exit status %d", self._policy.max_crashes,
+                                self._policy.crash_window_s, index, process.returncode, EXIT_ENGINE_CRASH_LOOP)
+                return self._stop_all(running(), EXIT_ENGINE_CRASH_LOOP)
+            logger.error("engine %d (pid %d) exited with status %d: its requests in flight failed; starting it again "
+                         "in %.1f s", index, process.pid, process.returncode, restart_at - self._clock())
+            Path(slot.socket_path).unlink(missing_ok=True)
+            slot.process, slot.restart_at = None, restart_at
+        return None
+
+    def _stop_all(self, api_processes: list[ApiProcess], exit_code: int) -> int:
+        self._stop(api_processes, signal.SIGKILL)
+        self._stop(self._engine_processes(), signal.SIGTERM)
+        return exit_code
 
     def _forget(self, pid: int) -> None:
         """What a dead API process left in the run directory: its ready mark (it no longer counts as serving),

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 from concurrent.futures import Executor
 
 import numpy as np
@@ -43,6 +44,7 @@ from router.zero_shot import MAX_MEMOIZED_TEXTS, TokenizedTexts, TokenMemo, toke
 from server.errors import ApiError
 from server.protocols.zero_shot_run import ZeroShotScores, ZeroShotWork, named
 from server.workers.engine_client import CallInFlight, EngineClient
+from server.workers.engine_connection import EngineConnection
 from server.workers.raw_pixels_sent import images_left_behind
 
 
@@ -68,11 +70,13 @@ class ZeroShotClient:
         """The engine's scores for ``work``; a refused item raises here, as one process names it."""
         client = self._client
         with CallInFlight(client) as call:
-            tokenized, pixels = await self._prepare(work)
+            engine = client.choose(label_set_key(work) if work.options.use_cache else None, "text")
+            tokenized, pixels = await self._prepare(work, engine)
             sent = work.with_tokens(tokenized, images_left_behind(work.images, pixels, self._catalog))
             slots = client.put_pixels([[image] for image in pixels])
             image_slots = [item_slots[0] for item_slots in slots]
-            kind, fields = await call.send(slots, "zero_shot", sent, arrival_ns, client.slots_name, image_slots)
+            kind, fields = await call.send(engine, slots, "zero_shot", sent, arrival_ns, client.slots_name,
+                                           image_slots)
         if kind != "ok":
             _, (status, code, message, field, retry_after_s) = fields
             raise ApiError(status, code, message, field, retry_after_s)
@@ -80,7 +84,8 @@ class ZeroShotClient:
         stage_ns = {**scores.stage_ns, "decode": call.prepare_ns + scores.stage_ns["decode"]}
         return dataclasses.replace(scores, stage_ns=stage_ns, outcomes=tuple(map(call.counted, scores.outcomes)))
 
-    async def _prepare(self, work: ZeroShotWork) -> tuple[TokenizedTexts, list[np.ndarray | None]]:
+    async def _prepare(self, work: ZeroShotWork,
+                       engine: EngineConnection) -> tuple[TokenizedTexts, list[np.ndarray | None]]:
         """Texts tokenized and images in slots, at once; the first refused image, else text, named by its field.
 
         Each image is its own item, as the single process's intake runs it
@@ -94,9 +99,19 @@ class ZeroShotClient:
                  for index, content in enumerate(work.images)]
         texts = asyncio.wrap_future(self._executor.submit(
             tokenize_texts, self._tokenizer, self._catalog, self.token_memo, work.texts, options.truncate))
-        images = asyncio.ensure_future(self._client.decode_pixels(items))
+        images = asyncio.ensure_future(self._client.decode_pixels(items, engine))
         decoded, tokenized = await asyncio.gather(images, texts, return_exceptions=True)
         for outcome, field in ((decoded, work.image_field), (tokenized, work.text_field)):
             if isinstance(outcome, BaseException):
                 raise (named(outcome, field) if isinstance(outcome, IntakeItemError) else outcome) from outcome
         return tokenized, [item_pixels[0] for item_pixels in decoded]  # type: ignore[return-value,union-attr]
+
+
+def label_set_key(work: ZeroShotWork) -> bytes:
+    """Which engine a classify or rank call goes to: the one that owns its label set (its texts, in order), whose
+    embeddings it then finds in its cache (``server.workers.engine_dispatch``)."""
+    digest = hashlib.blake2b(digest_size=16)
+    for text in work.texts:
+        digest.update(text.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.digest()

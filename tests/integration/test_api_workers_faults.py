@@ -321,7 +321,7 @@ def test_sigterm_drains_every_process_and_loses_no_accepted_request():
         engine = next(pid for pid in children_of(process.pid) if "engine_process" in command_line(pid))
         run_directory = Path(next(entry.split("=", 1)[1] for entry in Path(f"/proc/{engine}/environ").read_text()
                                   .split("\0") if entry.startswith("MMSERVE_WORKER_RUN_DIR=")))
-        assert (run_directory / "engine.sock").exists()
+        assert (run_directory / "engine-0.sock").exists()
 
         async def scenario():
             async with httpx.AsyncClient(base_url=url, timeout=60,

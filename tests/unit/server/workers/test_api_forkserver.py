@@ -20,7 +20,7 @@ import json, os, signal, socket, tempfile, time
 from pathlib import Path
 from server.settings import Settings
 from server.workers.forked_process import ForkServer
-from server.workers.handoff import (ENGINE_SOCKET_VARIABLE, RUN_DIRECTORY_VARIABLE, SETTINGS_VARIABLE,
+from server.workers.handoff import (ENGINE_SOCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE, SETTINGS_VARIABLE,
                                     SUPERVISOR_PID_VARIABLE, settings_json)
 
 def stat(pid):
@@ -28,7 +28,7 @@ def stat(pid):
 
 run_directory = tempfile.mkdtemp()
 environment = {**os.environ, SETTINGS_VARIABLE: settings_json(Settings(preset="tiny")),
-               ENGINE_SOCKET_VARIABLE: f"{run_directory}/engine.sock", RUN_DIRECTORY_VARIABLE: run_directory,
+               ENGINE_SOCKETS_VARIABLE: f"{run_directory}/engine-0.sock", RUN_DIRECTORY_VARIABLE: run_directory,
                SUPERVISOR_PID_VARIABLE: str(os.getpid())}
 listening = socket.create_server(("127.0.0.1", 0))
 fork_server = ForkServer.start(environment, listening.fileno())

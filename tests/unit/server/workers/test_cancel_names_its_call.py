@@ -33,10 +33,11 @@ def test_a_cancelled_call_sends_a_cancel_with_its_own_id():
                           PreprocessConfig(input_size=8, resize_size=8), None, ThreadPoolExecutor(1),  # type: ignore[arg-type]
                           slots, texts=None)  # type: ignore[arg-type]
     writer = RecordingWriter()
-    client._writer = writer  # type: ignore[assignment]  # connected, as far as sending goes
+    engine = client.engines[0]
+    engine._writer = writer  # type: ignore[assignment]  # connected, as far as sending goes
 
     async def scenario() -> None:
-        call = asyncio.ensure_future(client.call_with_slots([[0]], "run", ["item"], 1, slots.name, [[0]]))
+        call = asyncio.ensure_future(client.call_with_slots(engine, [[0]], "run", ["item"], 1, slots.name, [[0]]))
         await asyncio.sleep(0)
         call.cancel()  # the client went away
         try:
@@ -49,6 +50,6 @@ def test_a_cancelled_call_sends_a_cancel_with_its_own_id():
         (run_kind, call_id, *_), cancel = writer.messages
         assert run_kind == "run"
         assert cancel == ("cancel", call_id)
-        assert list(client._waiting) == [call_id], "only the call itself waits, for the engine's 'cancelled'"
+        assert list(engine._waiting) == [call_id], "only the call itself waits, for the engine's 'cancelled'"
     finally:
         slots.close()

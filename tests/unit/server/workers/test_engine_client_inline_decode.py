@@ -37,7 +37,7 @@ def _decoded(items: list[IntakeItem], executor: Executor, limit: int) -> list[np
                           PREPROCESS, decode_image, executor, slots, texts=None,  # type: ignore[arg-type]
                           is_image_cache_on=False, inline_image_max_pixels=limit)  # no peek: no engine
     try:
-        pixels = asyncio.run(client.decode_pixels(items))
+        pixels = asyncio.run(client.decode_pixels(items, client.engines[0]))
         return [image for item_pixels in pixels for image in item_pixels]
     finally:
         slots.close()

@@ -41,7 +41,7 @@ async def ask(app: FastAPI, method: str, path: str, key: str | None = None,
 
 @pytest.fixture
 def api_app(tmp_path) -> FastAPI:
-    return create_api_app(guarded_settings(api_workers=2), str(tmp_path / "engine.sock"), str(tmp_path))
+    return create_api_app(guarded_settings(api_workers=2), [str(tmp_path / "engine-0.sock")], str(tmp_path))
 
 
 @pytest.mark.parametrize("method, path", [("POST", "/v1/admin/faults"), ("DELETE", "/v1/admin/faults"),
@@ -68,7 +68,7 @@ def test_an_api_process_times_a_forwarded_body_out_itself(api_app: FastAPI):
 
 
 def test_an_api_process_refuses_a_forwarded_body_over_the_limit_itself(tmp_path):
-    app = create_api_app(guarded_settings(api_workers=2, max_body_bytes=1_000), str(tmp_path / "engine.sock"),
+    app = create_api_app(guarded_settings(api_workers=2, max_body_bytes=1_000), [str(tmp_path / "engine-0.sock")],
                          str(tmp_path))
     answer = asyncio.run(ask(app, "POST", "/v1/admin/faults", ADMIN_KEY, b"x" * 2_000))
     assert answer.status_code == 413

@@ -45,7 +45,7 @@ def test_a_cancelled_decode_takes_no_slot_and_its_queued_decode_never_runs():
              for seed in (1, 2)]
 
     async def scenario() -> None:
-        call = asyncio.ensure_future(client.decode_pixels(items))
+        call = asyncio.ensure_future(client.decode_pixels(items, client.engines[0]))
         while not started.is_set():
             await asyncio.sleep(0.01)
         assert slots.num_held == 0, "decoding takes no slot"
