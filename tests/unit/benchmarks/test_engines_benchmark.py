@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks.engines import (
     AFFINITY, CPU_SHAPES, ONE_ENGINE, ROUND_ROBIN, CacheRuns, affinity_verdict, batches_by_engine, cpu_verdict,
+    partial_metrics_notes,
 )
 from benchmarks.engines_workload import (
     CacheCount, bytes_per_image_entry, cache_bytes_for, image_cache_count, write_zipf_bodies, zipf_script,
@@ -126,3 +127,13 @@ def test_batches_are_counted_by_engine_over_the_lanes():
     assert batches_by_engine(parse_metrics_text(text)) == {"0": 9.0, "1": 5.0}
     assert batches_by_engine(parse_metrics_text('mmserve_batch_size_count{lane="vision"} 3\n')) == {"-": 3.0}
     assert batches_by_engine(None) == {}
+
+
+def test_a_metrics_page_that_counts_one_engine_of_two_is_named_under_the_table():
+    cache = CacheRuns()
+    cache.add(ONE_ENGINE, CacheCount(180, 201))
+    cache.add(AFFINITY, CacheCount(90, 101))  # engine 0's half of 200 answers
+    runs = {ONE_ENGINE: _runs(100.0, 100.0), AFFINITY: _runs(100.0, 100.0)}
+    assert cache.lookups_per_answer(ONE_ENGINE, 200) == pytest.approx(1.005)
+    (note,) = partial_metrics_notes(runs, cache)
+    assert note.startswith(f"NOTE: {AFFINITY}'s /metrics counted 0.51 image cache lookups per answer")
