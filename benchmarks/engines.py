@@ -268,7 +268,8 @@ def measure_cpu(args: argparse.Namespace, clip_dir: Path, scratch: Path, plan: A
                           [json.dumps({"input": data_uri(jpeg)}).encode() for jpeg in jpegs])
     print(f"\nCPU engines: caches off, one photo-like {IMAGE_SIDE_PX}-px JPEG per request (8 in turn, "
           f"{fmean(map(len, jpegs)) / 1024:.1f} KiB), wrk -t1 -c{args.concurrency}, {args.rounds} rounds of "
-          f"{args.seconds:g} s after a {args.warmup_s:g} s warm-up", flush=True)
+          f"{args.seconds:g} s after a {args.warmup_s:g} s warm-up; --api-workers 1, so --engines 1 is one process "
+          "and --engines 2 an API process and two engines", flush=True)
     rows = [["runtime, server", "answered/s", "CPU ms/answer", "server cores", "runs", "other CPUs", "failed"]]
     lines: list[str] = []
     figures: list[Figure] = []
