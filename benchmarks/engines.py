@@ -42,6 +42,8 @@ import argparse
 import json
 import sys
 import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -121,16 +123,31 @@ def zipf_saturation(scripts: Mapping[int, WrkBodies], cache: CacheRuns, timeout_
     return saturate
 
 
-def engines_seen(server: ServerProcess, bodies: Sequence[bytes]) -> dict[str, int]:
-    """Which engine answered each of ``bodies`` (its ``x-mmserve-engine`` header; "-" where there is none)."""
+def every_engine_serving(server: ServerProcess, bodies: Sequence[bytes], num_engines: int,
+                         timeout_s: float = 300.0) -> dict[str, int]:
+    """Which engines answered ``bodies``, sent all at once, round after round until ``num_engines`` have.
+
+    ``/health/ready`` is 200 once one engine serves, while the others may still
+    warm up; dispatch sends nothing to an engine that does not serve, so an
+    engine seen in the ``x-mmserve-engine`` header ("-" where there is none)
+    serves. Concurrent, so that least-loaded dispatch (caches off) spreads them.
+    """
     seen: dict[str, int] = {}
-    with resumed(server), httpx.Client(base_url=server.url, timeout=120.0, trust_env=False) as client:
-        for body in bodies:
+    deadline_s = time.monotonic() + timeout_s
+    with resumed(server), httpx.Client(base_url=server.url, timeout=120.0, trust_env=False) as client, \
+            ThreadPoolExecutor(len(bodies)) as pool:
+        def post(body: bytes) -> str:
             answer = client.post(EMBEDDINGS_PATH, content=body, headers={"content-type": "application/json"})
             if answer.status_code != 200:
                 raise RuntimeError(f"{server.command.name} answered {answer.status_code}: {answer.text[:300]}")
-            engine = answer.headers.get(ENGINE_HEADER, "-")
-            seen[engine] = seen.get(engine, 0) + 1
+            return answer.headers.get(ENGINE_HEADER, "-")
+
+        while len(set(seen) - {"-"}) < num_engines:
+            if time.monotonic() > deadline_s:
+                raise RuntimeError(f"{server.command.name}: after {timeout_s:.0f} s only engines {seen} answered, "
+                                   f"not {num_engines}: does this build run several engines?")
+            for engine in pool.map(post, bodies):
+                seen[engine] = seen.get(engine, 0) + 1
     return dict(sorted(seen.items()))
 
 
@@ -221,11 +238,8 @@ def measure_affinity(args: argparse.Namespace, clip_dir: Path, scratch: Path, pl
     cache = CacheRuns()
     with paused_servers(affinity_commands(clip_dir, per_engine_bytes)) as servers:
         for name, server in servers.items():
-            seen = engines_seen(server, bodies[-NUM_PROBE_IMAGES:])
-            log(f"{name}: engines that answered {NUM_PROBE_IMAGES} distinct images: {seen}")
-            if name != ONE_ENGINE and len(set(seen) - {"-"}) < 2:
-                raise RuntimeError(f"{name} answered {NUM_PROBE_IMAGES} distinct images from {seen}: "
-                                   "this build does not run two engines")
+            seen = every_engine_serving(server, bodies[-NUM_PROBE_IMAGES:], 1 if name == ONE_ENGINE else 2)
+            log(f"{name}: engines that answered rounds of {NUM_PROBE_IMAGES} distinct images at once: {seen}")
         runs = run_saturation(servers, list(servers), plan, zipf_saturation(scripts, cache, 30.0), "affinity")
     images = {ONE_ENGINE: 2 * per_engine_images, AFFINITY: per_engine_images, ROUND_ROBIN: per_engine_images}
     print("\n".join(align(affinity_rows(runs, cache, images))))
@@ -264,8 +278,8 @@ def cpu_verdict(runtime: str, runs: Mapping[str, ServerRuns]) -> tuple[str, list
 
 def measure_cpu(args: argparse.Namespace, clip_dir: Path, scratch: Path, plan: AlternationPlan) -> list[Figure]:
     jpegs = [photo_like_jpeg(IMAGE_SIDE_PX, IMAGE_SIDE_PX, seed) for seed in range(8)]
-    bodies = write_bodies(scratch / "cpu", "image", EMBEDDINGS_PATH,
-                          [json.dumps({"input": data_uri(jpeg)}).encode() for jpeg in jpegs])
+    probe_bodies = [json.dumps({"input": data_uri(jpeg)}).encode() for jpeg in jpegs]
+    bodies = write_bodies(scratch / "cpu", "image", EMBEDDINGS_PATH, probe_bodies)
     print(f"\nCPU engines: caches off, one photo-like {IMAGE_SIDE_PX}-px JPEG per request (8 in turn, "
           f"{fmean(map(len, jpegs)) / 1024:.1f} KiB), wrk -t1 -c{args.concurrency}, {args.rounds} rounds of "
           f"{args.seconds:g} s after a {args.warmup_s:g} s warm-up; --api-workers 1, so --engines 1 is one process "
@@ -283,7 +297,9 @@ def measure_cpu(args: argparse.Namespace, clip_dir: Path, scratch: Path, plan: A
                                                args.ready_timeout_s)
                 stack.callback(server.stop)
                 servers[name] = server
-                log(f"{runtime}, {name}: serves {served.label()}")
+                seen = every_engine_serving(server, [*probe_bodies, *probe_bodies], int(settings["ENGINES"]))
+                log(f"{runtime}, {name}: serves {served.label()}; engines that answered rounds of "
+                    f"{2 * len(probe_bodies)} requests at once: {seen}")
             runs = run_saturation(servers, list(servers), plan, wrk_saturation(lambda _: bodies, 30.0, True),
                                   f"cpu {runtime}")
             for name, server in servers.items():
