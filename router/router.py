@@ -159,6 +159,10 @@ class Router:
     def num_texts_encoded(self) -> int:
         return sum(executor.runner.num_texts_encoded for executor in self.executors)
 
+    def engine_states(self) -> list[dict]:
+        """``/v1/models``' ``engines``: this router is the server's one engine (several: ``EngineRouter``)."""
+        return [{"engine": 0, "serving": self.is_ready}]
+
     def estimated_waits_s(self) -> dict[str, float]:
         """Per lane, the time its executor needs to drain what is queued: the load several engines are compared
         by (``server.workers.engine_dispatch``)."""

@@ -106,7 +106,8 @@ def _le_bound(le: str) -> float:
 
 
 def batch_size_view(before: MetricsSnapshot | None, after: MetricsSnapshot) -> dict[str, Any] | None:
-    """Per lane: mean batch size and per-bucket batch counts during the run."""
+    """Per lane: mean batch size and per-bucket batch counts during the run, over every engine (each engine's
+    series carries an ``engine`` label: summed here per lane)."""
     sums = after.select(BATCH_SUM)
     if not sums:
         return None
@@ -127,18 +128,17 @@ def batch_size_view(before: MetricsSnapshot | None, after: MetricsSnapshot) -> d
             ),
             key=lambda item: item[0],
         )
-        histogram: dict[str, float] = {}
+        entry = view.setdefault(lane, {"mean": None, "num_batches": 0.0, "num_requests": 0.0, "histogram": None})
+        histogram: dict[str, float] = entry["histogram"] or {}
         previous_cumulative = 0.0
         for _, le_text, value, bucket_labels in buckets:
             cumulative = _delta(value, _before_value(before, BATCH_BUCKET, bucket_labels))
-            histogram[le_text] = cumulative - previous_cumulative
+            histogram[le_text] = histogram.get(le_text, 0.0) + cumulative - previous_cumulative
             previous_cumulative = cumulative
-        view[lane] = {
-            "mean": num_requests / num_batches if num_batches > 0 else None,
-            "num_batches": num_batches,
-            "num_requests": num_requests,
-            "histogram": histogram or None,
-        }
+        entry["num_batches"] += num_batches
+        entry["num_requests"] += num_requests
+        entry["histogram"] = histogram or None
+        entry["mean"] = entry["num_requests"] / entry["num_batches"] if entry["num_batches"] > 0 else None
     return view or None
 
 
@@ -169,7 +169,10 @@ def queue_wait_view(before: MetricsSnapshot | None, after: MetricsSnapshot) -> d
 
 
 def queue_depth_view(after: MetricsSnapshot) -> dict[str, float] | None:
-    depths = {labels.get("lane", ""): value for labels, value in after.select(QUEUE_DEPTH)}
+    """Per lane, the requests queued, summed over the engines."""
+    depths: dict[str, float] = {}
+    for labels, value in after.select(QUEUE_DEPTH):
+        depths[labels.get("lane", "")] = depths.get(labels.get("lane", ""), 0.0) + value
     return dict(sorted(depths.items())) or None
 
 

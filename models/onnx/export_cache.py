@@ -5,12 +5,14 @@
     │   ├── manifest.json            the key it was written for; each file's size and BLAKE2b digest
     │   ├── vision.onnx  vision.onnx.data
     │   └── text.onnx    text.onnx.data
-    └── .tmp-<random>/               an export in progress (or one killed half-way: never read)
+    ├── .tmp-<random>/               an export in progress (or one killed half-way: never read)
+    └── .locks/<key digest>          locked by the process exporting that key (``exporting``)
 
 An entry is written into a temporary directory beside its final place, its
 manifest last, and moved there with one ``os.replace``: a reader sees a whole
 entry or none. When two servers export the same key at once, the first move
-wins and the second server drops its own copy and reads the winner's. A read
+wins and the second server drops its own copy and reads the winner's (processes
+that hold the key's lock, ``exporting``, export it once between them). A read
 checks the manifest's key and every file's size and digest; an entry that
 fails (a disk error, a copy cut short, a key written by another version) is
 moved aside and deleted, and the caller exports again. What the graph
@@ -20,6 +22,8 @@ computes is checked after this, against the torch forward
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -27,7 +31,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,6 +40,7 @@ logger = logging.getLogger(__name__)
 MANIFEST_FILE = "manifest.json"
 _TMP_PREFIX = ".tmp-"
 _TRASH_PREFIX = ".trash-"
+_LOCKS = ".locks"  # one empty file per key, locked while a process exports it
 _ABANDONED_AFTER_S = 24 * 3600  # a temporary directory this old belongs to a start that died
 
 
@@ -105,6 +110,20 @@ class ExportCache:
             if _file_digest(path) != facts["blake2b"]:
                 return f"{name} does not have the digest the manifest names"
         return None
+
+    @contextlib.contextmanager
+    def exporting(self, key: ExportKey) -> Iterator[None]:
+        """Hold ``key``'s lock (an ``flock`` on ``.locks/<digest>``) while looking it up and exporting, so processes
+        of this machine that start together export it once; where the root is not writable, no lock."""
+        try:
+            (self.root / _LOCKS).mkdir(parents=True, exist_ok=True)
+            lock = (self.root / _LOCKS / key.digest()).open("a")
+        except OSError:
+            yield
+            return
+        with lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            yield
 
     def store(self, key: ExportKey, write: Callable[[Path], None]) -> Path:
         """Run ``write(tmp_dir)`` and publish what it wrote as ``key``'s entry; returns the entry's directory.

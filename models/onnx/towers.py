@@ -78,14 +78,19 @@ def export_graphs(model: MultimodalModel, directory: Path) -> None:
 
 
 def ensure_exported(model: MultimodalModel, cache: ExportCache, key: ExportKey) -> tuple[Path, bool]:
-    """``key``'s cache entry, exported now if the cache has none; and whether it was exported now."""
-    found = cache.lookup(key)
-    if found.directory is not None:
-        return found.directory, False
-    logger.info("exporting the towers to ONNX into %s (once per model; later starts read it)", cache.root)
-    if key.quantization == "none":
-        return cache.store(key, lambda directory: export_graphs(model, directory)), True
-    return cache.store(key, lambda directory: _export_int8(model, directory)), True
+    """``key``'s cache entry, exported now if the cache has none; and whether it was exported now.
+
+    Several engines starting at once (``--engines N``) export once: the first
+    takes the key's lock and exports, the others wait on it and read its entry.
+    """
+    with cache.exporting(key):
+        found = cache.lookup(key)
+        if found.directory is not None:
+            return found.directory, False
+        logger.info("exporting the towers to ONNX into %s (once per model; later starts read it)", cache.root)
+        if key.quantization == "none":
+            return cache.store(key, lambda directory: export_graphs(model, directory)), True
+        return cache.store(key, lambda directory: _export_int8(model, directory)), True
 
 
 def _export_int8(model: MultimodalModel, directory: Path) -> None:

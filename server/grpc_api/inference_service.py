@@ -168,6 +168,8 @@ class InferenceService:
         _, reply = await self._infer(raw, context)
         if reply.failure is not None:
             await _abort(context, reply.failure.error, reply.failure.row_index)
+        # x-request-id and x-mmserve-engine, as HTTP sends them in its headers
+        context.set_trailing_metadata(tuple((name.lower(), value) for name, value in reply.headers.items()))
         return reply.message
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],

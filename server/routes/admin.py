@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
@@ -43,6 +47,20 @@ async def add_fault(request: Request, body: FaultRequest) -> JSONResponse:
         raise ApiError(422, "invalid_fault", str(e), field) from e
     injector.activate(plan)
     return JSONResponse({"active": [vars(p) for p in injector.active()]})
+
+
+@router.post("/v1/admin/faults/kill", status_code=202,
+             summary="Kill one engine process (SIGKILL, right after this answer): a drill of an engine's death.")
+async def kill_engine(request: Request, engine: int) -> JSONResponse:
+    """Only an engine process of a server with API processes in front answers this (``?engine=N`` picks it,
+    ``server.workers.engine_routes``); the supervisor starts it again (``server.workers.supervisor``). A
+    one-process server has no engine apart from itself, so it refuses."""
+    _injector(request)
+    if getattr(request.app.state, "engine_index", None) != engine:
+        raise ApiError(409, "not_an_engine", "this server runs in one process: it has no engine of its own to kill; "
+                                             "start it with --engines N or --api-workers N", "engine")
+    asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGKILL)  # once the answer is out
+    return JSONResponse({"killed_engine": engine}, status_code=202)
 
 
 @router.delete("/v1/admin/faults", summary="End every fault drill now.")

@@ -53,7 +53,7 @@ def _created_unix_s(request: Request) -> int:
 @router.get("/v1/models", summary="The served model, as OpenAI's model list.")
 async def list_models(request: Request) -> JSONResponse:
     state: ServerState = request.app.state.mmserve
-    card = model_card(state.served_model.name, _created_unix_s(request), state.model_description)
+    card = model_card(state.served_model.name, _created_unix_s(request), _with_engines(state))
     return JSONResponse({"object": "list", "data": [card]})
 
 
@@ -64,7 +64,13 @@ async def retrieve_model(request: Request, model_id: str) -> JSONResponse:
         check_model(model_id, state.served_names)
     except ApiError as e:
         return _error_response(Failure(e, None), is_single_input=False)
-    return JSONResponse(model_card(model_id, _created_unix_s(request), state.model_description))
+    return JSONResponse(model_card(model_id, _created_unix_s(request), _with_engines(state)))
+
+
+def _with_engines(state: ServerState) -> dict:
+    """The model's description and the engines that serve it (``engine``, ``serving``): what an answer's
+    ``model.engine`` names."""
+    return {**state.model_description, "engines": state.router.engine_states()}
 
 
 class Embeddings(Endpoint[EmbeddingsRequest]):

@@ -111,7 +111,7 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
         # processes; serving from here on, at api_process_nice (every thread so far; later ones inherit it).
         yield_cores_to_the_engine(settings.api_process_nice)
         client.on_status = lambda: marks.mark(router.is_serving)  # marked without waiting for a probe
-        view = merged_registry(registry, run_directory, socket_paths[0],  # /metrics: every process's
+        view = merged_registry(registry, run_directory, socket_paths,  # /metrics: every process's
                                metrics.request_duration_seconds)
         state = ServerState(settings, facts, router, view, metrics, decode_pool,  # type: ignore[arg-type]
                             monitor=EngineMonitor(client), intake=client,  # type: ignore[arg-type]

@@ -254,6 +254,7 @@ class Engine:
 async def serve_engine(settings: Settings, socket_path: str) -> int:
     """Start the engine, answer calls until SIGTERM (then drain) or a compute fault (then exit non-zero)."""
     app = create_app(settings, traced_process=TracedProcess("engine"))
+    app.state.engine_index = engine_index_from_environment()  # POST /v1/admin/faults/kill names it
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

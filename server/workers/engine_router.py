@@ -54,6 +54,12 @@ class EngineRouter:
     def num_in_flight(self) -> int:
         return self._client.num_in_flight
 
+    def engine_states(self) -> list[dict]:
+        """``/v1/models``' ``engines``: each engine, whether it serves, and its waits per lane as last polled."""
+        return [{"engine": engine.index, "serving": engine.is_serving,
+                 "wait_ms": {lane: round(wait_s * 1e3, 3) for lane, wait_s in engine.waits_s.items()}}
+                for engine in self._client.engines]
+
     def begin_drain(self) -> None:
         self._client.is_draining = True
         self._marks.mark(False)

@@ -54,16 +54,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import ApiError
 
-ENGINE_PATHS = frozenset({"/v1/admin/faults", "/v1/monitoring/drift", "/v1/monitoring/digests",
+ENGINE_PATHS = frozenset({"/v1/admin/faults", "/v1/admin/faults/kill", "/v1/monitoring/drift", "/v1/monitoring/digests",
                           "/v1/monitoring/baseline"})
 MONITOR_ENGINE = 0  # the engine holding the one latency monitor
 
 
 def forwarded_targets(method: str, path: str, num_engines: int) -> list[int]:
     """The engines a forwarded request goes to: a drill change to every engine, or to the one ``?engine=N``
-    names (so one engine can be slowed), anything else to the monitor's engine. The first target answers."""
+    names (so one engine can be slowed or killed), anything else to the monitor's engine. The first target
+    answers."""
     route, _, query = path.partition("?")
-    if route != "/v1/admin/faults":
+    if not route.startswith("/v1/admin/faults"):
         return [MONITOR_ENGINE]
     for parameter in query.split("&"):
         name, _, value = parameter.partition("=")
@@ -72,6 +73,8 @@ def forwarded_targets(method: str, path: str, num_engines: int) -> list[int]:
                 raise ApiError(422, "invalid_engine", f"engine must be an engine's number, 0 to {num_engines - 1}, "
                                                       f"got {value!r}", field="engine")
             return [int(value)]
+    if route == "/v1/admin/faults/kill":
+        raise ApiError(422, "invalid_engine", "killing an engine needs the engine's number: ?engine=N", field="engine")
     return list(range(num_engines))
 
 

@@ -1,27 +1,33 @@
 """One ``/metrics`` for the whole server, whichever API process answers the scrape.
 
 Every process keeps its own registry: an API process counts its requests
-(the request layer runs there), the engine counts batches, queues and the
-cache, and holds the one latency monitor, which every API process sends its
-requests' records to (``server.workers.engine_monitor``). The answering API
-process merges:
+(the request layer runs there), each engine counts its batches, queues and
+cache, and engine 0 holds the one latency monitor, which every API process
+sends its requests' records to (``server.workers.engine_monitor``). The
+answering API process merges:
 
     its own registry            now
     the other API processes'    their snapshots (exposition text + exemplars), each written
                                 to the run directory by the process itself when this scrape asks
                                 (``server.workers.metrics_snapshots``)
-    the engine's registry       now, over a short connection (``("metrics", id)``), with its monitor's
-                                digests
+    each engine's registry      now, over a short connection to ``engine-<i>.sock`` (``("metrics", id)``),
+                                all engines asked at once; engine 0's answer brings the monitor's digests
 
 into the same families, series and labels as one process exports:
 
-    counters, histograms, summary _count/_sum   summed over the processes
-    stage quantiles (the summary's quantiles)   from the engine monitor's T-Digests (through
+    counters, histograms, summary _count/_sum   summed over the processes, API processes and engines
+                                                alike (a request count over two engines is the
+                                                requests both served)
+    ENGINE_LABELLED_FAMILIES                    each engine's samples a series of their own, labelled
+                                                ``engine="<i>"`` (one engine: ``engine="0"``), never
+                                                summed or maxed across engines
+    stage quantiles (the summary's quantiles)   from engine 0's monitor's T-Digests (through
                                                 ``monitoring.fleet``, as ``mmserve quantiles`` merges a fleet)
-    gauges                                       the largest (a queue depth or cache size is set by one
+    other gauges                                 the largest (a model-info or drift gauge is set by one
                                                 process)
     *_created                                    the earliest
-    mmserve_api_worker_restarts_total            the supervisor's count (``server.workers.restarts``)
+    mmserve_api_worker_restarts_total            the supervisor's counts (``server.workers.restarts``)
+    mmserve_engine_restarts_total
     mmserve_api_workers_live                     the API processes serving now (``server.workers.readiness``)
     exemplars (request-duration buckets)         each bucket's most recent one, whichever process holds it
 
@@ -34,14 +40,19 @@ its exposition and put back on the merged buckets, so the OpenMetrics scrape
 shows them as one process does; the classic text format drops them, as always.
 
 A snapshot of a process that is no longer running is left out; one that does
-not answer within ``metrics_snapshots.WAIT_S`` is read as it last wrote.
+not answer within ``metrics_snapshots.WAIT_S`` is read as it last wrote. An
+engine whose socket is missing, refuses or breaks the connection, or does not
+answer within ``ENGINE_ANSWER_TIMEOUT_S`` (it is starting again) is left out of
+that scrape: its series are absent until it is back, the scrape still answers;
+without engine 0 the stage quantiles are absent too.
 """
 
 from __future__ import annotations
 
 import math
 import socket
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
@@ -54,17 +65,70 @@ from monitoring.digest import quantiles_of
 from monitoring.fleet import DigestSource, merge_documents
 from server.workers.frames import encode_frame, read_frame_blocking
 from server.workers.metrics_snapshots import ExemplarRow, exemplars_of, fresh_snapshots
-from server.workers.readiness import register_live_workers
-from server.workers.restarts import register_restart_count
+from server.workers.readiness import LIVE_GAUGE, register_live_workers
+from server.workers.restarts import (API_WORKER_RESTARTS, ENGINE_RESTARTS, register_engine_restart_count,
+                                     register_restart_count)
+
+ENGINE_LABEL = "engine"
+ENGINE_LABELLED_FAMILIES: frozenset[str] = frozenset({
+    "mmserve_queue_depth",
+    "mmserve_batch_size",
+    "mmserve_cache_bytes",
+    "mmserve_cache_entries",
+    "mmserve_device_memory_bytes",
+    "mmserve_device_utilization_ratio",
+    "mmserve_device_batch_seconds",
+    "mmserve_device_batches",
+})
+"""The engine families whose samples keep one series per engine (label ``engine``), named as the parser names them.
+
+Each is a fact of one engine that a sum or a max over engines would hide:
+
+- ``mmserve_queue_depth{lane}``: each engine has its own lanes and queue bound; a queue building on one
+  engine (a hot key's affinity engine, a stalled device) is what an operator looks for, and the total
+  (``sum without (engine)``) is still one query away.
+- ``mmserve_batch_size{lane}`` (histogram): how full each engine's batches run; a lone engine running
+  batches of one while another runs full ones shows dispatch or a slow device.
+- ``mmserve_cache_bytes{modality}``, ``mmserve_cache_entries{modality}``: each engine holds its own part of the
+  segment cache (it is not copied between engines); whether each part fills to its budget is per engine.
+- ``mmserve_device_memory_bytes{kind}``, ``mmserve_device_utilization_ratio``: one device per engine.
+- ``mmserve_device_batch_seconds_total{stage}``, ``mmserve_device_batches_total{stage}``: their ratio is the
+  device time per batch, per device; summed, a slow device would be averaged away.
+
+Everything else is the server's, not an engine's: requests, rejections, cache events (the hit ratio of the
+one cache the engines make together) and cold compiles are summed; the monitor's families are engine 0's.
+"""
+
+ENGINE_ANSWER_TIMEOUT_S = 10.0
+SUPERVISOR_FAMILIES = frozenset({API_WORKER_RESTARTS, ENGINE_RESTARTS, LIVE_GAUGE})
+"""Families the view reads from the run directory; a process's own copy (a single-process registry's 0) is left out."""
+
+EngineAnswer = tuple[str, dict, list[ExemplarRow]]
 
 
-def engine_metrics(socket_path: str) -> tuple[str, dict, list[ExemplarRow]]:
-    """The engine registry's exposition, its monitor's digests and its exemplars (zero-shot routes record there)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(10.0)
-        connection.connect(socket_path)
-        connection.sendall(encode_frame(("metrics", 0)))
-        return read_frame_blocking(connection)[2]
+def engine_metrics(socket_path: str) -> EngineAnswer | None:
+    """The engine registry's exposition, its monitor's digests and its exemplars (zero-shot routes record there).
+
+    None when the engine cannot answer now: no socket file, a refused or broken connection, or no answer
+    within ``ENGINE_ANSWER_TIMEOUT_S`` (all ``OSError``s: the engine is starting again, or stuck).
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+            connection.settimeout(ENGINE_ANSWER_TIMEOUT_S)
+            connection.connect(socket_path)
+            connection.sendall(encode_frame(("metrics", 0)))
+            answer = read_frame_blocking(connection)
+    except OSError:
+        return None
+    return answer[2] if answer[0] == "ok" else None
+
+
+def engines_metrics(socket_paths: Sequence[str]) -> list[EngineAnswer | None]:
+    """Each engine's answer, in engine order; asked at once, so one slow engine delays the scrape once."""
+    if len(socket_paths) <= 1:
+        return [engine_metrics(path) for path in socket_paths]
+    with ThreadPoolExecutor(max_workers=len(socket_paths), thread_name_prefix="engine-metrics") as pool:
+        return list(pool.map(engine_metrics, socket_paths))
 
 
 def _latest_exemplars(rows: Sequence[ExemplarRow]) -> dict[tuple, Exemplar]:
@@ -78,21 +142,32 @@ def _latest_exemplars(rows: Sequence[ExemplarRow]) -> dict[tuple, Exemplar]:
     return latest
 
 
+def _is_engine_labelled(family_name: str) -> bool:
+    """A family of ``ENGINE_LABELLED_FAMILIES``, or the ``_created`` gauge the classic text writes beside one."""
+    return family_name in ENGINE_LABELLED_FAMILIES or family_name.removesuffix("_created") in ENGINE_LABELLED_FAMILIES
+
+
 def merge_expositions(texts: list[str], digests_documents: list[dict],
-                      exemplar_rows: Sequence[ExemplarRow] = ()) -> list[Metric]:
-    """The families of ``texts`` merged by the rules in this module's docstring."""
+                      exemplar_rows: Sequence[ExemplarRow] = (),
+                      engine_texts: Mapping[int, str] | None = None) -> list[Metric]:
+    """The families of ``texts`` (API processes) and ``engine_texts`` (engine index -> its exposition) merged
+    by the rules in this module's docstring; ``digests_documents`` give the stage quantiles."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple, float]] = {}
-    for text in texts:
+    engine_texts = engine_texts or {}
+    sources = [(text, None) for text in texts] + [(engine_texts[index], index) for index in sorted(engine_texts)]
+    for text, engine in sources:
         for family in text_string_to_metric_families(text):
             if family.name not in families:
                 families[family.name] = Metric(family.name, family.documentation, family.type)
                 values[family.name] = {}
             merged = values[family.name]
+            labelled = engine is not None and _is_engine_labelled(family.name)
             for sample in family.samples:
                 if family.name == STAGE_LATENCY and "quantile" in sample.labels:
                     continue  # from the merged digests below
-                key = (sample.name, tuple(sorted(sample.labels.items())))
+                labels = {**sample.labels, ENGINE_LABEL: str(engine)} if labelled else sample.labels
+                key = (sample.name, tuple(sorted(labels.items())))
                 if key not in merged:
                     merged[key] = sample.value
                 elif sample.name.endswith("_created"):
@@ -151,30 +226,38 @@ class MergedMetrics:
     """The collector of the answering API process's ``/metrics`` registry."""
 
     def __init__(self, own: CollectorRegistry, run_directory: str,
-                 engine: Callable[[], tuple[str, dict, list[ExemplarRow]]], exemplars_from: Collector) -> None:
+                 engines: Callable[[], Sequence[EngineAnswer | None]], exemplars_from: Collector) -> None:
         self._own = own
         self._exemplars_from = exemplars_from
         self._run_directory = run_directory
-        self._engine = engine
+        self._engines = engines  # engine i's answer at [i], None where it did not answer
 
     def collect(self) -> Iterator[Metric]:
         others = list(fresh_snapshots(self._run_directory).values())
-        engine_text, engine_digests, engine_exemplars = self._engine()
-        texts = [generate_latest(self._own).decode(), engine_text, *(other["text"] for other in others)]
-        documents = [engine_digests]  # the one monitor (server.workers.engine_monitor)
-        exemplar_rows = [*exemplars_of(self._exemplars_from), *engine_exemplars,
+        answers = self._engines()
+        texts = [generate_latest(self._own).decode(), *(other["text"] for other in others)]
+        engine_texts = {index: answer[0] for index, answer in enumerate(answers) if answer is not None}
+        # The one monitor is engine 0's (server.workers.engine_monitor); the others' digests hold nothing.
+        documents = [answers[0][1]] if answers and answers[0] is not None else []
+        exemplar_rows = [*exemplars_of(self._exemplars_from),
+                         *(row for answer in answers if answer is not None for row in answer[2]),
                          *(row for other in others for row in other.get("exemplars", ()))]
-        yield from merge_expositions(texts, documents, exemplar_rows)
+        for family in merge_expositions(texts, documents, exemplar_rows, engine_texts):
+            if family.name not in SUPERVISOR_FAMILIES:  # registered beside this collector, from the run directory
+                yield family
 
 
-def merged_registry(own: CollectorRegistry, run_directory: str, engine_socket: str,
+def merged_registry(own: CollectorRegistry, run_directory: str, engine_sockets: Sequence[str] | str,
                     exemplars_from: Collector) -> CollectorRegistry:
-    """What the API process's ``/metrics`` encodes: the merged view, the restart count and the live API processes.
+    """What the API process's ``/metrics`` encodes: the merged view, the restart counts and the live API processes.
 
+    ``engine_sockets``: engine i's socket at [i] (one path alone is read as ``[path]``).
     ``exemplars_from``: this process's request-duration histogram (the others' come with their snapshots).
     """
+    sockets = [engine_sockets] if isinstance(engine_sockets, str) else list(engine_sockets)
     view = CollectorRegistry(auto_describe=False)
-    view.register(MergedMetrics(own, run_directory, lambda: engine_metrics(engine_socket), exemplars_from))
+    view.register(MergedMetrics(own, run_directory, lambda: engines_metrics(sockets), exemplars_from))
     register_restart_count(view, run_directory)
+    register_engine_restart_count(view, run_directory)
     register_live_workers(view, run_directory)
     return view

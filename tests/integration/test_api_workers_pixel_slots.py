@@ -29,7 +29,10 @@ STALL = {"stage": "vision", "delay_ms": 4000, "fraction": 1.0, "duration_s": 60}
 
 def vision_queue_depth(url: str) -> float:
     text = httpx.get(f"{url}/metrics", headers={"Connection": "close"}, timeout=10).text
-    return float(re.search(r'^mmserve_queue_depth\{lane="vision"\} (\S+)$', text, re.M).group(1))
+    # Summed over the series: with API processes, each engine's depth is a series of its own (label engine).
+    depths = re.findall(r'^mmserve_queue_depth\{[^}]*lane="vision"[^}]*\} (\S+)$', text, re.M)
+    assert depths, "no vision queue depth on /metrics"
+    return sum(map(float, depths))
 
 
 def four_images(seed: int) -> dict:

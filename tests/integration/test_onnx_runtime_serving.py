@@ -26,7 +26,7 @@ from tests.unit.models.test_onnx_export_cache import unexportable_tiny
 
 
 def _entries(root: Path) -> list[str]:
-    return sorted(path.name for path in root.iterdir())
+    return sorted(path.name for path in root.iterdir() if not path.name.startswith("."))  # published entries
 
 
 def test_mmserve_export_fills_the_cache_and_the_next_start_exports_nothing(tmp_path: Path, live_server_runner,

@@ -71,15 +71,15 @@ if os.environ.get("MMSERVE_TEST_DECODE_LOG"):
     _inputs.decode_image = _logging(_inputs.decode_image, "MMSERVE_TEST_DECODE_LOG")
 
 if os.environ.get("MMSERVE_TEST_PEEK_LOG"):  # asked from the API process (the engine runs as __main__)
-    from server.workers.engine_client import EngineClient as _EngineClient
+    from server.workers.engine_connection import EngineConnection as _EngineConnection
 
-    _real_call = _EngineClient._call
+    _real_call = _EngineConnection.call
     _logged_call = _logging(_real_call, "MMSERVE_TEST_PEEK_LOG")
 
     def _call_logging_peeks(self, *message):  # noqa: ANN001, ANN002, ANN202
         return (_logged_call if message[0] == "peek" else _real_call)(self, *message)
 
-    _EngineClient._call = _call_logging_peeks
+    _EngineConnection.call = _call_logging_peeks
 
 if os.environ.get("MMSERVE_TEST_TOKENIZER_REFUSED"):  # only API processes rebuild the engine's tokenizer
     import models.tokenizer_files as _tokenizer_files

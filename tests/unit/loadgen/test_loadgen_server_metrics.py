@@ -90,6 +90,29 @@ def test_batch_size_view_is_the_runs_share_of_the_histogram() -> None:
         assert histogram == _bucket_counts(observed)
 
 
+def test_batch_sizes_and_queue_depths_of_several_engines_add_up_per_lane() -> None:
+    """With several engines each engine's series carries ``engine``: the views sum them per lane."""
+    registry = CollectorRegistry()
+    batch_size = Histogram("mmserve_batch_size", "b", ("lane", "engine"), buckets=BUCKETS, registry=registry)
+    queue_depth = Gauge("mmserve_queue_depth", "q", ("lane", "engine"), registry=registry)
+    before = parse_metrics_text(generate_latest(registry).decode())
+    observed = {"0": [1, 2, 2], "1": [8, 4]}
+    for engine, sizes in observed.items():
+        for size in sizes:
+            batch_size.labels(lane="vision", engine=engine).observe(size)
+    queue_depth.labels(lane="vision", engine="0").set(3)
+    queue_depth.labels(lane="vision", engine="1").set(5)
+    after = parse_metrics_text(generate_latest(registry).decode())
+
+    view = server_view(ScrapeResult(before, None), ScrapeResult(after, None))
+    every = [size for sizes in observed.values() for size in sizes]
+    entry = view["batch_size"]["vision"]
+    assert entry["num_batches"] == len(every)
+    assert entry["mean"] == pytest.approx(sum(every) / len(every))
+    assert {float(le): count for le, count in entry["histogram"].items()} == _bucket_counts(every)
+    assert view["queue_depth"] == {"vision": 8.0}
+
+
 def test_queue_wait_view_uses_the_summary_delta_and_reports_quantiles() -> None:
     server = FakeServerMetrics()
     server.queue.waits_s["fusion"] = [0.5, 0.5]  # before the run: slow

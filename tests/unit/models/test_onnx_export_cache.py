@@ -16,7 +16,7 @@ import torch
 
 from models.errors import OnnxExportError
 from models.loading.repository import build_preset
-from models.onnx.export_cache import MANIFEST_FILE, ExportCache
+from models.onnx.export_cache import MANIFEST_FILE, ExportCache, ExportKey
 from models.onnx.session import OnnxForward
 from models.onnx.towers import OnnxPlan, export_key, serve_towers_from_onnx
 from models.vision import VisionEncoder
@@ -114,3 +114,30 @@ def test_a_tower_that_cannot_export_raises_the_reason_and_leaves_torch_serving(t
         serve_towers_from_onnx(bundle.model, bundle.fingerprint, OnnxPlan(cache_dir=tmp_path / "cache"))
     assert bundle.model.runtime == "torch" and bundle.model.vision.graph is None
     assert not any(path.name.startswith(".tmp-") for path in (tmp_path / "cache").iterdir())  # nothing left
+
+
+def test_processes_exporting_one_key_take_turns_so_it_is_exported_once(tmp_path: Path):
+    """``exporting`` is an ``flock``: a second holder (here a thread with its own open file, as another engine
+    process has) waits until the first published the entry, then finds it instead of exporting again."""
+    import threading
+
+    cache = ExportCache(tmp_path / "cache")
+    key = ExportKey(fingerprint="fp", runtime="onnxruntime", exporter="torch 2", onnxruntime="1", opset=18,
+                    quantization="none")
+    exports: list[str] = []
+
+    def start(name: str) -> None:
+        with cache.exporting(key):
+            if cache.lookup(key).directory is None:
+                exports.append(name)
+                cache.store(key, lambda directory: (directory / "vision.onnx").write_bytes(b"graph"))
+
+    with cache.exporting(key):
+        second = threading.Thread(target=start, args=("second",))
+        second.start()
+        second.join(0.3)
+        assert second.is_alive(), "the second waits while the first holds the key"
+        exports.append("first")
+        cache.store(key, lambda directory: (directory / "vision.onnx").write_bytes(b"graph"))
+    second.join(10)
+    assert exports == ["first"]

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry
 from models.device_telemetry import DeviceReading, StageDeviceTime
 from monitoring import ManualClock, Monitor, ServingMetrics
 from server.runtime.device_metrics import DeviceMetricsCollector
+from server.workers.metrics_view import ENGINE_LABELLED_FAMILIES
+from server.workers.restarts import register_single_process_worker_series
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_DIR = REPO_ROOT / "docker" / "prometheus"
@@ -41,6 +43,7 @@ def exported_sample_names() -> set[str]:
     ServingMetrics(registry)
     Monitor(clock=ManualClock()).register(registry)
     registry.register(DeviceMetricsCollector(_EveryDeviceSeries()))  # registered on CUDA servers only
+    register_single_process_worker_series(registry)  # the restart counts and live API processes, whatever N
     suffixes = {
         "counter": ("_total", "_created"),
         "gauge": ("",),
@@ -69,7 +72,7 @@ def test_promtool_accepts_the_config(prometheus_binary) -> None:
 
 
 def test_promtool_accepts_the_rules(prometheus_binary) -> None:
-    assert "SUCCESS: 5 rules found" in run_promtool(prometheus_binary("promtool"), "check", "rules", "alerts.yml")
+    assert "SUCCESS: 6 rules found" in run_promtool(prometheus_binary("promtool"), "check", "rules", "alerts.yml")
 
 
 def test_promtool_rule_unit_tests_pass(prometheus_binary) -> None:
@@ -88,7 +91,8 @@ def test_alert_rules_use_only_exported_metrics() -> None:
     rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
     exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
     used = {name for expr in exprs for name in METRIC_NAME.findall(expr)}
-    assert {"mmserve_drift_active", "mmserve_requests_total", "mmserve_queue_depth", "mmserve_rejected_total"} <= used
+    assert {"mmserve_drift_active", "mmserve_requests_total", "mmserve_queue_depth", "mmserve_rejected_total",
+            "mmserve_engine_restarts_total"} <= used
     assert used - exported_sample_names() == set()
 
 
@@ -116,6 +120,37 @@ def test_dashboard_parses_and_queries_only_exported_metrics() -> None:
                    "mmserve_drift_tail_share_growth"):
         assert needed in used
     assert used - exported_sample_names() == set()
+
+
+# An aggregation that drops the engine label: `without (..., engine, ...)`, or `by (...)` not listing it.
+DROPS_ENGINE = re.compile(r"\bwithout\s*\([^)]*\bengine\b|\bby\s*\((?![^)]*\bengine\b)")
+
+
+def reads_an_engine_labelled_series(query: str) -> bool:
+    return any(name.startswith(family) for name in METRIC_NAME.findall(query) for family in ENGINE_LABELLED_FAMILIES)
+
+
+def test_alerts_on_per_engine_series_judge_the_server_not_each_engine() -> None:
+    """/metrics keeps one series per engine for these families (server.workers.metrics_view): an alert on one
+    aggregates the engine label away, or a server of N engines raises N alerts for one lane."""
+    rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    per_engine = [expr for expr in exprs if reads_an_engine_labelled_series(expr)]
+    assert per_engine, "the queue alert reads mmserve_queue_depth"
+    assert [expr for expr in per_engine if not DROPS_ENGINE.search(expr)] == []
+
+
+def test_dashboard_panels_on_per_engine_series_aggregate_or_name_the_engine() -> None:
+    """A panel over a per-engine family either sums/maxes the engines away or says which engine each line is."""
+    dashboard = json.loads((GRAFANA_DIR / "dashboards" / "mmserve.json").read_text())
+    targets = [(panel["title"], target) for panel in dashboard["panels"] for target in panel.get("targets", [])
+               if reads_an_engine_labelled_series(target["expr"])]
+    unnamed = [title for title, target in targets
+               if "{{engine}}" not in target.get("legendFormat", "") and not DROPS_ENGINE.search(target["expr"])]
+    assert unnamed == []
+    per_engine_queue = [title for title, target in targets
+                        if "mmserve_queue_depth" in target["expr"] and "{{engine}}" in target.get("legendFormat", "")]
+    assert per_engine_queue == ["Queue depth per engine"]
 
 
 def test_grafana_provisioning_points_at_the_dashboard_datasource() -> None:
