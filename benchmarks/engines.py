@@ -58,8 +58,8 @@ from benchmarks.engines_workload import (
 )
 from benchmarks.harness import (
     AlternationPlan, Figure, RunSpec, Saturate, SaturationRun, ServerCommand, ServerProcess, ServerRuns, WrkBodies,
-    add_save_figures_argument, align, log, machine_line, mmserve_model_command, paused_servers, resumed,
-    run_saturation, run_wrk, running, save_figures, utc_now, wrk_path, wrk_saturation, write_bodies,
+    add_save_figures_argument, align, log, machine_line, mmserve_model_command, num_usable_cpus, paused_servers,
+    resumed, run_saturation, run_wrk, running, save_figures, utc_now, wrk_path, wrk_saturation, write_bodies,
 )
 from benchmarks.harness.alternation import WARMUP_SEED
 from benchmarks.harness.wrk_load import metrics_now
@@ -183,14 +183,20 @@ def affinity_commands(clip_dir: Path, per_engine_bytes: int) -> dict[str, Server
 
 def affinity_rows(runs: Mapping[str, ServerRuns], cache: CacheRuns,
                   images_per_engine: Mapping[str, int]) -> list[list[str]]:
-    rows = [["server", "cache per engine", "image hit rate", "lookups/answer", "answered/s", "CPU ms/answer", "runs",
-             "other CPUs"]]
+    rows = [["server", "cache per engine", "image hit rate", "lookups/answer", "answered/s", "per free CPU",
+             "CPU ms/answer", "runs", "other CPUs"]]
     for name, server_runs in runs.items():
         rows.append([name, f"{images_per_engine[name]} images", f"{cache.hit_rate_pct(name):.1f} %",
                      f"{cache.lookups_per_answer(name, sum(server_runs.saturation_num_ok)):.2f}",
-                     f"{server_runs.throughput_rps:.1f}", f"{server_runs.cpu_ms_per_request:.2f}",
-                     str(len(server_runs.throughputs_rps)), f"{fmean(server_runs.other_cpus):.2f}"])
+                     f"{server_runs.throughput_rps:.1f}", f"{per_free_cpu(server_runs):.1f}",
+                     f"{server_runs.cpu_ms_per_request:.2f}", str(len(server_runs.throughputs_rps)),
+                     f"{fmean(server_runs.other_cpus):.2f}"])
     return rows
+
+
+def per_free_cpu(server_runs: ServerRuns) -> float:
+    """Answers/s per CPU the other processes left free (``ServerRuns.throughput_per_free_cpu_rps``)."""
+    return server_runs.throughput_per_free_cpu_rps(num_usable_cpus())
 
 
 def partial_metrics_notes(runs: Mapping[str, ServerRuns], cache: CacheRuns) -> list[str]:
@@ -234,7 +240,8 @@ def measure_affinity(args: argparse.Namespace, clip_dir: Path, scratch: Path, pl
     print(f"\ncache affinity: Zipf({ZIPF_EXPONENT}) over {args.num_images} distinct {IMAGE_SIDE_PX}-px JPEGs, "
           f"wrk -t1 -c{args.concurrency}, {args.rounds} rounds of {args.seconds:g} s after a {plan.warmup_s:g} s "
           f"warm-up; an image entry is {entry_bytes:.0f} B, so each engine's cache_image_bytes = "
-          f"{per_engine_bytes} ({per_engine_images} images), the one engine's twice that", flush=True)
+          f"{per_engine_bytes} ({per_engine_images} images), the one engine's twice that; --api-workers 1, so "
+          "1 engine is one process and 2 engines an API process and two engines", flush=True)
     cache = CacheRuns()
     with paused_servers(affinity_commands(clip_dir, per_engine_bytes)) as servers:
         for name, server in servers.items():
@@ -258,7 +265,8 @@ CPU_SHAPES = {"--engines 1 --compute-threads 2": cpu_settings(1, 2),
 
 
 def cpu_rows(runtime: str, runs: Mapping[str, ServerRuns]) -> list[list[str]]:
-    return [[f"{runtime}, {name}", f"{server_runs.throughput_rps:.1f}", f"{server_runs.cpu_ms_per_request:.2f}",
+    return [[f"{runtime}, {name}", f"{server_runs.throughput_rps:.1f}", f"{per_free_cpu(server_runs):.1f}",
+             f"{server_runs.cpu_ms_per_request:.2f}",
              f"{server_runs.server_cores:.2f}", str(len(server_runs.throughputs_rps)),
              f"{fmean(server_runs.other_cpus):.2f}", str(dict(server_runs.errors) or "-")]
             for name, server_runs in runs.items()]
@@ -267,11 +275,19 @@ def cpu_rows(runtime: str, runs: Mapping[str, ServerRuns]) -> list[list[str]]:
 def cpu_verdict(runtime: str, runs: Mapping[str, ServerRuns]) -> tuple[str, list[Figure]]:
     one, two = (runs[name] for name in CPU_SHAPES)
     rps_ratio, cpu_ratio = two.throughput_rps / one.throughput_rps, two.cpu_ms_per_request / one.cpu_ms_per_request
-    winner = "--engines 2" if rps_ratio > 1.0 else "--engines 1"
-    line = (f"{runtime}: --engines 2 over --engines 1: answered/s {rps_ratio:.2f}x, CPU per answer {cpu_ratio:.2f}x "
-            f"-> {winner} answers more")
+    free_ratio = per_free_cpu(two) / per_free_cpu(one)
+    if rps_ratio > 1.0 and free_ratio > 1.0:
+        winner = "--engines 2 answers more"
+    elif rps_ratio < 1.0 and free_ratio < 1.0:
+        winner = "--engines 1 answers more"
+    else:
+        winner = "no clear winner: answered/s and answered/s per free CPU disagree (the neighbours' load)"
+    line = (f"{runtime}: --engines 2 over --engines 1: answered/s {rps_ratio:.2f}x, per free CPU {free_ratio:.2f}x, "
+            f"CPU per answer {cpu_ratio:.2f}x -> {winner}")
     return line, [Figure("cpu_engines", f"{runtime}: answered/s, --engines 2 (1 thread each) over --engines 1 "
                                         "(2 threads)", round(rps_ratio, 2), "x"),
+                  Figure("cpu_engines", f"{runtime}: answered/s per free CPU, --engines 2 over --engines 1",
+                         round(free_ratio, 2), "x"),
                   Figure("cpu_engines", f"{runtime}: CPU per answer, --engines 2 over --engines 1",
                          round(cpu_ratio, 2), "x")]
 
@@ -284,7 +300,8 @@ def measure_cpu(args: argparse.Namespace, clip_dir: Path, scratch: Path, plan: A
           f"{fmean(map(len, jpegs)) / 1024:.1f} KiB), wrk -t1 -c{args.concurrency}, {args.rounds} rounds of "
           f"{args.seconds:g} s after a {args.warmup_s:g} s warm-up; --api-workers 1, so --engines 1 is one process "
           "and --engines 2 an API process and two engines", flush=True)
-    rows = [["runtime, server", "answered/s", "CPU ms/answer", "server cores", "runs", "other CPUs", "failed"]]
+    rows = [["runtime, server", "answered/s", "per free CPU", "CPU ms/answer", "server cores", "runs", "other CPUs",
+             "failed"]]
     lines: list[str] = []
     figures: list[Figure] = []
     for runtime in args.runtimes:

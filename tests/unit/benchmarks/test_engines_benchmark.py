@@ -10,6 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from benchmarks import engines
 from benchmarks.engines import (
     AFFINITY, CPU_SHAPES, ONE_ENGINE, ROUND_ROBIN, CacheRuns, affinity_verdict, batches_by_engine, cpu_verdict,
     partial_metrics_notes,
@@ -110,14 +111,30 @@ def test_a_server_without_image_lookups_stops_the_table():
         CacheRuns().hit_rate_pct(AFFINITY)
 
 
+@pytest.fixture(autouse=True)
+def _two_cpus(monkeypatch):
+    """The runs below were made up on a 2-CPU machine: answers per free CPU divide by what 2 CPUs leave."""
+    monkeypatch.setattr(engines, "num_usable_cpus", lambda: 2)
+
+
 def test_the_cpu_verdict_names_the_shape_that_answers_more():
     one, two = CPU_SHAPES
     line, figures = cpu_verdict("torch", {one: _runs(100.0, cpu_s=2.0), two: _runs(110.0, cpu_s=1.5)})
-    assert line == ("torch: --engines 2 over --engines 1: answered/s 1.10x, CPU per answer 0.75x "
+    assert line == ("torch: --engines 2 over --engines 1: answered/s 1.10x, per free CPU 1.10x, CPU per answer 0.75x "
                     "-> --engines 2 answers more")
-    assert [figure.value for figure in figures] == [1.1, 0.75]
+    assert [figure.value for figure in figures] == [1.1, 1.1, 0.75]
     line, _ = cpu_verdict("onnxruntime", {one: _runs(100.0), two: _runs(90.0)})
     assert line.endswith("-> --engines 1 answers more")
+
+
+def test_a_win_that_the_neighbours_load_explains_is_no_win():
+    one, two = CPU_SHAPES
+    # 100 answers/s with 1 of 2 CPUs taken by others (100 per free CPU) against 110 with none taken (55).
+    busy = _runs(100.0)
+    busy.saturation_other_cpus[:] = [1.0]
+    line, figures = cpu_verdict("torch", {one: busy, two: _runs(110.0)})
+    assert "answered/s 1.10x, per free CPU 0.55x" in line and line.endswith("disagree (the neighbours' load)")
+    assert figures[1].value == 0.55
 
 
 def test_batches_are_counted_by_engine_over_the_lanes():
