@@ -146,3 +146,32 @@ def test_the_several_device_part_says_when_there_is_no_cuda(capsys):
         pytest.skip("this checks the exit on a machine without CUDA; this one has a GPU")
     assert main([]) == EXIT_NO_CUDA
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_the_several_device_part_serves_and_checks_two_engines_on_the_cpu(tmp_path):
+    """The GPU script's own path (start, wait for every engine, wrk, the checks) with ``--devices cpu,cpu``."""
+    from benchmarks.gpu.engines import EngineRun, parse_args, serve_each
+    from benchmarks.gpu.report import Deadline, Report
+
+    find_wrk_binary()
+    model_dir = write_siglip(tmp_path / "tiny-siglip")
+    args = parse_args(["--batch-size", "4", "--rows-per-request", "2", "--connections", "2", "--duration-s", "2",
+                       "--image-side", "32", "--dtype", "float32"])
+    report = Report()
+    runs = [EngineRun("1 engine", (), 1), EngineRun("2 CPU engines", ("--devices", "cpu,cpu"), 2)]
+    serve_each(report, args, model_dir, runs, Deadline(600), device="cpu")
+    assert report.num_failed_checks == 0, [row.note for row in report.rows]
+    served = [row for row in report.rows if row.section == "engines"]
+    assert [row.case for row in served] == ["1 engine", "2 CPU engines"]
+    assert served[0].speedup == 1.0 and served[1].speedup > 0 and "4 in flight" in served[1].note
+    (two_engines,) = [row.note for row in report.rows if row.case == "2 CPU engines every engine computed"]
+    assert two_engines.startswith("PASS batches by engine {'0': ") and "'1': " in two_engines
+
+
+def test_the_several_device_part_counts_the_engines_models_says_serve():
+    from benchmarks.gpu.engines import serving_engines
+
+    answer = {"data": [{"id": "m", "mmserve": {"engines": [{"engine": 0, "serving": True},
+                                                             {"engine": 1, "serving": False}]}}]}
+    assert serving_engines(answer) == 1
+    assert serving_engines({"data": [{"id": "m"}]}) == 0
