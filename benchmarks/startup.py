@@ -122,7 +122,12 @@ def format_report(runs: dict[tuple[str, str], list[Start]]) -> tuple[str, list[F
         if model == "vit-l16" and label != WAYS["torch"] and "cold" not in label:
             target = "met" if wall <= TARGET_CACHED_S else "NOT met"
         rows.append((model, label, f"{wall:.1f}", f"{cpu:.1f}", " ".join(f"{s.wall_s:.1f}" for s in starts), target))
-        figures.append(Figure("startup_time", f"{model}, {label}", round(wall, 1), "s"))
+        if model == "vit-l16":  # the default model has its own headline row, with the target and the CPU
+            name = f"{label} (target <= {TARGET_CACHED_S:g} s, {target})" if target != "-" else label
+            figures += [Figure("startup_vit_l16", name, round(wall, 1), "s"),
+                        Figure("startup_vit_l16", f"CPU s to ready, {label}", round(cpu, 1), "s")]
+        else:
+            figures.append(Figure("startup_time", f"{model}, {label}", round(wall, 1), "s"))
         notes += [f"{model}, {label}, round {index}: {phase}" for index, start in enumerate(starts)
                   for phase in start.phases]
     report = ruled(rows)

@@ -161,7 +161,8 @@ class Router:
 
     def engine_states(self) -> list[dict]:
         """``/v1/models``' ``engines``: this router is the server's one engine (several: ``EngineRouter``)."""
-        return [{"engine": 0, "serving": self.is_ready}]
+        return [{"engine": 0, "serving": self.is_ready,
+                 "wait_ms": {lane: round(wait_s * 1e3, 3) for lane, wait_s in self.estimated_waits_s().items()}}]
 
     def estimated_waits_s(self) -> dict[str, float]:
         """Per lane, the time its executor needs to drain what is queued: the load several engines are compared

@@ -33,6 +33,7 @@ from models.multimodal import FusedOutput, ImageSegment, TextSegment
 from models.text import TextEncoder
 from models.vision import UInt8VisionEncoder
 from models.loading.repository import ModelBundle
+from router import shape_free_warm_up
 from router.errors import ItemFailedError
 from router.lanes import LaneSettings
 from router.request import InferenceRequest, InferenceResult, Route
@@ -82,7 +83,10 @@ class BatchRunner:
         self.bundle = bundle
         self._on_cold_shape = on_cold_shape
         # What warm-up ran (here, or through the same sessions); after ready, anything else is cold.
-        self._warmed_shapes: set[tuple] = set() if warmed_shapes is None else warmed_shapes
+        self.warmed_shapes: set[tuple] = set() if warmed_shapes is None else warmed_shapes
+        # ONNX Runtime compiles nothing per shape: warm-up runs a few shapes, timed (router.shape_free_warm_up).
+        self._is_shape_free = bundle.runtime == "onnxruntime"
+        self._vision_ns: dict[int, int] = {}
         self._is_ready = False
         self.max_images_per_request = max_images_per_request  # fusion is warmed for each count up to it
         self.model = bundle.model
@@ -180,8 +184,8 @@ class BatchRunner:
 
     def _check_shape(self, shape: tuple) -> None:
         """After ready, report a shape warm-up did not run (once per shape)."""
-        if self._is_ready and shape not in self._warmed_shapes:
-            self._warmed_shapes.add(shape)
+        if self._is_ready and shape not in self.warmed_shapes:
+            self.warmed_shapes.add(shape)
             if self._on_cold_shape is not None:
                 self._on_cold_shape(shape)
 
@@ -294,7 +298,8 @@ class BatchRunner:
     # -- start-up -------------------------------------------------------------
 
     def warm_up(self) -> int:
-        """Run every shape the lanes will meet once; returns the number of shapes run.
+        """Run every shape the lanes will meet once (under ONNX Runtime a few: ``router.shape_free_warm_up``);
+        returns the number of shapes run.
 
         Vision runs once per batch size, text once per (batch size, length
         bucket), fusion once per (batch size, length bucket, images per
@@ -303,6 +308,8 @@ class BatchRunner:
         once. The shapes are remembered for the cold-shape check (fusion by
         its bucket, the one thing of its shape that selects a kernel variant).
         """
+        if self._is_shape_free:
+            return shape_free_warm_up.warm_up(self, self._vision_ns)
         input_size = self.bundle.config.preprocess.input_size
         image = torch.zeros((input_size, input_size, 3), dtype=torch.uint8)
         one_image = self.model.encode_images(image[None])  # the shape fusion meets is the segments'
@@ -310,21 +317,21 @@ class BatchRunner:
         num_runs = 0
         for route, settings in self.lane_settings.items():
             for size in settings.warm_batch_sizes:
-                if route != Route.TEXT and ("vision", size) not in self._warmed_shapes:
+                if route != Route.TEXT and ("vision", size) not in self.warmed_shapes:
                     self.model.encode_images(image.expand(size, -1, -1, -1).contiguous())
-                    self._warmed_shapes.add(("vision", size))
+                    self.warmed_shapes.add(("vision", size))
                     num_runs += 1
                 if route == Route.VISION:
                     continue
                 # Text, and fusion (which runs on the text lane too: a fusion request whose images are cached).
                 for bucket in self.text_buckets:
-                    if ("text", size, bucket) in self._warmed_shapes:
+                    if ("text", size, bucket) in self.warmed_shapes:
                         continue
                     ids = [(self.pad_token_id,) * bucket] * size
                     texts = self.model.encode_texts(ids, pad_to=bucket, pad_token_id=self.pad_token_id)
                     for num_images in image_counts:
                         self.model.fuse_multi([one_image * num_images] * size, texts)
-                    self._warmed_shapes |= {("text", size, bucket), ("fusion", bucket)}
+                    self.warmed_shapes |= {("text", size, bucket), ("fusion", bucket)}
                     num_runs += 1 + len(image_counts)
         return num_runs
 
@@ -333,8 +340,12 @@ class BatchRunner:
 
         Runs after ``warm_up``; the estimator interpolates the sizes between,
         and online updates refine every size. Text is measured at a middle
-        length bucket.
+        length bucket. Under ONNX Runtime: ``router.shape_free_warm_up``.
         """
+        if self._is_shape_free:
+            shape_free_warm_up.measure_service_times(self, self._vision_ns, observe)
+            self.num_images_encoded = self.num_texts_encoded = 0
+            return
         input_size = self.bundle.config.preprocess.input_size
         image = np.zeros((input_size, input_size, 3), dtype=np.uint8)
         bucket = self.text_buckets[len(self.text_buckets) // 2]

@@ -90,7 +90,7 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        facts, tokenizer_files = await describe_engine(socket_paths[0], ENGINE_CONNECT_TIMEOUT_S)
+        facts, tokenizer_files = await describe_engine(socket_paths, ENGINE_CONNECT_TIMEOUT_S)
         tokenizer = await asyncio.to_thread(unpack_tokenizer, tokenizer_files)
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
         preprocess = facts.config.preprocess

@@ -96,15 +96,31 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-async def describe_engine(socket_path: str, timeout_s: float) -> tuple[ServedModelFacts, TokenizerFiles]:
-    """The engine's model as an API process needs it: its facts and its tokenizer's files (one short connection).
+async def describe_engine(socket_paths: Sequence[str] | str,
+                          timeout_s: float) -> tuple[ServedModelFacts, TokenizerFiles]:
+    """The engines' model as an API process needs it: its facts and its tokenizer's files (one short connection).
 
     Everything an API process knows of the model comes from here: it loads no
     weights, so its answers' ``model`` object, its cache keys' fingerprint and
-    preprocessing, its protocols' shapes and its tokenizer are the engine's
-    (every engine loads the same model: engine 0 is asked).
+    preprocessing, its protocols' shapes and its tokenizer are the engine's.
+    Every engine loads the same model, so the first that answers is asked: an
+    API process started again while one engine is away is not kept waiting.
     """
-    kind, _, *fields = await describe_connection(socket_path, timeout_s)
+    paths = [socket_paths] if isinstance(socket_paths, str) else list(socket_paths)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for path in paths:
+            try:
+                kind, _, *fields = await describe_connection(path, 0.0)
+                break
+            except (OSError, asyncio.IncompleteReadError):
+                continue  # not listening yet (loading, or starting again)
+        else:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no engine answered within {timeout_s:g} s ({', '.join(paths)})")
+            await asyncio.sleep(0.05)
+            continue
+        break
     answer = fields[0] if kind == "ok" and len(fields) == 1 else None
     if not (type(answer) is tuple and len(answer) == 2 and isinstance(answer[0], ServedModelFacts)
             and isinstance(answer[1], TokenizerFiles)):
@@ -140,6 +156,7 @@ class EngineClient:
         self._dispatch = EngineDispatch(self.engines, wait_bound_s, dispatch_mode)
         self.is_draining = False
         self.num_in_flight = 0
+        self._connecting: set[asyncio.Future] = set()
 
     @property
     def engine_status(self) -> tuple[bool, bool, bool]:
@@ -161,10 +178,16 @@ class EngineClient:
             engine.on_status = callback
 
     async def connect(self, timeout_s: float) -> None:
-        """Connect to every engine (each may still be loading its model: retry until ``timeout_s``)."""
-        await asyncio.gather(*(engine.connect(timeout_s) for engine in self.engines))
+        """Connect to every engine; return once one is connected (each may still be loading its model), the
+        others connecting as they come (``EngineConnection.connect``), so one engine away holds nothing up."""
+        pending = {asyncio.ensure_future(engine.connect(timeout_s)) for engine in self.engines}
+        while pending and not any(engine.is_connected for engine in self.engines):
+            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        self._connecting = pending  # held until done: the loop keeps only weak references to tasks
 
     async def close(self) -> None:
+        for task in self._connecting:
+            task.cancel()
         for engine in self.engines:
             await engine.close()
 

@@ -83,9 +83,17 @@ class EngineConnection:
     def wait_s(self, lane: str) -> float:
         return self.waits_s.get(lane, 0.0)
 
+    @property
+    def is_connected(self) -> bool:
+        return self.fault is None and self._writer is not None
+
     async def connect(self, timeout_s: float) -> None:
-        """Connect (the engine may still be loading its model: retry until ``timeout_s``), then poll its state."""
-        await self._open(timeout_s)
+        """Connect (the engine may still be loading its model: retry until ``timeout_s``), then poll its state;
+        an engine not listening by then is connected to later, as one started again is."""
+        try:
+            await self._open(timeout_s)
+        except (OSError, ApiError) as e:
+            self._gone(EngineGone(f"engine {self.index} is not listening ({type(e).__name__})"))
         self._tasks.append(asyncio.create_task(self._poll_status()))
 
     async def _open(self, timeout_s: float) -> None:

@@ -35,3 +35,34 @@ def test_every_warmed_bucket_runs_cold_free_and_an_unwarmed_one_is_reported_once
     unwarmed.run_batch(Route.TEXT, [InferenceRequest("t", token_ids=(2, 5, 3), deadline_ns=10**18)])
     unwarmed.run_batch(Route.TEXT, [InferenceRequest("u", token_ids=(2, 6, 3), deadline_ns=10**18)])
     assert cold == [("text", 1, runner.text_buckets[0])]
+
+
+def test_under_a_runtime_that_compiles_nothing_per_shape_warm_up_runs_the_ends_and_times_vision_once(
+        tiny_bundle, monkeypatch):
+    """ONNX Runtime (router.shape_free_warm_up): the image lanes' smallest and largest batch run once, timed, and
+    those timings are the vision service times (the largest batch is not run again); fusion's include them; every
+    shape of the lanes counts as warm, so no batch after ready is cold."""
+    from models.loading.repository import with_runtime
+
+    bundle = with_runtime(tiny_bundle, "onnxruntime")
+    image_batches: list[int] = []
+    encode_images = bundle.model.encode_images
+    monkeypatch.setattr(bundle.model, "encode_images",
+                        lambda pixels: image_batches.append(len(pixels)) or encode_images(pixels))
+    cold: list[tuple] = []
+    lanes = {route: LaneSettings(max_batch_size=8) for route in Route}
+    runner = BatchRunner(bundle, lanes, max_images_per_request=2, on_cold_shape=cold.append)
+    runner.warm_up()
+    observed: dict[tuple[Route, int], int] = {}
+    runner.measure_service_times(lambda lane, size, ns: observed.setdefault((lane, size), ns))
+    assert image_batches.count(8) == 1, image_batches  # timed at warm-up, never run again to measure
+    assert not [size for size in image_batches if 1 < size < 8], "the sizes between are interpolated"
+    assert set(observed) == {(lane, size) for lane in Route for size in (1, 8)}
+    assert all(observed[(Route.FUSION, size)] > observed[(Route.VISION, size)] for size in (1, 8))
+    runner.mark_ready()
+    size_px = bundle.config.preprocess.input_size
+    for bucket in runner.text_buckets:
+        for num_requests in (1, 3, 5, 8):
+            runner.run_batch(Route.FUSION, [_fusion(i, bucket, 2, size_px) for i in range(num_requests)])
+            runner.run_batch(Route.VISION, [_fusion(i, bucket, 1, size_px) for i in range(num_requests)])
+    assert cold == []
