@@ -160,6 +160,38 @@ def batches_by_engine(snapshot: MetricsSnapshot | None) -> dict[str, float]:
     return dict(sorted(counts.items()))
 
 
+def pss_bytes(pid: int) -> int:
+    """Proportional set size (shared pages divided among the processes that map them), from ``smaps_rollup``."""
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/{pid}/smaps_rollup has no Pss")
+
+
+def memory_by_process(root_pid: int) -> str:
+    """``engine_process x2: 310, 305 MiB RSS (120, 118 PSS); ...``: each process of a server's tree, by what it runs.
+
+    RSS counts the libraries every process maps in full; PSS splits them among
+    the processes, so PSS summed over the tree is what the server holds.
+    """
+    from benchmarks.harness.process_resources import child_pids, process_label, rss_bytes
+
+    tree, by_label = [root_pid], {}
+    for pid in tree:
+        tree.extend(child_pids(pid))
+    for pid in tree:
+        try:
+            by_label.setdefault(process_label(pid), []).append((rss_bytes(pid), pss_bytes(pid)))
+        except (OSError, RuntimeError):
+            continue  # gone meanwhile
+    mib = 1024 * 1024
+    parts = [f"{label} x{len(sizes)}: {', '.join(f'{rss / mib:.0f}' for rss, _ in sizes)} MiB RSS "
+             f"({', '.join(f'{pss / mib:.0f}' for _, pss in sizes)} PSS)" for label, sizes in sorted(by_label.items())]
+    total_pss = sum(pss for sizes in by_label.values() for _, pss in sizes)
+    return "; ".join(parts) + f"; PSS of the whole server {total_pss / mib:.0f} MiB"
+
+
 def measure_entry_bytes(clip_dir: Path, bodies: Sequence[bytes]) -> float:
     """Bytes of one image entry in the cache: a one-engine server with the default cache, sent distinct images."""
     with running(mmserve_model_command(clip_dir, dict(BASE_SETTINGS))) as server, \
@@ -322,7 +354,8 @@ def measure_cpu(args: argparse.Namespace, clip_dir: Path, scratch: Path, plan: A
             for name, server in servers.items():
                 with resumed(server):
                     log(f"{runtime}, {name}: batches computed by each engine since start: "
-                        f"{batches_by_engine(metrics_now(server.url))}")
+                        f"{batches_by_engine(metrics_now(server.url))}; memory after the runs: "
+                        f"{memory_by_process(server.pid)}")
         rows += cpu_rows(runtime, runs)
         line, runtime_figures = cpu_verdict(runtime, runs)
         lines.append(line)

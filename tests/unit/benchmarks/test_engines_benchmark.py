@@ -154,3 +154,19 @@ def test_a_metrics_page_that_counts_one_engine_of_two_is_named_under_the_table()
     assert cache.lookups_per_answer(ONE_ENGINE, 200) == pytest.approx(1.005)
     (note,) = partial_metrics_notes(runs, cache)
     assert note.startswith(f"NOTE: {AFFINITY}'s /metrics counted 0.51 image cache lookups per answer")
+
+
+def test_a_servers_memory_is_read_for_every_process_of_its_tree():
+    import os
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        text = engines.memory_by_process(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+    assert text.startswith("server x1: ") and " MiB RSS (" in text and "PSS of the whole server" in text
+    assert engines.pss_bytes(os.getpid()) > 1024 * 1024
