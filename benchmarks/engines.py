@@ -254,9 +254,9 @@ def affinity_verdict(runs: Mapping[str, ServerRuns], cache: CacheRuns) -> tuple[
              f"round robin vs affinity: hit rate {-saved:+.1f} points, answered/s {rr_ratio:.2f}x "
              "(what affinity saves)"]
     figures = [Figure("engine_affinity", "image hit rate, 2 engines (affinity) minus 1 engine", round(gap, 1),
-                      " points"),
+                      "points"),
                Figure("engine_affinity", "answered/s, 2 engines (affinity) over 1 engine", round(rps_ratio, 2), "x"),
-               Figure("engine_affinity", "image hit rate, affinity minus round robin", round(saved, 1), " points")]
+               Figure("engine_affinity", "image hit rate, affinity minus round robin", round(saved, 1), "points")]
     return lines, figures
 
 

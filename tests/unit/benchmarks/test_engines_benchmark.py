@@ -170,3 +170,15 @@ def test_a_servers_memory_is_read_for_every_process_of_its_tree():
         child.wait()
     assert text.startswith("server x1: ") and " MiB RSS (" in text and "PSS of the whole server" in text
     assert engines.pss_bytes(os.getpid()) > 1024 * 1024
+
+
+def test_the_figures_read_as_the_headline_prints_them():
+    from benchmarks.headline import figure_text
+
+    cache = CacheRuns()
+    for name, count in ((ONE_ENGINE, CacheCount(900, 1000)), (AFFINITY, CacheCount(910, 1000)),
+                        (ROUND_ROBIN, CacheCount(800, 1000))):
+        cache.add(name, count)
+    runs = {name: _runs(100.0) for name in (ONE_ENGINE, AFFINITY, ROUND_ROBIN)}
+    _, figures = affinity_verdict(runs, cache)
+    assert figure_text(vars(figures[0])) == "image hit rate, 2 engines (affinity) minus 1 engine: 1.0 points"
