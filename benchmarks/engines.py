@@ -183,8 +183,8 @@ def memory_by_process(root_pid: int) -> str:
     for pid in tree:
         try:
             by_label.setdefault(process_label(pid), []).append((rss_bytes(pid), pss_bytes(pid)))
-        except (OSError, RuntimeError):
-            continue  # gone meanwhile
+        except (OSError, RuntimeError, IndexError):
+            continue  # gone meanwhile, or not yet running its program (an empty command line)
     mib = 1024 * 1024
     parts = [f"{label} x{len(sizes)}: {', '.join(f'{rss / mib:.0f}' for rss, _ in sizes)} MiB RSS "
              f"({', '.join(f'{pss / mib:.0f}' for _, pss in sizes)} PSS)" for label, sizes in sorted(by_label.items())]

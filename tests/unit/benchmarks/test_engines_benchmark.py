@@ -160,10 +160,16 @@ def test_a_servers_memory_is_read_for_every_process_of_its_tree():
     import os
     import subprocess
     import sys
+    import time
+    from pathlib import Path
 
     child = subprocess.Popen([sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "0"],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        deadline_s = time.monotonic() + 30.0
+        while b"http.server" not in Path(f"/proc/{child.pid}/cmdline").read_bytes():  # until it runs its program
+            assert time.monotonic() < deadline_s, "the child never started"
+            time.sleep(0.05)
         text = engines.memory_by_process(child.pid)
     finally:
         child.kill()
