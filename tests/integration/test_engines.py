@@ -214,7 +214,7 @@ def test_a_stalled_engine_makes_the_other_take_uncacheable_work(engines):
     sleeping batch is done and engine 0 has a queue. Each such window is at
     most a poll period (4 arrivals) per batch of engine 1, and each batch
     lasts a second, so over the 2 s of arrivals engine 1 takes a handful
-    (9 of 40 measured with a 300 ms stall, 5-8 with 1 s). A clear majority,
+    (measured: 9 of 40 with a 300 ms stall, 0 to 2 with 1 s). A clear majority,
     not all: what reached engine 1 before its status showed it busy stays.
     (What it does not see: an idle engine's slow pace. Only a queue counts.)
     """
@@ -234,7 +234,11 @@ def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engine
     """Images whose owner is engine 1 (found first, then the caches emptied), sent one every 50 ms while engine
     1's vision batches sleep 1 s: once the owner's estimated wait exceeds engine 0's by more than
     ``engine_wait_bound_ms`` (50), engine 0 takes them (and computes them: a miss there). With the drill
-    ended and the loads even, each goes to its owner again and hits the entry it left there."""
+    ended and the loads even, each that engine 1 computed goes to it again and hits the entry it left there.
+
+    The arrivals (0.75 s) end before engine 1's first stalled batch (1 s): its wait must show while that
+    batch runs past its estimate, not only once the batch is over and its pace measured.
+    """
     owners = owned_images(engines.url, range(600, 664))
     assert len(owners[1]) >= 16, owners  # about half of 64
     bodies = [{"image": image(seed)} for seed in owners[1][:16]]
@@ -249,7 +253,8 @@ def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engine
     assert served[0] == 1, served  # even loads at first: the owner
     assert served.count(0) >= 4, served  # then past the bound: the least-loaded
     time.sleep(0.5)  # engine 1's queue drained, and polled so
-    again = [post(engines.url, "/v1/infer", body) for body in bodies]
-    assert [engine_of(answer) for answer in again] == [1] * len(bodies)
-    assert [answer.json()["cache"]["image"] for answer in again] == [
-        "hit" if engine == 1 else "miss" for engine in served]
+    # The ones engine 1 computed: hits there, so no batch runs whose pace (learned under the drill) would make
+    # engine 1 look busy to the next one.
+    kept = [body for body, engine in zip(bodies, served) if engine == 1]
+    again = [post(engines.url, "/v1/infer", body) for body in kept]
+    assert [(engine_of(answer), answer.json()["cache"]["image"]) for answer in again] == [(1, "hit")] * len(kept)

@@ -36,6 +36,7 @@ from server.workers.handoff import ENGINE_INDEX_VARIABLE
 from tests.conftest import ServeProcess, run_serve_processes
 from tests.integration.drill_load import ClosedLoopLoad, wait_for_route
 from tests.integration.same_answers import assert_same
+from tests.integration.test_api_workers import lifetime_count
 from tests.integration.test_api_workers_faults import children_of, command_line
 from tests.integration.test_engines import comparable, drill, end_drills, engine_of, image, owned_images, post
 
@@ -252,3 +253,52 @@ def test_the_only_engine_killed_is_503_and_not_ready_until_it_is_back(one_engine
         assert engine_of(post(url, "/v1/infer", {"text": "after"})) == 0
     (new_pid,) = engine_pids(supervisor.pid).values()
     assert new_pid != old_pid and supervisor.poll() is None
+
+
+def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_engines):
+    """Engine 0 also holds the one latency monitor and answers the monitoring routes: while it is gone those
+    answer 503 engine_unavailable, every request is served by engine 1 and readiness stays 200; once it is
+    back, a new monitor answers and a drill set without ``?engine`` reaches both engines again."""
+    url, supervisor = two_engines.url, two_engines.process
+    old_pids = engine_pids(supervisor.pid)
+    texts = iter(range(1_000_000))
+
+    def send_text() -> tuple[int, str]:
+        answer = httpx.post(f"{url}/v1/infer", json={"text": f"while engine 0 is away {next(texts)}"}, timeout=60)
+        return answer.status_code, answer.headers.get("x-mmserve-engine") or answer.json()["error"]["code"]
+
+    with Probe(lambda: ready_status(url), 0.05) as readiness, Probe(send_text, 0.02) as meanwhile:
+        time.sleep(1.0)
+        texts_before = lifetime_count(httpx.get(f"{url}/v1/monitoring/digests", timeout=30).json(), "text", "total")
+        os.kill(old_pids[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(0.5)
+        monitoring_gone = httpx.get(f"{url}/v1/monitoring/drift", timeout=30)
+        deadline = time.monotonic() + RESTART_WITHIN_S
+        while (drift := httpx.get(f"{url}/v1/monitoring/drift", timeout=30)).status_code != 200:
+            assert drift.json()["error"]["code"] == "engine_unavailable", drift.text
+            assert time.monotonic() < deadline, "engine 0 never answered again"
+            time.sleep(0.2)
+        back_at = time.monotonic()
+        texts_after = lifetime_count(httpx.get(f"{url}/v1/monitoring/digests", timeout=30).json(), "text", "total")
+        time.sleep(0.5)
+    assert failure(monitoring_gone)[:2] == (503, "engine_unavailable")
+    assert 0 <= texts_after < texts_before, (texts_before, texts_after)  # a new monitor, counting from its start
+    new_pids = engine_pids(supervisor.pid)
+    assert new_pids[1] == old_pids[1] and new_pids[0] != old_pids[0]
+    statuses = [status for _, status in readiness.results]
+    assert len(statuses) >= 20 and set(statuses) == {200}, statuses
+    gone = [result for at, result in meanwhile.results if killed_at + 0.1 < at < min(back_at, killed_at + 3.0)]
+    assert len(gone) >= 5 and set(gone) == {(200, "1")}, gone
+    failed = [result for _, result in meanwhile.results if result[0] != 200]
+    assert failed in ([], [(503, "engine_unavailable")]), failed  # at most the one in flight on engine 0
+    try:
+        answer = httpx.post(f"{url}/v1/admin/faults", json={"stage": "text", "delay_ms": 1, "duration_s": 30},
+                            timeout=30)
+        assert answer.status_code == 200 and [plan["stage"] for plan in answer.json()["active"]] == ["text"]
+        for engine in (0, 1):  # each engine holds it (a drill set again on one engine answers with its own list)
+            again = httpx.post(f"{url}/v1/admin/faults?engine={engine}",
+                               json={"stage": "decode", "delay_ms": 1, "duration_s": 30}, timeout=30)
+            assert sorted(plan["stage"] for plan in again.json()["active"]) == ["decode", "text"], again.text
+    finally:
+        end_drills(url)
