@@ -10,11 +10,11 @@ started side by side:
                  is ``test_engines``'s)
   one engine     ``--engines 1 --api-workers 2``: the API-process split with a single engine, whose death
                  used to stop the server; now it answers 503 engine_unavailable and is not ready until the
-                 engine started again serves
+                 engine started again serves; an engine that dies at every start is a crash loop (exit 7)
 
 The two-engine server is compared with the one-engine server first (the
-same answers under ONNX Runtime, with one API process); the kill of an
-engine comes last on each.
+same answers under ONNX Runtime, with one API process); the kills come
+after, and the crash loop, which stops the one-engine server, last.
 """
 
 from __future__ import annotations
@@ -28,16 +28,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
-from encoded_images import b64, encoded_image
 from server.workers.handoff import ENGINE_INDEX_VARIABLE
+from server.workers.supervisor import EXIT_ENGINE_CRASH_LOOP
 from tests.conftest import ServeProcess, run_serve_processes
 from tests.integration.drill_load import ClosedLoopLoad, wait_for_route
 from tests.integration.same_answers import assert_same
 from tests.integration.test_api_workers import lifetime_count
-from tests.integration.test_api_workers_faults import children_of, command_line
+from tests.integration.test_api_workers_faults import children_of, command_line, is_gone
 from tests.integration.test_engines import comparable, drill, end_drills, engine_of, image, owned_images, post
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
@@ -302,3 +301,34 @@ def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_
             assert sorted(plan["stage"] for plan in again.json()["active"]) == ["decode", "text"], again.text
     finally:
         end_drills(url)
+
+
+def test_engines_dying_at_every_start_stop_the_server_with_their_own_exit_status(one_engine):
+    """The last test of the one-engine server: its engine killed each time it is started again. The 5th engine
+    death within 60 s (this module's earlier kill may be one of them) is a crash loop: every process is stopped
+    and the server exits with EXIT_ENGINE_CRASH_LOOP, one critical line saying so."""
+    supervisor = one_engine.process
+    others = [pid for pid in children_of(supervisor.pid) if "engine_process" not in command_line(pid)]
+    killed: list[int] = []
+    deadline = time.monotonic() + 120  # 0.5 + 1 + 2 + 4 s of backoff between the deaths, and the starts
+    while supervisor.poll() is None:
+        for pid in engine_pids_or_none(supervisor.pid):
+            if pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        assert time.monotonic() < deadline, f"still running after {len(killed)} engine deaths"
+        time.sleep(0.02)
+    output = supervisor.stdout.read()
+    assert supervisor.returncode == EXIT_ENGINE_CRASH_LOOP, output[-3000:]
+    assert 1 <= len(killed) <= 5, killed
+    crash_loop_lines = [line for line in output.splitlines() if "crash loop" in line]
+    assert len(crash_loop_lines) == 1 and "CRITICAL" in crash_loop_lines[0], output[-3000:]
+    assert all(is_gone(pid) for pid in others)
+
+
+def engine_pids_or_none(supervisor: int) -> list[int]:
+    """The engine processes among ``supervisor``'s children now (none while one waits to be started again)."""
+    try:
+        return [pid for pid in children_of(supervisor) if "engine_process" in command_line(pid)]
+    except (FileNotFoundError, ProcessLookupError):
+        return []  # the supervisor or a child exited meanwhile
