@@ -35,6 +35,7 @@ from tests.integration.trained_head_repository import write_tiny_with_a_trained_
 
 ENGINE_HEADER = "x-mmserve-engine"
 VISION_STALL = {"stage": "vision", "delay_ms": 1000, "fraction": 1.0, "duration_s": 30}
+OWNER_STALL = {**VISION_STALL, "delay_ms": 3000}  # longer than the arrivals sent while it lasts, however slowed
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +204,38 @@ def test_a_drill_names_an_engine_that_exists(engines):
     assert answer.json()["error"]["code"] == "invalid_engine" and answer.json()["error"]["field"] == "engine"
 
 
+def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engines):
+    """Images whose owner is engine 1 (found first, then the caches emptied), sent one every 50 ms while engine
+    1's vision batches sleep 3 s: once the owner's estimated wait exceeds engine 0's by more than
+    ``engine_wait_bound_ms`` (50), engine 0 takes them (and computes them: a miss there). With the drill
+    ended and the loads even, each that engine 1 computed goes to it again and hits the entry it left there.
+
+    The arrivals (0.75 s) end long before engine 1's first stalled batch (3 s): its wait must show while
+    that batch runs past its estimate, not only once the batch is over and its slow pace measured. This test
+    runs before the other stall's, so engine 1 has measured no slow batch of any size yet (an estimate of a
+    size learned under an earlier drill would make the queue look long and hide what is shown here).
+    """
+    owners = owned_images(engines.url, range(600, 664))
+    assert len(owners[1]) >= 16, owners  # about half of 64
+    bodies = [{"image": image(seed)} for seed in owners[1][:16]]
+    try:
+        drill(engines.url, 1, OWNER_STALL)
+        answers = asyncio.run(send_all(engines.url, bodies, 0.05))
+    finally:
+        end_drills(engines.url)
+    assert [answer.status_code for answer in answers] == [200] * len(bodies), [a.text for a in answers[:3]]
+    served = [engine_of(answer) for answer in answers]
+    assert all(answer.json()["cache"]["image"] == "miss" for answer in answers)
+    assert served[0] == 1, served  # even loads at first: the owner
+    assert served.count(0) >= 4, served  # then past the bound: the least-loaded
+    time.sleep(0.5)  # engine 1's queue drained, and polled so
+    # The ones engine 1 computed: hits there, so no batch runs whose pace (learned under the drill) would make
+    # engine 1 look busy to the next one.
+    kept = [body for body, engine in zip(bodies, served) if engine == 1]
+    again = [post(engines.url, "/v1/infer", body) for body in kept]
+    assert [(engine_of(answer), answer.json()["cache"]["image"]) for answer in again] == [(1, "hit")] * len(kept)
+
+
 def test_a_stalled_engine_makes_the_other_take_uncacheable_work(engines):
     """Engine 1's vision batches sleep 1 s (a drill on it alone); 40 uncacheable images, one every 50 ms.
 
@@ -227,33 +260,3 @@ def test_a_stalled_engine_makes_the_other_take_uncacheable_work(engines):
     served = [engine_of(answer) for answer in answers]
     assert all(answer.json()["cache"]["image"] == "bypass" for answer in answers)
     assert served.count(0) >= 2 * served.count(1), served
-
-
-def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engines):
-    """Images whose owner is engine 1 (found first, then the caches emptied), sent one every 50 ms while engine
-    1's vision batches sleep 1 s: once the owner's estimated wait exceeds engine 0's by more than
-    ``engine_wait_bound_ms`` (50), engine 0 takes them (and computes them: a miss there). With the drill
-    ended and the loads even, each that engine 1 computed goes to it again and hits the entry it left there.
-
-    The arrivals (0.75 s) end before engine 1's first stalled batch (1 s): its wait must show while that
-    batch runs past its estimate, not only once the batch is over and its pace measured.
-    """
-    owners = owned_images(engines.url, range(600, 664))
-    assert len(owners[1]) >= 16, owners  # about half of 64
-    bodies = [{"image": image(seed)} for seed in owners[1][:16]]
-    try:
-        drill(engines.url, 1, VISION_STALL)
-        answers = asyncio.run(send_all(engines.url, bodies, 0.05))
-    finally:
-        end_drills(engines.url)
-    assert [answer.status_code for answer in answers] == [200] * len(bodies), [a.text for a in answers[:3]]
-    served = [engine_of(answer) for answer in answers]
-    assert all(answer.json()["cache"]["image"] == "miss" for answer in answers)
-    assert served[0] == 1, served  # even loads at first: the owner
-    assert served.count(0) >= 4, served  # then past the bound: the least-loaded
-    time.sleep(0.5)  # engine 1's queue drained, and polled so
-    # The ones engine 1 computed: hits there, so no batch runs whose pace (learned under the drill) would make
-    # engine 1 look busy to the next one.
-    kept = [body for body, engine in zip(bodies, served) if engine == 1]
-    again = [post(engines.url, "/v1/infer", body) for body in kept]
-    assert [(engine_of(answer), answer.json()["cache"]["image"]) for answer in again] == [(1, "hit")] * len(kept)
