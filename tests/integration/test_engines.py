@@ -204,10 +204,6 @@ def test_a_drill_names_an_engine_that_exists(engines):
     assert answer.json()["error"]["code"] == "invalid_engine" and answer.json()["error"]["field"] == "engine"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "core bug (reported): router.scheduler's _drain_s counts a batch that runs past its estimate as done "
-    "(remaining clamped to 0), so a stalled engine reports almost no wait until that batch ends and keeps its "
-    "keys; all 16 stay on engine 1"))
 def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engines):
     """Images whose owner is engine 1 (found first, then the caches emptied), sent one every 50 ms while engine
     1's vision batches sleep 3 s: once the owner's estimated wait exceeds engine 0's by more than
