@@ -53,6 +53,7 @@ class Scheduler:
         self._condition = threading.Condition()
         self._is_closed = False
         self._running_until_ns = 0  # expected end of the batch on the device
+        self._running_since_ns: int | None = None  # when the running batch started (None: none runs)
         self._last_route: Route | None = None  # the lane of the batch handed out last
         # While the compute thread sleeps in next_batch: when its timeout wakes it (None: only a put does).
         self._is_asleep = False
@@ -64,8 +65,14 @@ class Scheduler:
             return self._drain_s()
 
     def _drain_s(self) -> float:
-        remaining_ns = max(0, self._running_until_ns - self._clock_ns())
-        return (remaining_ns + work_ahead_ns(self.lanes, _NO_LIMIT, self.estimator.estimate_ns)) / 1e9
+        """A batch that runs past its estimate is counted as running as long again as it has run so far (its
+        estimate is wrong, and a stalled or hung batch must not look like an idle engine to whoever compares
+        loads: ``server.workers.engine_dispatch``); the queue behind it at the measured pace."""
+        now_ns = self._clock_ns()
+        remaining_ns = self._running_until_ns - now_ns
+        if remaining_ns <= 0 and self._running_since_ns is not None:
+            remaining_ns = now_ns - self._running_since_ns
+        return (max(0, remaining_ns) + work_ahead_ns(self.lanes, _NO_LIMIT, self.estimator.estimate_ns)) / 1e9
 
     def admit(self, lane: Lane, pending: Pending) -> Refusal | None:
         """Enqueue ``pending`` or say why not (``None`` means admitted)."""
@@ -116,8 +123,11 @@ class Scheduler:
             self._condition.notify_all()
 
     def mark_running(self, expected_ns: int) -> None:
+        """A batch starts, expected to take ``expected_ns`` (0: the batch ended)."""
         with self._condition:
-            self._running_until_ns = self._clock_ns() + expected_ns
+            now_ns = self._clock_ns()
+            self._running_until_ns = now_ns + expected_ns
+            self._running_since_ns = now_ns if expected_ns > 0 else None
 
     def next_batch(self) -> Decision | None:
         """Block until a batch closes; ``None`` once closed and empty.

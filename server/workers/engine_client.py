@@ -240,7 +240,7 @@ class EngineClient:
             refused = next((index for index, item in enumerate(fitted) if isinstance(item, Exception)), None)
             to_decode = items if refused is None else items[:refused]
             keys = self._images.keys(to_decode)
-            engine = self.choose(self._dispatch_key(items, fitted, keys), "text" if not items[0].images else "vision")
+            engine = self.choose(self._dispatch_key(items, fitted, keys), _lane_of(items[0]))
             pixels = await self._images.decode(to_decode, functools.partial(self._peek, engine), keys)
             if refused is not None:  # no earlier item's image was refused first
                 raise IntakeItemError(refused, fitted[refused]) from fitted[refused]  # type: ignore[arg-type]
@@ -376,3 +376,10 @@ class CallInFlight:
                                    decode_started_ns=self.started_ns, text=text,
                                    joint=outcome.joint if joint is None else joint, engine=self.engine,
                                    facts=facts if facts is None else dataclasses.replace(facts, engine=self.engine))
+
+
+def _lane_of(item: IntakeItem) -> str:
+    """The lane whose wait dispatch compares (``router.Router.estimated_waits_s``), by what the item carries."""
+    if not item.images:
+        return "text"
+    return "vision" if item.text is None and item.tokens is None else "fusion"

@@ -13,7 +13,7 @@
                                           schedulers' time to drain what is queued, polled every 0.2 s,
                                           ``server.workers.engine_connection``), ties broken by this
                                           process's calls in flight to each, so a burst between two polls
-                                          is spread rather than sent to one
+                                          is spread rather than sent to one, then by turns
     round_robin (a benchmark's setting)  in turn over the serving engines, to measure what affinity saves
 
 So the segment cache is not split: a repeated image lands where it was
@@ -71,7 +71,9 @@ class EngineDispatch:
             return serving[0]
         if self._mode == "round_robin":
             return serving[next(self._turns) % len(serving)]
-        least = min(serving, key=lambda engine: (engine.wait_s(lane), engine.num_in_flight))
+        turn = next(self._turns)  # among engines equally loaded, each in turn (not always the first)
+        least = min(serving, key=lambda engine: (engine.wait_s(lane), engine.num_in_flight,
+                                                 (engine.index - turn) % len(self._engines)))
         if key is None:
             return least
         index = owner(key, [engine.index for engine in serving])

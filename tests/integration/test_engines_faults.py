@@ -1,0 +1,344 @@
+"""Several engines under faults: a killed engine, the only engine killed, and drift that names a stalled engine.
+
+Two servers of the tiny preset (ONNX Runtime on the CPU, the default),
+started side by side:
+
+  two engines    ``--engines 2 --api-workers 1``: one API process in front of two engines, with fault drills
+                 and the drift drills' short windows (``test_drift_inputs_drill``). Its wait bound is a
+                 minute, so a cacheable request stays with the engine that owns its key however slow that
+                 one is: drills here slow one engine to hold requests in it, not to move them (moving them
+                 is ``test_engines``'s)
+  one engine     ``--engines 1 --api-workers 2``: the API-process split with a single engine, whose death
+                 used to stop the server; now it answers 503 engine_unavailable and is not ready until the
+                 engine started again serves; an engine that dies at every start is a crash loop (exit 7)
+
+The two-engine server is compared with the one-engine server first (the
+same answers under ONNX Runtime, with one API process); the kills come
+after, and the crash loop, which stops the one-engine server, last.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.workers.handoff import ENGINE_INDEX_VARIABLE
+from server.workers.supervisor import EXIT_ENGINE_CRASH_LOOP
+from tests.conftest import ServeProcess, run_serve_processes
+from tests.integration.drill_load import ClosedLoopLoad, wait_for_route
+from tests.integration.same_answers import assert_same
+from tests.integration.test_api_workers import lifetime_count
+from tests.integration.test_api_workers_faults import children_of, command_line, is_gone
+from tests.integration.test_engines import comparable, drill, end_drills, engine_of, image, owned_images, post
+
+TINY = ["--preset", "tiny", "--device", "cpu"]
+PERIOD_S, WINDOW_S, BASELINE_S, CONSECUTIVE = 0.5, 4.0, 3.0, 3
+DRIFT = {"MMSERVE_DRIFT_PERIOD_S": str(PERIOD_S), "MMSERVE_DRIFT_WINDOW_S": str(WINDOW_S),
+         "MMSERVE_DRIFT_BASELINE_S": str(BASELINE_S), "MMSERVE_DRIFT_CONSECUTIVE": str(CONSECUTIVE),
+         "MMSERVE_DRIFT_THRESHOLD": "0.3", "MMSERVE_DRIFT_MIN_SAMPLES": "10", "MMSERVE_MAX_QUEUE_DELAY_MS": "0"}
+NAMED_WITHIN_S = 2 * WINDOW_S + (CONSECUTIVE + 2) * PERIOD_S + 10.0
+RESTART_WITHIN_S = 180.0  # the engine loads its model again; slower on a loaded machine
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[tuple[ServeProcess, ServeProcess]]:
+    two = [*TINY, "--engines", "2", "--api-workers", "1", "--enable-fault-injection"]
+    one = [*TINY, "--engines", "1", "--api-workers", "2"]
+    with run_serve_processes([(two, {**DRIFT, "MMSERVE_ENGINE_WAIT_BOUND_MS": "60000"}), (one, None)],
+                             ready_timeout_s=150) as both:
+        yield both[0], both[1]
+
+
+@pytest.fixture(scope="module")
+def two_engines(servers) -> ServeProcess:
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def one_engine(servers) -> ServeProcess:
+    return servers[1]
+
+
+def engine_pids(supervisor: int) -> dict[int, int]:
+    """Engine number -> pid, from each engine process's environment."""
+    pids = {}
+    for pid in children_of(supervisor):
+        if "engine_process" in command_line(pid):
+            entries = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+            index = next(entry.split("=", 1)[1] for entry in entries if entry.startswith(f"{ENGINE_INDEX_VARIABLE}="))
+            pids[int(index)] = pid
+    return pids
+
+
+def test_one_api_process_and_two_engines_answer_as_one_engine(two_engines, one_engine):
+    bodies = [{"text": "a red bicycle"}, {"image": image(1)}, {"image": image(2), "text": "a photo"},
+              {"images": [image(3), image(4)], "text": "two"}]
+    for body in bodies:
+        body = {**body, "use_cache": False}
+        ours, theirs = post(two_engines.url, "/v1/infer", body), post(one_engine.url, "/v1/infer", body)
+        assert engine_of(ours) in (0, 1) and engine_of(theirs) == 0
+        assert_same(comparable(ours), comparable(theirs))
+    served = [engine_of(post(two_engines.url, "/v1/infer", {"image": image(100 + seed)})) for seed in range(16)]
+    assert set(served) == {0, 1}, served
+    again = [engine_of(post(two_engines.url, "/v1/infer", {"image": image(100 + seed)})) for seed in range(16)]
+    assert again == served  # each on its owner, as the first time
+
+
+class JpegLoad(ClosedLoopLoad):
+    """A new 32 x 32 JPEG in every request: each one is computed, on the engine that owns its key."""
+
+    def _bodies(self, client_index: int) -> Iterator[dict]:
+        seed = 10_000 + client_index
+        while True:
+            yield {"image": image(seed, (32, 32))}
+            seed += self._num_clients
+
+
+def is_engine_named(route: dict) -> bool:
+    named = route["attributed_input"]
+    return route["active"] and named is not None and named["dimension"] == "engine"
+
+
+def test_drift_for_a_stall_on_one_engine_names_that_engine(two_engines):
+    """After a baseline of even traffic, engine 1's vision batches sleep 60 ms: the requests it serves (about
+    half, by their keys) fill the slow tail, and drift names ``engine`` = 1 (as test_drift_inputs_drill
+    names a PNG-only stall)."""
+    with (httpx.Client(base_url=two_engines.url, timeout=30) as client,
+          JpegLoad(two_engines.url, num_clients=3, max_duration_s=90) as load):
+        try:
+            load.wait_for(50, 30.0)
+            assert client.post("/v1/monitoring/baseline").status_code == 200
+            wait_for_route(client, lambda r: r["evaluated_unix_s"] is not None and r["state"] != "learning_baseline",
+                           BASELINE_S + 5.0, "baseline frozen and a period judged")
+            drill(two_engines.url, 1, {"stage": "vision", "delay_ms": 60, "fraction": 1.0, "duration_s": 40})
+            raised = wait_for_route(client, is_engine_named, NAMED_WITHIN_S, "drift named the engine")
+        finally:
+            end_drills(two_engines.url)
+    assert not load.failures, load.failures[:3]
+    named = raised["attribution"]["inputs"]["named"]
+    assert raised["attributed_stage"] == "vision", raised["attribution"]
+    assert raised["attributed_input"] == {"stage": "vision", "dimension": "engine", "value": "1",
+                                          "share_growth": named["share_growth"]}
+    assert named["share_growth"] >= 0.1 and named["tail_share_window"] > named["tail_share_baseline"]
+    assert named["tail_rate_window"] > 0.9  # nearly every request engine 1 served is in the slow tail now
+    other = next(v for v in raised["attribution"]["inputs"]["values"] if v["value"] == "0")
+    assert other["share_growth"] < 0, raised["attribution"]
+
+
+class Probe:
+    """A thread that calls ``step`` until stopped and keeps each result with its time."""
+
+    def __init__(self, step, period_s: float) -> None:
+        self._step, self._period_s = step, period_s
+        self._stop = threading.Event()
+        self.results: list[tuple[float, object]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            self.results.append((started, self._step()))  # when it was sent
+            time.sleep(self._period_s)
+
+    def __enter__(self) -> Probe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def ready_status(url: str) -> int | str:
+    try:
+        return httpx.get(f"{url}/health/ready", headers={"Connection": "close"}, timeout=5).status_code
+    except httpx.TransportError:
+        return "dropped"
+
+
+def failure(answer: httpx.Response) -> tuple[int, str, str]:
+    error = answer.json()["error"]
+    return answer.status_code, error["code"], error["message"]
+
+
+NOTICED_WITHIN_S = 0.5
+"""An API process notices an engine's death when its connection closes: at once on an idle machine; a request
+dispatched 0.1 s after a kill, before the API process had run, failed once at load 5 on the 2 cores."""
+
+
+def text_sender(url: str, prefix: str):
+    """A step for ``Probe``: a new text to ``/v1/infer``; (200, the engine) or (status, "code: message")."""
+    texts = iter(range(1_000_000))
+
+    def send_text() -> tuple[int, str]:
+        answer = httpx.post(f"{url}/v1/infer", json={"text": f"{prefix} {next(texts)}"}, timeout=60)
+        if answer.status_code == 200:
+            return 200, answer.headers["x-mmserve-engine"]
+        return answer.status_code, f"{answer.json()['error']['code']}: {answer.json()['error']['message']}"
+    return send_text
+
+
+def assert_only_the_killed_engine_failed(results: list[tuple[float, object]], killed: int, killed_at: float,
+                                         back_at: float) -> None:
+    """Texts sent from a sequential client around the kill of engine ``killed``: those sent once its death was
+    noticed and before it could be back (an engine takes longer than 3 s to start and load its model) were all
+    answered by the other engine; the only failures are the killed engine's (in flight on it, or sent to it
+    before its death was noticed), 503 engine_unavailable naming it."""
+    other = str(1 - killed)
+    gone = [result for at, result in results if killed_at + NOTICED_WITHIN_S < at < min(back_at, killed_at + 3.0)]
+    assert len(gone) >= 5 and set(gone) == {(200, other)}, gone
+    failed = [(at - killed_at, result) for at, result in results if result[0] != 200]
+    assert all(result == (503, f"engine_unavailable: engine {killed} is not serving (it is starting again)")
+               and at < NOTICED_WITHIN_S for at, result in failed), failed
+
+
+def test_a_killed_engine_fails_only_its_requests_and_comes_back(two_engines):
+    """Four images owned by engine 1 are held there by a 3 s vision drill on it when it is SIGKILLed: each
+    fails with 503 engine_unavailable (retriable) naming engine 1. A client sending new texts meanwhile is
+    answered throughout, by engine 0 while engine 1 is gone (a text in flight on engine 1 at the kill may fail
+    the same way); readiness stays 200; engine 1 is started again (a new pid) and serves its keys again."""
+    url, supervisor = two_engines.url, two_engines.process
+    owners = owned_images(url, range(700, 740))
+    assert len(owners[1]) >= 6, owners
+    held, later = owners[1][:4], owners[1][4:]
+    old_pids = engine_pids(supervisor.pid)
+    assert sorted(old_pids) == [0, 1]
+    send_text = text_sender(url, "meanwhile")
+    drill(url, 1, {"stage": "vision", "delay_ms": 3000, "fraction": 1.0, "duration_s": 30})
+    with Probe(lambda: ready_status(url), 0.05) as readiness, Probe(send_text, 0.02) as meanwhile, \
+            ThreadPoolExecutor(4) as pool:
+        in_flight = [pool.submit(httpx.post, f"{url}/v1/infer", json={"image": image(seed)}, timeout=60)
+                     for seed in held]
+        time.sleep(1.0)  # all four are in engine 1's sleeping batch
+        os.kill(old_pids[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        held_answers = [future.result() for future in in_flight]
+        deadline = time.monotonic() + RESTART_WITHIN_S
+        back = None
+        for seed in later * 100:  # its keys go to engine 0 while it is gone, to engine 1 once it serves
+            answer = post(url, "/v1/infer", {"image": image(seed)})
+            if engine_of(answer) == 1:
+                back = answer
+                break
+            assert time.monotonic() < deadline, "engine 1 never served again"
+            time.sleep(0.2)
+        back_at = time.monotonic()
+        time.sleep(0.5)
+    end_drills(url)
+    new_pids = engine_pids(supervisor.pid)
+    assert [failure(answer) for answer in held_answers] == [
+        (503, "engine_unavailable", "engine 1 is not serving (it is starting again)")] * len(held)
+    assert all("retry-after" in answer.headers for answer in held_answers)
+    assert back is not None and back.json()["cache"]["image"] == "miss"  # a new engine: an empty cache
+    assert new_pids[0] == old_pids[0] and new_pids[1] != old_pids[1]
+    assert supervisor.poll() is None
+    statuses = [status for _, status in readiness.results]
+    assert len(statuses) >= 20 and set(statuses) == {200}, statuses
+    assert_only_the_killed_engine_failed(meanwhile.results, 1, killed_at, back_at)
+
+
+def test_the_only_engine_killed_is_503_and_not_ready_until_it_is_back(one_engine):
+    url, supervisor = one_engine.url, one_engine.process
+    (old_pid,) = engine_pids(supervisor.pid).values()
+    assert post(url, "/v1/infer", {"text": "before"}).headers["x-mmserve-engine"] == "0"
+    os.kill(old_pid, signal.SIGKILL)
+    seen_while_gone: set[tuple[int, str]] = set()
+    ready_while_gone: set[int | str] = set()
+    deadline = time.monotonic() + RESTART_WITHIN_S
+    while True:
+        answer = httpx.post(f"{url}/v1/infer", json={"text": "while gone"}, headers={"Connection": "close"},
+                            timeout=60)
+        if answer.status_code == 200:
+            break
+        seen_while_gone.add(failure(answer)[:2])
+        ready_while_gone.add(ready_status(url))
+        assert time.monotonic() < deadline, "the engine never served again"
+        time.sleep(0.1)
+    assert seen_while_gone == {(503, "engine_unavailable")}
+    assert ready_while_gone <= {503, 200} and 503 in ready_while_gone, ready_while_gone
+    time.sleep(1.0)  # both API processes have polled the engine started again
+    for _ in range(6):  # new connections: either API process answers
+        assert ready_status(url) == 200
+        assert engine_of(post(url, "/v1/infer", {"text": "after"})) == 0
+    (new_pid,) = engine_pids(supervisor.pid).values()
+    assert new_pid != old_pid and supervisor.poll() is None
+
+
+def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_engines):
+    """Engine 0 also holds the one latency monitor and answers the monitoring routes: while it is gone those
+    answer 503 engine_unavailable, every request is served by engine 1 and readiness stays 200; once it is
+    back, a new monitor answers and a drill set without ``?engine`` reaches both engines again."""
+    url, supervisor = two_engines.url, two_engines.process
+    old_pids = engine_pids(supervisor.pid)
+    send_text = text_sender(url, "while engine 0 is away")
+    with Probe(lambda: ready_status(url), 0.05) as readiness, Probe(send_text, 0.02) as meanwhile:
+        time.sleep(1.0)
+        texts_before = lifetime_count(httpx.get(f"{url}/v1/monitoring/digests", timeout=30).json(), "text", "total")
+        os.kill(old_pids[0], signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(0.5)
+        monitoring_gone = httpx.get(f"{url}/v1/monitoring/drift", timeout=30)
+        deadline = time.monotonic() + RESTART_WITHIN_S
+        while (drift := httpx.get(f"{url}/v1/monitoring/drift", timeout=30)).status_code != 200:
+            assert drift.json()["error"]["code"] == "engine_unavailable", drift.text
+            assert time.monotonic() < deadline, "engine 0 never answered again"
+            time.sleep(0.2)
+        back_at = time.monotonic()
+        texts_after = lifetime_count(httpx.get(f"{url}/v1/monitoring/digests", timeout=30).json(), "text", "total")
+        time.sleep(0.5)
+    assert failure(monitoring_gone)[:2] == (503, "engine_unavailable")
+    assert 0 <= texts_after < texts_before, (texts_before, texts_after)  # a new monitor, counting from its start
+    new_pids = engine_pids(supervisor.pid)
+    assert new_pids[1] == old_pids[1] and new_pids[0] != old_pids[0]
+    statuses = [status for _, status in readiness.results]
+    assert len(statuses) >= 20 and set(statuses) == {200}, statuses
+    assert_only_the_killed_engine_failed(meanwhile.results, 0, killed_at, back_at)
+    try:
+        answer = httpx.post(f"{url}/v1/admin/faults", json={"stage": "text", "delay_ms": 1, "duration_s": 30},
+                            timeout=30)
+        assert answer.status_code == 200 and [plan["stage"] for plan in answer.json()["active"]] == ["text"]
+        for engine in (0, 1):  # each engine holds it (a drill set again on one engine answers with its own list)
+            again = httpx.post(f"{url}/v1/admin/faults?engine={engine}",
+                               json={"stage": "decode", "delay_ms": 1, "duration_s": 30}, timeout=30)
+            assert sorted(plan["stage"] for plan in again.json()["active"]) == ["decode", "text"], again.text
+    finally:
+        end_drills(url)
+
+
+def test_engines_dying_at_every_start_stop_the_server_with_their_own_exit_status(one_engine):
+    """The last test of the one-engine server: its engine killed each time it is started again. The 5th engine
+    death within 60 s (this module's earlier kill may be one of them) is a crash loop: every process is stopped
+    and the server exits with EXIT_ENGINE_CRASH_LOOP, one critical line saying so."""
+    supervisor = one_engine.process
+    others = [pid for pid in children_of(supervisor.pid) if "engine_process" not in command_line(pid)]
+    killed: list[int] = []
+    deadline = time.monotonic() + 120  # 0.5 + 1 + 2 + 4 s of backoff between the deaths, and the starts
+    while supervisor.poll() is None:
+        for pid in engine_pids_or_none(supervisor.pid):
+            if pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        assert time.monotonic() < deadline, f"still running after {len(killed)} engine deaths"
+        time.sleep(0.02)
+    output = supervisor.stdout.read()
+    assert supervisor.returncode == EXIT_ENGINE_CRASH_LOOP, output[-3000:]
+    assert 1 <= len(killed) <= 5, killed
+    crash_loop_lines = [line for line in output.splitlines() if "crash loop" in line]
+    assert len(crash_loop_lines) == 1 and "CRITICAL" in crash_loop_lines[0], output[-3000:]
+    assert all(is_gone(pid) for pid in others)
+
+
+def engine_pids_or_none(supervisor: int) -> list[int]:
+    """The engine processes among ``supervisor``'s children now (none while one waits to be started again)."""
+    try:
+        return [pid for pid in children_of(supervisor) if "engine_process" in command_line(pid)]
+    except (FileNotFoundError, ProcessLookupError):
+        return []  # the supervisor or a child exited meanwhile
