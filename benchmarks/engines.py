@@ -244,7 +244,7 @@ def partial_metrics_notes(runs: Mapping[str, ServerRuns], cache: CacheRuns) -> l
 
 def affinity_verdict(runs: Mapping[str, ServerRuns], cache: CacheRuns) -> tuple[list[str], list[Figure]]:
     """The target lines under the table, and the figures for the result file (rounded as printed)."""
-    gap = round(cache.hit_rate_pct(AFFINITY) - cache.hit_rate_pct(ONE_ENGINE), 1)  # judged as printed
+    gap = round(cache.hit_rate_pct(AFFINITY) - cache.hit_rate_pct(ONE_ENGINE), 1) + 0.0  # judged as printed; no -0.0
     rps_ratio = runs[AFFINITY].throughput_rps / runs[ONE_ENGINE].throughput_rps
     saved = cache.hit_rate_pct(AFFINITY) - cache.hit_rate_pct(ROUND_ROBIN)
     rr_ratio = runs[ROUND_ROBIN].throughput_rps / runs[AFFINITY].throughput_rps

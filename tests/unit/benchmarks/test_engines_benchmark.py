@@ -188,3 +188,12 @@ def test_the_figures_read_as_the_headline_prints_them():
     runs = {name: _runs(100.0) for name in (ONE_ENGINE, AFFINITY, ROUND_ROBIN)}
     _, figures = affinity_verdict(runs, cache)
     assert figure_text(vars(figures[0])) == "image hit rate, 2 engines (affinity) minus 1 engine: 1.0 points"
+
+
+def test_a_gap_that_rounds_to_nothing_prints_without_a_sign():
+    cache = CacheRuns()
+    for name, count in ((ONE_ENGINE, CacheCount(9090, 10000)), (AFFINITY, CacheCount(9089, 10000)),
+                        (ROUND_ROBIN, CacheCount(8100, 10000))):
+        cache.add(name, count)
+    lines, figures = affinity_verdict({name: _runs(100.0) for name in (ONE_ENGINE, AFFINITY, ROUND_ROBIN)}, cache)
+    assert lines[0].startswith("affinity vs 1 engine: hit rate +0.0 points") and str(figures[0].value) == "0.0"
