@@ -1,5 +1,5 @@
-"""``--api-workers 2`` under faults: a killed API process, a crash loop, a dead engine started again, an engine crash
-loop, SIGTERM; idle CPU."""
+"""``--api-workers 2`` under faults: a killed API process, a crash loop, a killed supervisor, SIGTERM; idle CPU.
+(An engine's death and an engines' crash loop: test_engines_faults.)"""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 
 from encoded_images import b64, encoded_image
 from server.workers.handoff import RATE_BUCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE
-from server.workers.supervisor import EXIT_API_CRASH_LOOP, EXIT_API_PROCESS_START_FAILED, EXIT_ENGINE_CRASH_LOOP
-from tests.conftest import ServeProcess, run_serve_process, run_serve_processes
+from server.workers.supervisor import EXIT_API_CRASH_LOOP, EXIT_API_PROCESS_START_FAILED
+from tests.conftest import ServeProcess, run_serve_process
 
 TINY = ["--preset", "tiny", "--device", "cpu", "--api-workers", "2"]
 # Per API process over 10 s idle. Wake-ups are what a clock costs, and they do not grow with the load of a
@@ -264,61 +264,10 @@ def test_a_crash_loop_stops_the_server_with_its_own_exit_status(tmp_path):
 
 @pytest.fixture(scope="module")
 def doomed() -> Iterator[dict[str, ServeProcess]]:
-    """Two ``--api-workers 2`` tiny servers started side by side, one for each test below that kills a process of
-    its own: the engine; the supervisor (with a rate limit, so there is a shared bucket table it leaves behind)."""
-    with run_serve_processes([(TINY, None), (TINY, {"MMSERVE_RATE_LIMIT": "100/s"})]) as (engine_dies, killed):
-        yield {"engine dies": engine_dies, "supervisor killed": killed}
-
-
-def _engine_of(supervisor_pid: int) -> int:
-    (engine,) = [pid for pid in children_of(supervisor_pid) if "engine_process" in command_line(pid)]
-    return engine
-
-
-def _wait_for(condition, timeout_s: float) -> bool:  # noqa: ANN001
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def test_a_dead_engine_is_started_again_and_meanwhile_the_server_says_so(doomed):
-    """The only engine SIGKILLed: the API processes stay, answer 503 engine_unavailable (retriable) and are not
-    ready; the supervisor starts the engine again after its backoff, and the server answers again."""
-    served = doomed["engine dies"]
-    supervisor = served.process
-    api_pids = [pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)]
-    engine = _engine_of(supervisor.pid)
-    os.kill(engine, signal.SIGKILL)
-    assert _wait_for(lambda: httpx.get(f"{served.url}/health/ready", timeout=5).status_code == 503, 10)
-    refused = httpx.post(f"{served.url}/v1/infer", json={"text": "while the engine is away"}, timeout=10)
-    assert refused.status_code == 503 and refused.json()["error"]["code"] == "engine_unavailable"
-    assert refused.headers["retry-after"] == "1"
-    assert httpx.get(f"{served.url}/health/live", timeout=5).status_code == 200
-    assert _wait_for(lambda: httpx.get(f"{served.url}/health/ready", timeout=5).status_code == 200, 120)
-    answer = httpx.post(f"{served.url}/v1/infer", json={"text": "the engine is back"}, timeout=30)
-    assert answer.status_code == 200 and answer.json()["model"]["engine"] == 0
-    assert supervisor.poll() is None
-    assert _engine_of(supervisor.pid) != engine
-    assert sorted(pid for pid in children_of(supervisor.pid) if "api_process" in command_line(pid)) == sorted(api_pids)
-    assert "mmserve_engine_restarts_total 1.0" in httpx.get(f"{served.url}/metrics", timeout=10).text
-
-
-def test_an_engine_crash_loop_stops_the_server_with_its_own_exit_status(doomed):
-    """The engine killed as soon as each new one starts: the 5th death within a minute stops the server (7)."""
-    supervisor = doomed["engine dies"].process
-    killed: set[int] = set()
-    deadline = time.monotonic() + 60
-    while supervisor.poll() is None and time.monotonic() < deadline:
-        for pid in children_of(supervisor.pid):
-            if pid not in killed and "engine_process" in command_line(pid):
-                os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
-        time.sleep(0.05)
-    assert supervisor.wait(timeout=30) == EXIT_ENGINE_CRASH_LOOP
-    assert len(killed) in (4, 5)  # 5 deaths, the previous test's among them when it ended within the minute
+    """An ``--api-workers 2`` tiny server for the test below that kills a process of its own: the supervisor (with a
+    rate limit, so there is a shared bucket table it leaves behind). An engine's death: test_engines_faults."""
+    with run_serve_process(TINY, {"MMSERVE_RATE_LIMIT": "100/s"}) as killed:
+        yield {"supervisor killed": killed}
 
 
 def is_gone(pid: int) -> bool:

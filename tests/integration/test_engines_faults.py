@@ -240,6 +240,9 @@ def test_a_killed_engine_fails_only_its_requests_and_comes_back(two_engines):
     assert back is not None and back.json()["cache"]["image"] == "miss"  # a new engine: an empty cache
     assert new_pids[0] == old_pids[0] and new_pids[1] != old_pids[1]
     assert supervisor.poll() is None
+    restarts = [line for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines()
+                if line.startswith("mmserve_engine_restarts_total ")]
+    assert restarts == ["mmserve_engine_restarts_total 1.0"], restarts
     statuses = [status for _, status in readiness.results]
     assert len(statuses) >= 20 and set(statuses) == {200}, statuses
     assert_only_the_killed_engine_failed(meanwhile.results, 1, killed_at, back_at)
@@ -273,7 +276,8 @@ def test_the_only_engine_killed_is_503_and_not_ready_until_it_is_back(one_engine
 
 
 def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_engines):
-    """Engine 0 also holds the one latency monitor and answers the monitoring routes: while it is gone those
+    """Engine 0, killed by the drill (``POST /v1/admin/faults/kill?engine=0``), also holds the one latency
+    monitor and answers the monitoring routes: while it is gone those
     answer 503 engine_unavailable, every request is served by engine 1 and readiness stays 200; once it is
     back, a new monitor answers and a drill set without ``?engine`` reaches both engines again."""
     url, supervisor = two_engines.url, two_engines.process
@@ -282,8 +286,9 @@ def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_
     with Probe(lambda: ready_status(url), 0.05) as readiness, Probe(send_text, 0.02) as meanwhile:
         time.sleep(1.0)
         texts_before = lifetime_count(httpx.get(f"{url}/v1/monitoring/digests", timeout=30).json(), "text", "total")
-        os.kill(old_pids[0], signal.SIGKILL)
-        killed_at = time.monotonic()
+        kill = httpx.post(f"{url}/v1/admin/faults/kill?engine=0", timeout=30)  # the drill: SIGKILL 0.2 s after
+        killed_at = time.monotonic() + 0.2
+        assert kill.status_code == 202 and kill.json() == {"killed_engine": 0}, kill.text
         time.sleep(0.5)
         monitoring_gone = httpx.get(f"{url}/v1/monitoring/drift", timeout=30)
         deadline = time.monotonic() + RESTART_WITHIN_S
