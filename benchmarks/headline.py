@@ -65,6 +65,10 @@ ROWS = (
         "python -m benchmarks.served_tower_rates"),
     Row("api_process_memory", "API process memory and restart", "api-process-memory-and-restart",
         "python -m benchmarks.api_process_memory"),
+    Row("engine_affinity", "several engines: cache affinity", "several-engines",
+        "python -m benchmarks.engines --parts affinity"),
+    Row("cpu_engines", "several CPU engines vs one with more threads", "several-engines",
+        "python -m benchmarks.engines --parts cpu"),
 )
 
 
