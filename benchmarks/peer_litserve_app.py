@@ -172,7 +172,7 @@ class MultimodalLitAPI(ls.LitAPI):
         bundle = self.bundle
         body: dict = {
             "route": output.item.route,
-            "model": dataclasses.asdict(bundle.describe()),
+            "model": {**dataclasses.asdict(bundle.describe()), "engine": 0},  # the one engine, as mmserve's says
         }
         for key, value in (
             ("image_embedding", output.image_embedding),

@@ -56,7 +56,8 @@ def test_text_only_is_routed_text_and_equals_the_model(tiny_server, tiny_bundle)
     assert answer["model"] == {"name": "tiny", "fingerprint": with_runtime(tiny_bundle, "onnxruntime").fingerprint,
                                "family": "mmserve", "score": None, "normalized_embeddings": False,
                                "fusion_head": "untrained", "dtype": "float32", "runtime": "onnxruntime",
-                               "quantization": "none", "int8_cosine": None}
+                               "quantization": "none", "int8_cosine": None,
+                               "engine": 0}  # which engine computed it: the one process's
     assert_matches_direct(answer, direct_outputs(tiny_bundle, "a red bicycle", None))
 
 

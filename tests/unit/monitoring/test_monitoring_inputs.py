@@ -184,7 +184,7 @@ def test_a_request_without_image_has_no_encoding_or_size() -> None:
     inputs = RequestInputs.of(largest_image_pixels=None, image_encoding=None, num_text_tokens=12, num_images=0,
                               priority="high", protocol="openai")
     assert inputs.labels() == {"image_pixels": "none", "image_encoding": "none", "text_tokens": "1-16",
-                               "images": "0", "priority": "high", "protocol": "openai"}
+                               "images": "0", "priority": "high", "protocol": "openai", "engine": "0"}
     assert inputs is RequestInputs.of(largest_image_pixels=None, image_encoding=None, num_text_tokens=9, num_images=0,
                                       priority="high", protocol="openai")  # interned: one object per combination
 
@@ -234,3 +234,14 @@ def test_every_code_looks_up_the_interned_inputs_it_numbers():
     for bad in (-1, NUM_COMBINATIONS, 1.0, "3", True):
         with pytest.raises(ValueError, match="no RequestInputs code"):
             inputs_of_code(bad)  # type: ignore[arg-type]
+
+
+def test_the_engine_is_a_dimension_named_by_its_number_up_to_eight_then_other() -> None:
+    """Several engines (server.workers.engine_dispatch): a stall on one engine is attributed to it."""
+    def of_engine(engine: int) -> RequestInputs:
+        return RequestInputs.of(largest_image_pixels=None, image_encoding=None, num_text_tokens=3, num_images=0,
+                                priority="normal", protocol="native", engine=engine)
+
+    assert [of_engine(engine).labels()["engine"] for engine in (0, 1, 7, 8, 63)] == ["0", "1", "7", "other", "other"]
+    assert inputs_of_code(of_engine(5).code) is of_engine(5)
+    assert of_engine(0) != of_engine(1)

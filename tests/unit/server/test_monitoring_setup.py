@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -117,10 +118,11 @@ def test_request_inputs_say_what_the_request_carried():
     facts = sent.with_text(TokenizedText(tuple(range(20)), False, 20), None)
     assert request_inputs(facts).labels() == {"image_pixels": "0.25-1MP", "image_encoding": "png",
                                               "text_tokens": "17-64", "images": "2", "priority": "high",
-                                              "protocol": "native"}
+                                              "protocol": "native", "engine": "0"}
 
     raw = ImageContent(pixels=bytes(2160 * 3840 * 3), shape=(2160, 3840, 3))
     facts = ItemFacts.of_images((raw,), protocol="kserve_v2", priority="normal").with_text(None, None)
+    facts = dataclasses.replace(facts, engine=1)  # computed by engine 1 (server.workers.engine_client)
     assert request_inputs(facts).labels() == {"image_pixels": "4-16MP", "image_encoding": "raw_uint8",
                                               "text_tokens": "none", "images": "1", "priority": "normal",
-                                              "protocol": "kserve_v2"}
+                                              "protocol": "kserve_v2", "engine": "1"}

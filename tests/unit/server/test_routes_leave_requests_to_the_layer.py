@@ -42,7 +42,7 @@ def test_no_route_takes_the_time_makes_an_id_traces_or_records():
 
 
 # POST routes that run no inference: they change the server's own state (drills, baseline).
-CONTROL_POSTS = {"/v1/admin/faults", "/v1/monitoring/baseline"}
+CONTROL_POSTS = {"/v1/admin/faults", "/v1/admin/faults/kill", "/v1/monitoring/baseline"}
 
 
 def _post_paths(function: ast.AsyncFunctionDef | ast.FunctionDef) -> list[str]:
