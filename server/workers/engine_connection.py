@@ -92,8 +92,9 @@ class EngineConnection:
         an engine not listening by then is connected to later, as one started again is."""
         try:
             await self._open(timeout_s)
-        except (OSError, ApiError) as e:
-            self._gone(EngineGone(f"engine {self.index} is not listening ({type(e).__name__})"))
+        except (OSError, ApiError) as e:  # nothing was sent to it yet: nothing fails, the poll connects later
+            self.fault = EngineGone(f"engine {self.index} is not listening ({type(e).__name__})")
+            logger.warning("%s: connecting to it once it listens", self.fault.message)
         self._tasks.append(asyncio.create_task(self._poll_status()))
 
     async def _open(self, timeout_s: float) -> None:
