@@ -2,38 +2,26 @@
 
     python -m benchmarks.api_process_memory [--rounds 12] [--restarts 3]
 
-For each model (the ``tiny`` preset, and a random SigLIP written with
-transformers' constructors and ``save_pretrained`` at 384 px), two servers run
-with ``--api-workers 2 --device cpu``, one per way of starting API processes
-(``MMSERVE_API_PROCESS_START``): ``spawn``, a new interpreter
-(``python -m server.workers.api_process``), and ``forkserver``, a fork of the
-fork server that has imported what an API process imports
-(``server/workers/api_forkserver.py``; the default). Text, image (JPEG and PNG,
-decoded and resized to the model's input) and fused requests are sent to each,
-each on a new connection so both API processes take some; then each API
-process's memory is read from ``/proc/<pid>/status`` and ``smaps_rollup``:
+Per model (the ``tiny`` preset; a random 384-px SigLIP) two servers with
+``--api-workers 2 --device cpu``, one per ``MMSERVE_API_PROCESS_START``:
+``spawn`` (a new interpreter) and ``forkserver`` (a fork of the fork server,
+``server/workers/api_forkserver.py``; the default). After text, JPEG, PNG and
+fused requests, each on a new connection, each API process's memory from
+``/proc/<pid>/status`` and ``smaps_rollup``:
 
-    counted     VmRSS - RssShmem: what the process holds of its own (target <= 200 MiB); pages a fork
-                still shares with the fork server and its siblings count in full
-    PSS         Pss - Pss_Shmem: the same with each shared page divided among the processes sharing it
-    shm         RssShmem: the pixel slots the process and the engine share (reported, not counted)
+    counted     VmRSS - RssShmem: what the process holds of its own (target <= 200 MiB)
+    PSS         Pss - Pss_Shmem: the same with each shared page divided among its sharers
+    shm         RssShmem: the pixel slots shared with the engine (reported, not counted)
 
-and whether it maps libtorch. For comparison, the same figures for the engine
-(which holds the model), the fork server, and a bare Python process that
-imports torch, transformers and timm (what each API process imported before it
-went torch-free).
+and whether it maps libtorch; beside them the engine, the fork server and a
+bare Python that imports torch, transformers and timm.
 
-Restart: one API process is killed with SIGKILL and the other stopped
-(SIGSTOP, so only the new one accepts), alternately on the spawn and the
-forkserver server, ``--restarts`` times each. Timed from the new process's
-start (its start time in ``/proc/<pid>/stat``, 10 ms ticks: for a fork, the
-fork; for a new interpreter, the fork before its exec; the supervisor's 0.5 s
-backoff before it is not counted) to its readiness mark
-(``<run dir>/ready/<pid>``) and to its first answer (``GET /health/live``,
-connected as soon as the process shows among the supervisor's children),
-target <= 1 s; with the CPU the new process had spent by then. The last column
-times from the kill instead, less the 0.5 s backoff: it adds the supervisor
-noticing the death and the fork server's turn (each up to a 50 ms poll).
+Restart: one API process SIGKILLed, the other SIGSTOPped (so only the new one
+accepts), ``--restarts`` times per server. Timed from the new process's start
+(``/proc/<pid>/stat``; the supervisor's 0.5 s backoff before it not counted)
+to its readiness mark and to its first answer (``GET /health/live``), target
+<= 1 s, with its CPU by then; the last column times from the kill, less the
+backoff.
 """
 
 from __future__ import annotations

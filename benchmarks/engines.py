@@ -1,39 +1,24 @@
 """Several engines behind one API tier: cache affinity, and CPU engines against one engine with more threads.
 
-    python -m benchmarks.engines [--parts affinity cpu] [--seconds 10] [--rounds 2]
-                                 [--runtimes torch onnxruntime] [--save-figures PATH]
+    python -m benchmarks.engines [--parts affinity cpu] [--seconds 10] [--rounds 2] [--save-figures PATH]
 
-Both tables drive a tiny random CLIP (transformers' ``CLIPModel``, written
-with ``save_pretrained`` by ``benchmarks.random_pretrained.write_clip``: 32-px
-towers, so a request costs its image decode as much as its forward) with
-``wrk -t1 -c16`` posting OpenAI ``/v1/embeddings`` bodies of one 224-px JPEG,
-``--api-workers 1`` (one API process in front of the engines when there are
-several). Every server of a table is started once and paused; each is resumed
-for its own runs only, one unmeasured warm-up each, then ``--rounds`` rounds in
-an order mirrored every other round (``benchmarks.harness.run_saturation``).
-Figures are ratios within the run; the server's CPU is every process of its
-group (supervisor, API process, engines) over wrk's answered requests.
+A tiny random CLIP (``random_pretrained.write_clip``: 32-px towers, so a
+request costs its decode as much as its forward), ``--api-workers 1``,
+``wrk -t1 -c16`` posting ``/v1/embeddings`` bodies of one 224-px JPEG. Each
+table's servers are started once and paused, resumed for their own runs, in
+an order mirrored every other round (``harness.run_saturation``); server CPU
+is every process of its group over wrk's answers.
 
-affinity  Zipf(1.1) over 1,024 distinct images (the load generator's image
-          pool), drawn per request by ``benchmarks.engines_workload``'s wrk
-          script with the round's seed, so every server of a round gets the
-          same sequence. Each engine's image cache (``cache_image_bytes``)
-          holds a quarter of the images: the bytes of one entry are measured
-          first on a one-engine server. Servers: ``--engines 1`` with the
-          two engines' sum, ``--engines 2`` (affinity dispatch), and
-          ``--engines 2 --engine-dispatch round_robin``. Hit rate is the image
-          cache's hits over its lookups from ``/metrics`` around each run
-          (summed over engines). Targets (issue 45): affinity's hit rate
-          within 2 points of the one engine's, its answered/s >= the one
-          engine's; round robin shows what affinity saves.
-cpu       Caches off, one photo-like 224-px JPEG per request
-          (``benchmarks.photo_like``; synthesised, not a photograph):
-          ``--engines 2 --compute-threads 1`` against ``--engines 1
-          --compute-threads 2``, for each of ``--runtimes`` (each server
-          checked to serve under it). Which wins sets the CPU default.
-
-On a machine shared with other work the runs are noisy: the "other CPUs"
-column says how much of the machine others took meanwhile.
+affinity  Zipf(1.1) over 1,024 images, drawn by ``engines_workload``'s wrk
+          script with the round's seed (every server gets the same sequence).
+          Each engine caches a quarter of them (an entry's bytes measured
+          first): ``--engines 1`` with the two caches' sum, ``--engines 2``
+          by affinity, and in round robin. Hit rate from ``/metrics``.
+          Targets (issue 45): affinity's hit rate within 2 points of the one
+          engine's, its answered/s >= the one engine's.
+cpu       Caches off, one photo-like JPEG per request: ``--engines 2
+          --compute-threads 1`` against ``--engines 1 --compute-threads 2``
+          for each of ``--runtimes``. Which wins sets the CPU default.
 """
 
 from __future__ import annotations

@@ -2,49 +2,29 @@
 
     python -m benchmarks.frontend [--api-workers 1 2] [--seconds 10] [--rounds 2] [--kinds text image fusion]
 
-What it sends, each with one ``wrk`` (C, one thread, 16 connections by
-default, ``--connections``: closed-loop) posting one body
-(``benchmarks.harness.wrk_load``). 16, as the issue "One product whatever
---api-workers N" measures the engine: its CPU per request is what is
-compared, and 16 connections keep both servers busy without the deeper
-queues of 64 (which left more answers per turn, and so a cheaper engine
-request, than a server meets at 16).
+One ``wrk`` (one thread, ``--connections`` 16: enough to keep both servers
+busy without the deeper queues of 64, which make an engine request cheaper
+than a server meets at 16) posts one body per kind:
 
     text    POST /v1/embeddings {"input": "<a 40-character text>"}
     image   POST /v1/embeddings {"input": "data:image/jpeg;base64,<a 224x224 photo-like JPEG, quality 90>"}
     fusion  POST /v1/infer {"text": ..., "image": {"b64": <the same JPEG>}}
 
-to ``mmserve serve --preset synthetic --api-workers N`` for each N of
-``--api-workers`` (towers that sleep, ``--vision-ms``/``--text-ms`` per
-batch, so they neither compute nor bound throughput; segment cache off; the
-server's default log level, info, unless ``--log-level``), and to the HTTP
-floor (``benchmarks/frontend_floor_app``: bare FastAPI + uvicorn that parses
-the same body and returns mmserve's own answer, byte for byte). Servers run
-one at a time (the others paused with SIGSTOP), in A-B-B-A order rotated
-over the servers (``benchmarks.frontend_measure.run_order``), each warmed up
-once per kind first. The JPEG's base64-decode, decode to RGB and resize to
-the model's input (what an image request must do beyond the floor) is timed
-alone in this process, servers paused.
+to ``mmserve serve --preset synthetic --api-workers N`` (towers that sleep
+``--vision-ms``/``--text-ms`` per batch, so they neither compute nor bound
+throughput; segment cache off) and to the HTTP floor
+(``benchmarks.frontend_floor_app``: bare FastAPI + uvicorn returning mmserve's
+own answer byte for byte). One server runs at a time, the others paused,
+A-B-B-A rotated (``frontend_measure.run_order``). The JPEG's base64-decode,
+decode and resize (what an image request adds to the floor) is timed alone.
 
-What it compares: each server's CPU per answered request (CPU of every
-process of the server, from /proc, over wrk's non-error answers) against the
-floor's, and answers/s, with the targets of ``benchmarks.frontend_measure``.
-A second table splits each mmserve's CPU per request by kind of process
-(with ``--api-workers`` > 1: supervisor, engine and what it starts, API
-processes; with 1: the one process), and a third, the capacity table, takes
-the engine as the serial part: its CPU per request against the floor's
-(targets: <= 0.6 x for text, <= 1.0 x for images), the requests one engine
-takes at 100 % of one core, and the API-process cores that rate needs
-(``benchmarks.frontend_measure.capacity_rows``).
-The JPEG is synthesised (``benchmarks/photo_like``), not a photograph.
-
-``wrk`` is Debian's package: ``apt-get install wrk`` (``.ci/run`` installs it
-for the test that drives wrk; the benchmark itself is not run there). A server that refuses ``--api-workers`` (a build without API
-processes) is reported as such; ``--api-workers 1`` then runs without it.
-``--baseline-tree DIR`` adds the servers of another source tree (say the
-commit before a change, exported with ``git archive``), alternated with this
-checkout's in the same rounds, so a change is measured against its base
-under the same load.
+Tables (targets in ``benchmarks.frontend_measure``): each server's CPU per
+answered request (every process of it, from /proc) against the floor's, and
+answers/s; the CPU split by kind of process; and the engine as the serial
+part: its CPU per request against the floor's, the requests one engine core
+takes and the API-process cores that rate needs. ``--baseline-tree DIR``
+alternates another source tree's servers (e.g. a ``git archive`` of the base
+commit) in the same rounds. wrk: ``apt-get install wrk``.
 """
 
 from __future__ import annotations

@@ -2,15 +2,10 @@
 
     python -m benchmarks.frontend_floor_app --port P --answers FILE
 
-``FILE`` is JSON, ``{"text": "...", "image": "...", "fusion": "..."}``: the
-answer mmserve gave to each kind of request, returned byte for byte, so the
-floor writes as much as mmserve does. ``POST /v1/embeddings`` and
-``POST /v1/infer`` parse the body as JSON (what any server must do) and pick
-the answer: ``/v1/infer`` is fusion; an embeddings input starting with
-``data:`` is an image, any other a text. Nothing else happens: no
-validation, no model, no middleware, and FastAPI's own telemetry off as in
-mmserve's apps. The same uvicorn (httptools, no access log) as ``mmserve
-serve``. ``GET /health`` answers when it is up.
+``FILE`` is JSON ``{"text": ..., "image": ..., "fusion": ...}``: mmserve's
+answers, returned byte for byte. ``POST /v1/infer`` is fusion; an embeddings
+input starting with ``data:`` is an image, any other a text. No validation,
+model or middleware; the same uvicorn settings as ``mmserve serve``.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """The arithmetic of ``benchmarks/frontend.py``: runs pooled per server, ratios to the HTTP floor, verdicts.
 
-Strings and numbers in, numbers and rows out; nothing here starts a server.
-
-A server's CPU per request is pooled over its runs (every run's CPU seconds
-over every run's answered requests), so a short run weighs what it
-measured. The targets (issue "API processes in front of one engine"):
-
-    text   mmserve CPU per request <= 3.0 x the floor's, same body
-    image  mmserve CPU per request <= 1.5 x (the floor's + the JPEG's base64-decode, decode and resize alone)
-
-and, for a server of several processes, the engine as the serial part (issue
-"One product whatever --api-workers N"): the one engine process every
-request passes spends per request
-
-    text   <= 0.6 x the floor's CPU per request
-    image  <= 1.0 x the floor's CPU per request
-
-``capacity_rows`` turns the split into what one engine core takes (requests/s
-at 100 % of one core) and the API-process cores that rate needs. The text
-answers/s of --api-workers 2 over 1 is reported, with no target: on 2 cores
-the API processes, the engine and wrk share the cores, so scaling shows in
-where the CPU goes, not in throughput.
+A server's CPU per request is pooled over its runs (every run's CPU over
+every run's answers). Targets: mmserve's CPU per request, text <= 3.0 x the
+floor's, image <= 1.5 x (the floor's + the JPEG's decode alone); and the one
+engine process every request passes, as the serial part: text <= 0.6 x the
+floor's, image <= 1.0 x. ``capacity_rows`` turns that into requests/s per
+engine core and the API-process cores that rate needs. Text answers/s of
+--api-workers 2 over 1 is reported without a target: on 2 cores scaling
+shows in where the CPU goes, not in throughput. Nothing here starts a server.
 """
 
 from __future__ import annotations

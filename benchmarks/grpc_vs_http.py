@@ -2,20 +2,13 @@
 
     python -m benchmarks.grpc_vs_http [--seconds 10] [--rounds 2] [--processes 4] [--threads 4]
 
-One ``mmserve serve --grpc-port`` per model (the synthetic preset, then a tiny
-random CLIP written with transformers' own ``save_pretrained``), the segment
-cache off so every request is computed. Each workload (one text per request;
-one 224 x 224 JPEG per request) is sent by ``tritonclient.grpc`` and by
-``tritonclient.http`` with binary inputs and outputs, in A-B-B-A order, at
-C = 16 (processes x threads, one client per thread, closed loop).
-
-The load generator is Python (``h2load`` is not installed here): its worker
-processes measure their own CPU, reported apart from the server's. Server CPU
-per answered request is the server's process group's user + system time over
-the run (``benchmarks.harness.cpu_accounting``), so it holds whatever share of
-the cores the generator took; requests/s does not, on a machine the generator
-shares. Targets (issue 44): gRPC's server CPU per request <= 0.8x HTTP's,
-requests/s >= HTTP's.
+One ``mmserve serve --grpc-port`` per model (the synthetic preset, a tiny
+random CLIP), segment cache off. Each workload (one text, or one 224-px JPEG,
+per request) is sent by ``tritonclient.grpc`` and ``tritonclient.http``,
+A-B-B-A, at C = processes x threads (closed loop). The Python generator's own
+CPU is reported apart from the server's (its process group's, from /proc).
+Targets (issue 44): gRPC's server CPU per request <= 0.8x HTTP's, requests/s
+>= HTTP's.
 """
 
 from __future__ import annotations

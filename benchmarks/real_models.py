@@ -1,61 +1,28 @@
 """mmserve against Infinity on the image–text models users have: same weights, same protocol, one run.
 
-For each family (SigLIP, CLIP, open_clip, timm ViT + BERT) the script writes
-a small random model with the family's own library
-(``benchmarks.random_pretrained``), 4 layers, 256 wide, 224 px, patch 16,
-and serves that one directory with ``mmserve serve --model DIR`` (segment
-cache off, so every request is computed) and with Infinity (``infinity_emb
-v2 --model-id DIR``, 0.0.78, from a venv of its own:
-``benchmarks.harness.peer_venv``).
-Both take the same OpenAI ``POST /v1/embeddings`` bodies, one input each,
-images as ``data:`` URIs (Infinity's dialect adds ``"modality": "image"``).
-Both batch at most 8 (mmserve waits up to 5 ms for a batch to fill; Infinity
-has no such knob) and run float32 on the CPU.
+Per family (SigLIP, CLIP, open_clip, timm ViT + BERT) a small random model
+(``benchmarks.random_pretrained``: 4 layers, 256 wide, 224 px, patch 16) is
+served by ``mmserve serve --model DIR`` (segment cache off) and by Infinity
+0.0.78 from its own venv (``benchmarks.harness.peer_venv``), both on OpenAI
+``POST /v1/embeddings`` with one input a request, batch cap 8, float32, CPU.
 
-1. Embeddings: a few images (PNG, several sizes) and texts (CJK among them),
-   each server's answer against the library computed here
-   (``benchmarks.reference_embeddings``); min cosine, target >= 0.99999.
-   Where Infinity cannot serve a family the row says what it answered.
-2. Timing, for the families both serve, text-only and image-only, A-B-B-A
-   alternated, the idle server paused (SIGSTOP), other processes' CPU
-   recorded (``benchmarks.harness.alternation``):
+1. Embeddings against the family's own library (``reference_embeddings``):
+   min cosine, target >= 0.99999; a family Infinity cannot serve says why.
+2. Timing, text-only and image-only, A-B-B-A with the idle server paused:
+   saturation from ``wrk`` (little CPU of its own) with the server's CPU per
+   answer from ``/proc``, then open-loop p99 at 70 % of Infinity's saturation
+   from the Python generator (which times from the intended send). Targets,
+   mmserve / Infinity under ``--runtime auto`` (issue 43): text throughput
+   >= 1.6x, CPU per answer <= 0.65x; images >= 2x and <= 0.5x; p99 text
+   <= 0.5x, images <= 0.7x.
+3. Unless ``--no-torch-baseline``: images again against mmserve under
+   ``--runtime torch``; target CPU per answer <= 0.55x torch's.
 
-   - saturation from ``wrk`` (C, one thread, ``--concurrency`` connections),
-     posting in turn 64 texts of 16-60 characters or 100 JPEGs 224x224
-     (``benchmarks.harness.wrk_load``), so the generator takes little of the
-     cores the servers need: answers/s, and the server's CPU per answered
-     request (user + system of every process of the server, from ``/proc``,
-     over wrk's non-error answers) and the CPUs it kept busy;
-   - open-loop p99 at 70 % of Infinity's saturation from the Python
-     generator, which times each request from its intended send time.
+Every table names the runtime each mmserve says it serves (``/v1/models``);
+the script stops if that is not what it asked for. ``--no-peer`` times
+mmserve alone; ``--previous-figures`` prints an earlier run's CPU ratios.
 
-   Targets, as ratios mmserve / Infinity within the run (issue 43, mmserve
-   under ``--runtime auto``, which is ONNX Runtime on the CPU): text
-   throughput >= 1.6x, server CPU per answer <= 0.65x; images (224 px JPEGs)
-   throughput >= 2x, server CPU per answer <= 0.5x; fixed-rate p99 text
-   <= 0.5x, images <= 0.7x. ``--previous-figures`` (a file an earlier run
-   saved with ``--save-figures``) prints that run's CPU ratios beside.
-3. The runtime against torch (``--torch-baseline``, on by default when
-   timing): the same directory served by a second mmserve under
-   ``--runtime torch``, images only, saturation A-B-B-A against the first;
-   target: CPU per image answer <= 0.55x torch's.
-
-Every table names the runtime and quantization each mmserve says it serves
-(``GET /v1/models``), and the script stops if that is not what it asked for.
-
-    python -m benchmarks.real_models
     python -m benchmarks.real_models --families clip --timing-families clip --seconds 5
-    python -m benchmarks.real_models --save-figures new.json --previous-figures old.json
-    python -m benchmarks.real_models --families clip --timing-families clip --quantize int8
-    python -m benchmarks.real_models --families clip --timing-families clip --no-peer --seconds 2 --rounds 1
-
-``--no-peer`` times mmserve alone (saturation from wrk, no ratios, no fixed
-rate: that is a share of Infinity's). ``wrk`` is Debian's package
-(``apt-get install wrk``); the script says so and stops when timing is
-asked for without it.
-
-The Python generator shares the CPUs with the servers; where it fell behind
-its schedule at the fixed rate the table says so (generator lag).
 """
 
 from __future__ import annotations

@@ -1,26 +1,17 @@
 """What one run of ``benchmarks.real_models`` keeps for the next: per family and lane, CPU per answer and answers/s.
 
-The image target of that benchmark is "no worse than the previous run":
-this run's server CPU per answered image request, mmserve's over
-Infinity's (a ratio, because the machines drift and a ratio taken within
-one alternated run does not), at most the ratio a previous run saved
-(``--save-figures FILE`` there, ``--previous-figures FILE`` here). Without
-a previous file the target is shown and not judged.
-
-The file is JSON::
+``--save-figures FILE`` there writes it, ``--previous-figures FILE`` reads
+it back, to show an earlier run's mmserve/Infinity CPU ratio beside this
+one's (a ratio, as it holds across machines' drift). JSON::
 
     {"saved": "2026-12-03 12:30 UTC",
      "families": {"clip": {"image": {"cpu_ratio": 0.81,
                                      "servers": {"infinity": {"cpu_ms_per_request": 21.0, "ok_rps": 38.4},
                                                  "mmserve": {"cpu_ms_per_request": 17.0, "ok_rps": 56.2}}}}}}
 
-The same file is a headline result file (``benchmarks.harness.figures``):
-``headline_figures`` adds each timed lane's ratios to Infinity (throughput,
-p99, CPU per answer, as the verdict lines print them) for
-``benchmarks.headline``, so ``--save-figures benchmarks/results/NAME.json``
-serves both.
-
-Pure arithmetic and JSON; nothing here starts a server.
+It is also a headline result file (``benchmarks.harness.figures``):
+``headline_figures`` adds each timed lane's ratios to Infinity as the verdict
+lines print them. Pure arithmetic and JSON.
 """
 
 from __future__ import annotations

@@ -1,23 +1,20 @@
 """How close each CPU runtime gets to the machine's best matrix multiply, on two image towers.
 
-One run, on this CPU, float32 (int8 where named), ``--threads`` intra-op threads for every runtime:
+One run, float32 (int8 where named), ``--threads`` intra-op threads each:
 
-1. The ceiling: the best 1024 x 1024 x 1024 float32 matrix multiply rate (GFLOP/s) of torch, numpy
-   (in a subprocess with ``OPENBLAS_CORETYPE`` and ``OPENBLAS_L2_SIZE`` unset, for that measurement
-   only) and ONNX Runtime's ``MatMul``; the best of the three is the reference.
-2. The towers, batch ``--batch`` of 224 px images: a ViT-B/16-shaped transformers CLIP vision tower
-   (random weights, built with transformers' constructors) and timm's ``vit_large_patch16_224``
-   (``pretrained=False``), each run in torch eager, in ONNX Runtime (exported with
-   ``torch.onnx.export``), in ONNX Runtime int8 (``models.onnx.quantize``, dynamic) and in OpenVINO's
-   CPU runtime reading the same exported graph with its inference precision held at f32 (on a CPU
-   with AMX or AVX-512 BF16, OpenVINO's default is bf16). With ``--static-int8`` the CLIP tower also
-   runs static QDQ int8 (MinMax calibration on the probe images), the alternative the quantizer
-   module weighed.
+1. The ceiling: the best 1024^3 float32 matmul (GFLOP/s) of torch, numpy (in
+   a subprocess with ``OPENBLAS_CORETYPE``/``OPENBLAS_L2_SIZE`` unset) and
+   ONNX Runtime's ``MatMul``.
+2. Batch ``--batch`` of 224 px images through a ViT-B/16-shaped transformers
+   CLIP vision tower and timm's ``vit_large_patch16_224`` (random weights), in
+   torch eager, ONNX Runtime, ONNX Runtime int8 (``models.onnx.quantize``,
+   dynamic) and OpenVINO (f32 held: its default is bf16 on AMX/AVX-512 BF16);
+   ``--static-int8`` adds static QDQ int8 for CLIP, the quantizer's alternative.
 
-A tower's rate is its FLOPs (``torch.utils.flop_counter`` on the torch forward: matrix multiplies,
-convolutions and attention) over the best time of one batch; the table shows it beside its ratio to
-the best matrix multiply and the lowest row cosine of its embeddings to torch's. Runtimes take turns
-batch by batch (``--repeats`` rounds), so a slower minute of the shared machine hits all of them.
+A tower's rate is its FLOPs (``torch.utils.flop_counter``) over its best
+batch time, shown against the best matmul and with the lowest cosine to
+torch's embeddings. Runtimes take turns batch by batch (``--repeats``), so a
+slower minute of a shared machine hits all of them.
 
     python -m benchmarks.runtime_rates [--threads 2] [--batch 8] [--repeats 5] [--static-int8]
 """

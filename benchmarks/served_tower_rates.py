@@ -1,33 +1,22 @@
 """The image tower's rate as served: its FLOPs over the engine's own compute time per batch of 8.
 
 ``benchmarks.runtime_rates`` times the towers in this process; this one
-times them where they serve. One run, on this CPU, float32:
+where they serve, float32 on this CPU:
 
-1. The ceiling, as there: the best 1024 x 1024 x 1024 float32 matrix
-   multiply of torch, numpy (``OPENBLAS_CORETYPE`` unset for that
-   measurement only) and ONNX Runtime's ``MatMul``, ``--threads`` threads,
-   measured before the servers and again after them (each library's best
-   of the two: a shared machine's load changes over minutes).
-2. Each model served by ``mmserve serve`` under ``--runtime`` (default
-   ``auto``, ONNX Runtime on the CPU; the script checks the server says so):
-   a ViT-B/16-shaped transformers CLIP (random weights, written with
-   ``save_pretrained``) and the ViT-L/16 preset. Segment cache off, batch cap
-   8 on the vision lane (the text and fusion lanes, unused here, at 1 to keep
-   the warm-up short), ``compute_threads`` ``--threads``. ``--requests`` requests of 8 random
-   224 x 224 images each (raw uint8, so no decode or resize), one at a time:
-   each is one batch of 8 through the vision tower.
-3. The engine's compute time per batch is its ``vision`` stage (upload,
-   normalisation, the tower, the copy back): the median from its own digests
-   (``mmserve_stage_latency_seconds{route="vision",stage="vision",
-   quantile="0.5"}`` on ``/metrics``) and the fastest from the answers'
-   ``timings_ms``. The tower's FLOPs come from ``torch.utils.flop_counter``
-   on the same architecture built here (transformers' CLIP vision tower with
-   its projection; timm's ``vit_large_patch16_224``).
+1. The ceiling: the best 1024^3 float32 matmul of torch, numpy and ONNX
+   Runtime (``runtime_rates.matmul_rates``), before and after the servers
+   (each library's best of the two: the load changes over minutes).
+2. Each model under ``mmserve serve --runtime`` (default ``auto``, checked
+   with the server): a ViT-B/16-shaped random transformers CLIP and the
+   ViT-L/16 preset; segment cache off, vision batch cap 8. ``--requests``
+   requests of 8 raw uint8 224-px images (no decode), one at a time.
+3. Compute time per batch is the engine's ``vision`` stage: the median from
+   its digests on ``/metrics``, the fastest from the answers' ``timings_ms``;
+   FLOPs from ``torch.utils.flop_counter`` on the same architecture.
 
 Target (issue 43): rate / best matmul >= 0.8 for both models.
 
-    python -m benchmarks.served_tower_rates [--runtime auto] [--threads 2] [--requests 12]
-    python -m benchmarks.served_tower_rates --export-cache-dir DIR   # a cache an earlier start filled
+    python -m benchmarks.served_tower_rates [--threads 2] [--requests 12] [--export-cache-dir DIR]
 """
 
 from __future__ import annotations

@@ -1,29 +1,20 @@
 """Start-up time: from spawning ``mmserve serve`` to ``/health/ready``, by model, runtime and export cache.
 
     python -m benchmarks.startup [--presets tiny] [--rounds 2] [--save-figures PATH]
-    python -m benchmarks.startup --presets vit-l16 --siglip-l --ways cold warm --rounds 1 --log-lines
-    python -m benchmarks.startup --presets vit-l16 --ways cold warm --keep-cache DIR   # leave the cache at DIR
+    python -m benchmarks.startup --presets vit-l16 --siglip-l --ways cold warm --keep-cache DIR --log-lines
 
-Up to three ways per model, in turn each round: ``torch`` (``--runtime
-torch``); ``cold``, ONNX Runtime (``--runtime auto`` on the CPU; the script
-asks the server what it serves and stops if it fell back) with an empty export
-cache, so the towers are exported, checked against torch and warmed on the
-way; and ``warm``, the same command with the cache that start filled, as every
-later start of that model finds it (or a container after ``mmserve export``).
-With ``--keep-cache DIR`` each model's graphs go to DIR/MODEL and stay there;
-where that already holds graphs, the cold start is a cache read too and its
-row says so ("ORT, cache already filled").
+Up to three ways per model, in turn each round: ``torch``; ``cold``, ONNX
+Runtime (``--runtime auto``, checked with the server) with an empty export
+cache, so the towers are exported and checked on the way; ``warm``, the
+same with the cache that start filled, as every later start finds it.
+``--keep-cache DIR`` keeps each model's graphs in DIR/MODEL (a cold start
+that finds them says "ORT, cache already filled").
 
-Time is from spawn to ``GET /health/ready`` answering 200 (ready only after
-warm-up has run every bucket shape); beside it the server's CPU seconds by
-then, which a machine shared with other work stretches less than the wall time.
-Models: any preset (``vit-l16`` is what ``mmserve serve`` starts with no model
-named) and, with ``--siglip-l``, ``siglip-l``: a random directory at
-``google/siglip-large-patch16-384``'s sizes (24 layers, 1024 wide, 384 px,
-patch 16) written with transformers' ``save_pretrained``
-(``benchmarks.random_pretrained``). ``--log-lines`` runs the servers at log
-level info and prints their own lines on where the time went: the ONNX step
-(export or cache read, sessions, the probe check) and each executor's warm-up.
+Time is to ``/health/ready`` answering 200 (after warm-up), with the
+server's CPU seconds by then, which a shared machine stretches less.
+Models: any preset (``vit-l16`` is ``mmserve serve``'s default) and
+``--siglip-l``, a random SigLIP at ``google/siglip-large-patch16-384``'s
+sizes. ``--log-lines`` prints the servers' own lines on where the time went.
 
 Target (issue 43): the ViT-L/16 preset ready <= 45 s from the cache on 2 cores.
 """

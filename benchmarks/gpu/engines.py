@@ -1,23 +1,15 @@
 """Several GPUs behind one server: one engine per device against one engine, served images/s on the same box.
 
-``benchmarks/gpu/run.sh``, step 4 (``--engines-only`` alone). It runs only
-where more than one GPU is visible; on a box with one it prints that it was
-skipped because the box has one GPU, and exits 0 (nothing measured, nothing
-faked). Where it runs, one random SigLIP at
-google/siglip-large-patch16-256's shape (``benchmarks.gpu.siglip_large``) is
-served, bf16 with CUDA graphs, segment cache off, by:
+``benchmarks/gpu/run.sh``, step 4. Only where more than one GPU is visible
+(otherwise it says so and exits 0: nothing measured, nothing faked). A random
+SigLIP at google/siglip-large-patch16-256's shape, bf16 with CUDA graphs,
+segment cache off, served by one engine (``--device cuda``), two
+(``--devices cuda:0,cuda:1``) and N (``--engines auto``, when N > 2), each at
+saturation through wrk (``benchmarks.gpu.served``, 64 requests in flight per
+engine): images/s and the ratio to one engine (ideal: the engine count);
+checks: every engine computed batches, no non-2xx, no cold compile after ready.
 
-    1 engine     mmserve serve --model DIR --device cuda                      (cuda:0)
-    2 engines    mmserve serve --model DIR --devices cuda:0,cuda:1
-    N engines    mmserve serve --model DIR --device cuda --engines auto      (only when N > 2)
-
-each at saturation through wrk (KServe v2 binary ``image_uint8`` batches,
-``benchmarks.gpu.served``; 64 requests in flight per engine). Each row gives
-images/s and its ratio to the one engine (ideal: the number of engines); the
-checks: every engine computed batches (``mmserve_batch_size_count`` by its
-``engine`` label), no non-2xx answer, no cold compile after ready.
-
-Exit status: 0 passed (or skipped: one GPU), 1 a check failed, 2 no CUDA.
+Exit status: 0 passed (or skipped), 1 a check failed, 2 no CUDA.
 """
 
 from __future__ import annotations
