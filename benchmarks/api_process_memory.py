@@ -295,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(table(["model", "start", "start -> first answer (s)", "median (s)", "CPU by then (s)",
                  f"<= {RESTART_TARGET_S:.0f} s"], summary))
+    save_figures(args.save_figures, headline_figures(memory, summary))
     return 0
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from benchmarks.gpu.kernel_checks import check_attention, check_preprocess
 from benchmarks.gpu.kernel_timings import time_attention, time_host_to_device, time_layernorm, time_preprocess
-from benchmarks.gpu.report import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_NO_CUDA, Deadline, Report, Row, run_section
+from benchmarks.gpu.report import EXIT_INTERRUPTED, EXIT_NO_CUDA, Deadline, Report, Row, cuda_missing, run_section
 from benchmarks.gpu.vit_preset import time_vit
 
 
@@ -48,12 +48,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if cuda_missing():
+        return EXIT_NO_CUDA
     import torch
 
-    if not torch.cuda.is_available():
-        print("error: CUDA is not available (torch.cuda.is_available() is False); this benchmark needs a GPU",
-              file=sys.stderr)
-        return EXIT_NO_CUDA
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("error: TRITON_INTERPRET is set; unset it to benchmark compiled kernels", file=sys.stderr)
         return EXIT_NO_CUDA
@@ -81,12 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
     import triton
 
-    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
-    report.print_table()
-    if report.num_failed_checks:
-        print(f"{report.num_failed_checks} kernel check(s) FAILED", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    return 0
+    return report.finish(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}",
+                         "kernel check(s)")
 
 
 if __name__ == "__main__":

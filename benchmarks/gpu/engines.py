@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.gpu.report import EXIT_CHECK_FAILED, EXIT_NO_CUDA, Deadline, Report, Row
+from benchmarks.gpu.report import EXIT_NO_CUDA, Deadline, Report, Row, cuda_missing
 from benchmarks.gpu.served import find_wrk, kserve_uint8_body, metric_sum, run_wrk, scrape, start_server
 
 _BATCH_COUNT = re.compile(r'^mmserve_batch_size_count\{([^}]*)\}\s+(\S+)$', re.MULTILINE)
@@ -85,11 +85,6 @@ def wait_for_engines(url: str, num_engines: int, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
-def _check(report: Report, case: str, is_passed: bool, note: str) -> None:
-    report.num_failed_checks += 0 if is_passed else 1
-    report.add(Row("check", case, "engines", None, None, f"{'PASS' if is_passed else 'FAIL'} {note}"))
-
-
 def serve_each(report: Report, args: argparse.Namespace, model_dir: Path, runs: Sequence[EngineRun],
                deadline: Deadline, device: str = "cuda") -> None:
     """Each of ``runs`` served at saturation, one after the other; a row and its checks for each.
@@ -131,12 +126,12 @@ def serve_each(report: Report, args: argparse.Namespace, model_dir: Path, runs: 
                        f"{run.num_engines})"))
         by_engine = batches_by_engine(exposition)
         num_computing = len([count for count in by_engine.values() if count > 0])
-        _check(report, f"{run.label} every engine computed", num_computing == run.num_engines,
+        report.check(f"{run.label} every engine computed", "engines", num_computing == run.num_engines,
                f"batches by engine {by_engine}")
-        _check(report, f"{run.label} non-2xx + socket errors", result.num_non_2xx + result.num_socket_errors == 0,
+        report.check(f"{run.label} non-2xx + socket errors", "engines", result.num_non_2xx + result.num_socket_errors == 0,
                f"{result.num_non_2xx} + {result.num_socket_errors}")
         compiles = metric_sum(exposition, "mmserve_cold_compiles_total") or 0.0
-        _check(report, f"{run.label} cold compiles after ready", compiles == 0, f"{compiles:.0f}")
+        report.check(f"{run.label} cold compiles after ready", "engines", compiles == 0, f"{compiles:.0f}")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -154,11 +149,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if cuda_missing():
+        return EXIT_NO_CUDA
     import torch
 
-    if not torch.cuda.is_available():
-        print("error: CUDA is not available; this benchmark needs a GPU", file=sys.stderr)
-        return EXIT_NO_CUDA
     num_gpus = torch.cuda.device_count()
     runs = engine_runs(num_gpus)
     if not runs:
@@ -171,12 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model_dir = args.model_dir or write_random_siglip(Path(tempfile.mkdtemp(prefix="siglip-large-")) / "siglip-large")
     serve_each(report, args, model_dir, runs, deadline)
     names = ", ".join(sorted({torch.cuda.get_device_name(index) for index in range(num_gpus)}))
-    print(f"{num_gpus} x {names} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, random weights, bf16")
-    report.print_table()
-    if report.num_failed_checks:
-        print(f"{report.num_failed_checks} check(s) FAILED", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    return 0
+    return report.finish(f"{num_gpus} x {names} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, random weights, "
+                         "bf16")
 
 
 if __name__ == "__main__":

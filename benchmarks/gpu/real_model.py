@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu.report import EXIT_CHECK_FAILED, EXIT_NO_CUDA, Deadline, Report, Row, bench_ms, per_s, run_section
+from benchmarks.gpu.report import EXIT_NO_CUDA, Deadline, Report, Row, bench_ms, cuda_missing, per_s, run_section
 from benchmarks.gpu.served import (
     find_wrk, kserve_uint8_body, metric_sum, metric_value, post_image_embeddings, run_wrk, scrape, start_server,
 )
@@ -61,9 +61,7 @@ def _cosine_min(a: Any, b: Any) -> float:
 
 def _check(report: Report, section: str, case: str, value: float, bound: float, is_min: bool = True) -> None:
     passed = value >= bound if is_min else value <= bound
-    report.num_failed_checks += 0 if passed else 1
-    relation = ">=" if is_min else "<="
-    report.add(Row("check", case, section, None, None, f"{'PASS' if passed else 'FAIL'} {value:.6f} {relation} {bound}"))
+    report.check(case, section, passed, f"{value:.6f} {'>=' if is_min else '<='} {bound}")
 
 
 def _embed(bundle: Any, images: Any, texts: Sequence[str]) -> tuple[Any, Any, Any]:
@@ -255,11 +253,10 @@ def _in_process(report: Report, args: argparse.Namespace,
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if cuda_missing():
+        return EXIT_NO_CUDA
     import torch
 
-    if not torch.cuda.is_available():
-        print("error: CUDA is not available; this benchmark needs a GPU", file=sys.stderr)
-        return EXIT_NO_CUDA
     deadline = Deadline(args.budget_s)
     report = Report()
     started = time.monotonic()
@@ -269,12 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_ms, decode_reference = _in_process(report, args, model_dir)
     torch.cuda.empty_cache()  # the in-process models are gone: the server gets the device
     run_section(report, "served", lambda: served(report, args, model_dir, raw_ms, deadline, decode_reference))
-    print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, random weights")
-    report.print_table()
-    if report.num_failed_checks:
-        print(f"{report.num_failed_checks} check(s) FAILED", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    return 0
+    return report.finish(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, "
+                         "random weights")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,20 @@ class Report:
             speedup = baseline_ms / ms if baseline_ms is not None and ms else None
             self.add(Row(section, case, impl, ms, speedup, note))
 
+    def check(self, case: str, impl: str, is_passed: bool, note: str) -> None:
+        """A check's row, PASS or FAIL, counted when it fails."""
+        self.num_failed_checks += 0 if is_passed else 1
+        self.add(Row("check", case, impl, None, None, f"{'PASS' if is_passed else 'FAIL'} {note}"))
+
+    def finish(self, header: str, checks: str = "check(s)") -> int:
+        """``header`` and the table on stdout; the exit status (1 where a check failed)."""
+        print(header)
+        self.print_table()
+        if self.num_failed_checks:
+            print(f"{self.num_failed_checks} {checks} FAILED", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        return 0
+
     def print_table(self) -> None:
         header = f"{'section':<11}{'case':<26}{'impl':<24}{'median_ms':>11}{'speedup':>9}  note"
         print(header)
@@ -56,6 +70,17 @@ class Report:
         for r in self.rows:
             speedup = f"{r.speedup:.2f}x" if r.speedup is not None else ""
             print(f"{r.section:<11}{r.case:<26}{r.impl:<24}{_fmt_ms(r.median_ms):>11}{speedup:>9}  {r.note}")
+
+
+def cuda_missing() -> bool:
+    """True, with the error line on stderr, where torch sees no CUDA device (exit with ``EXIT_NO_CUDA``)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return False
+    print("error: CUDA is not available (torch.cuda.is_available() is False); this benchmark needs a GPU",
+          file=sys.stderr)
+    return True
 
 
 class Deadline:
