@@ -28,87 +28,37 @@ from __future__ import annotations
 
 import argparse
 import base64
-import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import numpy as np
-from PIL import Image
 
+from benchmarks.harness import ServerProcess, mmserve_command, mmserve_model_command, ruled, running
+from benchmarks.harness.cpu_accounting import process_cpu_s, process_start_s
 from benchmarks.harness.figures import Figure, add_save_figures_argument, save_figures
+from benchmarks.harness.process_resources import child_pids, process_label
+from benchmarks.photo_like import noise_image
 
 MIB = 1024 * 1024
 RSS_TARGET_MIB = 200.0
 RESTART_TARGET_S = 1.0
 RUN_DIRECTORY_VARIABLE = "MMSERVE_WORKER_RUN_DIR"  # what the supervisor hands its children (server.workers.handoff)
 START_METHODS = ("spawn", "forkserver")  # MMSERVE_API_PROCESS_START; alternated, the old way first
+PILLOW_JPEG_QUALITY = 75  # Pillow's default, which these JPEGs were first written at
 BACKOFF_S = 0.5  # the supervisor's first wait before it starts a dead API process again (restart_backoff)
 
 
-@dataclass(frozen=True)
-class Served:
-    process: subprocess.Popen
-    url: str
-
-    def children(self, kind: str) -> set[int]:
-        pid = self.process.pid
-        found = set()
-        for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-            try:
-                if kind in Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace"):
-                    found.add(int(child))
-            except FileNotFoundError:  # exited meanwhile
-                pass
-        return found
-
-
-@contextmanager
-def serve(args: Sequence[str], env: Mapping[str, str] = {}) -> Iterator[Served]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", *args, "--port", str(port)],
-                               env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", **env},
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"mmserve serve {' '.join(args)} exited with {process.returncode}")
-            try:
-                if httpx.get(f"{url}/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server never became ready")
-            time.sleep(0.1)
-        yield Served(process, url)
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _encoded(seed: int, size: tuple[int, int], image_format: str) -> str:
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, format=image_format)
-    return base64.b64encode(out.getvalue()).decode()
+def children(server: ServerProcess, label: str) -> set[int]:
+    """The server's direct children that run ``label`` (``api_process``, ``api_forkserver``, ``engine_process``)."""
+    return {pid for pid in child_pids(server.pid) if process_label(pid) == label}
 
 
 TEXTS = ("a photo of a cat", "Two DOGS playing on the grass!", "東京タワーの夜景 🗼", "word " * 80)
@@ -118,8 +68,8 @@ def send_traffic(url: str, rounds: int) -> int:
     """``rounds`` x (text, JPEG, PNG, fused) on new connections; every answer must be 200. Returns how many."""
     sent = 0
     for i in range(rounds):
-        jpeg = {"b64": _encoded(i, (640, 480), "JPEG")}
-        png = {"b64": _encoded(1000 + i, (384, 384), "PNG")}
+        jpeg = {"b64": base64.b64encode(noise_image(640, 480, i, quality=PILLOW_JPEG_QUALITY)).decode()}
+        png = {"b64": base64.b64encode(noise_image(384, 384, 1000 + i, "PNG")).decode()}
         bodies = ({"text": TEXTS[i % len(TEXTS)], "truncate": True}, {"image": jpeg}, {"image": png},
                   {"image": jpeg, "text": TEXTS[(i + 1) % len(TEXTS)], "truncate": True})
         for body in bodies:
@@ -158,18 +108,6 @@ def _run_directory(pid: int) -> Path:
     raise RuntimeError(f"process {pid} has no {RUN_DIRECTORY_VARIABLE}")
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds the process has spent so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def started_s(pid: int) -> float:
-    """When process ``pid`` started, on the CLOCK_BOOTTIME clock (its ``/proc/<pid>/stat`` start time, in ticks)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
-
-
 def boot_clock_s() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
@@ -184,15 +122,15 @@ class Restart:
     kill_to_answer_s: float  # from the kill to its first answer, less the supervisor's backoff
 
 
-def time_restart(served: Served) -> Restart:
+def time_restart(served: ServerProcess) -> Restart:
     """Kill one API process and time the one started in its place (the other is stopped meanwhile)."""
-    killed, survivor = sorted(served.children("api_process"))
+    killed, survivor = sorted(children(served, "api_process"))
     ready_directory = _run_directory(survivor) / "ready"
     os.kill(survivor, signal.SIGSTOP)  # only the new process accepts connections
     try:
         killed_at = boot_clock_s()
         os.kill(killed, signal.SIGKILL)
-        while not (new := served.children("api_process") - {killed, survivor}):
+        while not (new := children(served, "api_process") - {killed, survivor}):
             if boot_clock_s() - killed_at > 60:
                 raise RuntimeError("the supervisor started no API process in the killed one's place")
             time.sleep(0.002)
@@ -200,7 +138,7 @@ def time_restart(served: Served) -> Restart:
         with httpx.Client(timeout=60) as client:  # connects now; the listen queue holds it until one accepts
             answered = client.get(f"{served.url}/health/live", headers={"Connection": "close"})
         answered_at = boot_clock_s()
-        spent_s = cpu_s(restarted)
+        spent_s = process_cpu_s(restarted)
         if answered.status_code != 200:
             raise RuntimeError(f"/health/live answered {answered.status_code}")
         mark = ready_directory / str(restarted)
@@ -209,7 +147,7 @@ def time_restart(served: Served) -> Restart:
                 raise RuntimeError("the restarted API process never marked itself ready")
             time.sleep(0.002)
         marked_at = mark.stat().st_mtime - (time.time() - boot_clock_s())  # wall clock -> boot clock
-        spawned_at = started_s(restarted)
+        spawned_at = process_start_s(restarted)
         return Restart(marked_at - spawned_at, answered_at - spawned_at, spent_s,
                        answered_at - killed_at - BACKOFF_S)
     finally:
@@ -222,30 +160,33 @@ def write_siglip_384(directory: Path) -> Path:
     return write_siglip(directory, TowerSize(image_size=384, patch_size=32), max_text_tokens=64)
 
 
-def memory_rows(name: str, method: str, served: Served, sent: int) -> list[list[str]]:
+def memory_rows(name: str, method: str, served: ServerProcess, sent: int) -> list[list[str]]:
     rows = []
-    for pid in sorted(served.children("api_process")):
+    for pid in sorted(children(served, "api_process")):
         counted, pss, shm, maps_torch = memory_mib(pid)
         verdict = "met" if counted <= RSS_TARGET_MIB and not maps_torch else "NOT met"
         rows.append([name, method, f"API process {pid} after {sent} requests", f"{counted:.1f}", f"{pss:.1f}",
                      f"{shm:.1f}", "yes" if maps_torch else "no", f"<= {RSS_TARGET_MIB:.0f} MiB: {verdict}"])
     for kind, what in (("api_forkserver", "fork server (imports, forks)"), ("engine_process", "engine (holds the model)")):
-        for pid in served.children(kind):
+        for pid in children(served, kind):
             counted, pss, shm, maps_torch = memory_mib(pid)
             rows.append([name, method, what, f"{counted:.1f}", f"{pss:.1f}", f"{shm:.1f}",
                          "yes" if maps_torch else "no", "-"])
     return rows
 
 
-def measure(name: str, args: Sequence[str], rounds: int, restarts: int) -> tuple[list[list[str]], list[list[str]],
-                                                                                  dict[str, list[Restart]]]:
-    """Memory rows and restart rows of one model, each way of starting API processes; the restarts by way."""
+def measure(name: str, model: str | Path, rounds: int, restarts: int) -> tuple[list[list[str]], list[list[str]],
+                                                                                   dict[str, list[Restart]]]:
+    """Memory rows and restart rows of one model (a preset or a directory), each way of starting API processes."""
     memory, timed = [], []
     by_method: dict[str, list[Restart]] = {method: [] for method in START_METHODS}
     with ExitStack() as stack:
-        servers = {method: stack.enter_context(serve([*args, "--device", "cpu", "--api-workers", "2"],
-                                                     {"MMSERVE_API_PROCESS_START": method}))
-                   for method in START_METHODS}
+        servers = {}
+        for method in START_METHODS:
+            settings = {"API_WORKERS": "2", "API_PROCESS_START": method}
+            command = (mmserve_model_command(model, settings) if isinstance(model, Path)
+                       else mmserve_command(model, settings))
+            servers[method] = stack.enter_context(running(command))
         for method, served in servers.items():
             memory.extend(memory_rows(name, method, served, send_traffic(served.url, rounds)))
         for attempt in range(restarts):
@@ -280,21 +221,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     memory, timed, summary = [], [], []
     with tempfile.TemporaryDirectory(prefix="mmserve-bench-") as directory:
         siglip = write_siglip_384(Path(directory) / "siglip-384")
-        for name, model_args in (("tiny", ["--preset", "tiny"]), ("siglip 384 px", ["--model", str(siglip)])):
-            model_memory, model_timed, by_method = measure(name, model_args, args.rounds, args.restarts)
+        for name, model in (("tiny", "tiny"), ("siglip 384 px", siglip)):
+            model_memory, model_timed, by_method = measure(name, model, args.rounds, args.restarts)
             memory.extend(model_memory)
             timed.extend(model_timed)
             summary.extend(summary_rows(name, by_method))
     memory.append(["-", "-", "bare python: import torch, transformers, timm", f"{old_import_set_mib():.1f}", "", "",
                    "yes", "what an API process imported before"])
-    print(table(["model", "start", "process", "RSS - shm (MiB)", "PSS - shm (MiB)", "shm: pixel slots (MiB)",
-                 "maps libtorch", "target"], memory))
+    print(ruled([["model", "start", "process", "RSS - shm (MiB)", "PSS - shm (MiB)", "shm: pixel slots (MiB)",
+                  "maps libtorch", "target"], *memory], is_left_aligned=True))
     print()
-    print(table(["model", "start", "restart", "start -> ready mark (s)", "start -> first answer (s)",
-                 "CPU by then (s)", "kill -> first answer - backoff (s)", "target"], timed))
+    print(ruled([["model", "start", "restart", "start -> ready mark (s)", "start -> first answer (s)",
+                  "CPU by then (s)", "kill -> first answer - backoff (s)", "target"], *timed], is_left_aligned=True))
     print()
-    print(table(["model", "start", "start -> first answer (s)", "median (s)", "CPU by then (s)",
-                 f"<= {RESTART_TARGET_S:.0f} s"], summary))
+    print(ruled([["model", "start", "start -> first answer (s)", "median (s)", "CPU by then (s)",
+                  f"<= {RESTART_TARGET_S:.0f} s"], *summary], is_left_aligned=True))
     save_figures(args.save_figures, headline_figures(memory, summary))
     return 0
 
@@ -306,14 +247,6 @@ def headline_figures(memory: list[list[str]], summary: list[list[str]]) -> list[
     return ([Figure("api_process_memory", "API process RSS - shm after serving, max", max(rss), "MiB")] * bool(rss)
             + [Figure("api_process_memory", "forked restart, spawn to first answer, worst", max(forked), "s")]
             * bool(forked))
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    """Plain columns, as wide as their widest cell."""
-    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
-    lines = ["  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip() for row in [headers, *rows]]
-    lines.insert(1, "  ".join("-" * width for width in widths))
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -42,12 +42,12 @@ from benchmarks.engines_workload import (
     write_zipf_bodies,
 )
 from benchmarks.harness import (
-    AlternationPlan, Figure, RunSpec, Saturate, SaturationRun, ServerCommand, ServerProcess, ServerRuns, WrkBodies,
-    add_save_figures_argument, align, log, machine_line, mmserve_model_command, num_usable_cpus, paused_servers,
-    resumed, run_saturation, run_wrk, running, save_figures, utc_now, wrk_path, wrk_saturation, write_bodies,
+    AlternationPlan, Figure, RunSpec, ServerCommand, ServerProcess, ServerRuns, add_save_figures_argument, align, log,
+    machine_line, mmserve_model_command, num_usable_cpus, paused_servers, resumed, run_saturation, running,
+    save_figures, utc_now, wrk_path, wrk_saturation, write_bodies,
 )
 from benchmarks.harness.alternation import WARMUP_SEED
-from benchmarks.harness.wrk_load import metrics_now
+from benchmarks.harness.wrk_load import MetricsDetail, batching_detail, metrics_now
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.server_metrics import BATCH_COUNT, MetricsSnapshot
 from benchmarks.photo_like import data_uri, photo_like_jpeg
@@ -83,29 +83,19 @@ class CacheRuns:
         return 100.0 * rate
 
 
-def zipf_saturation(scripts: Mapping[int, WrkBodies], cache: CacheRuns, timeout_s: float) -> Saturate:
-    """Saturation runs by wrk drawing Zipf bodies with the run's seed; each measured run's cache lookups kept.
+def cache_detail(cache: CacheRuns) -> MetricsDetail:
+    """The image cache's hit rate for each run's log line; each measured run's lookups kept in ``cache``.
 
-    The warm-up (``WARMUP_SEED``) fills the caches and is left out of ``cache``;
-    its hit rate is still shown on its log line.
+    The warm-up (``WARMUP_SEED``) fills the caches and is left out of ``cache``.
     """
 
-    def saturate(run: RunSpec) -> SaturationRun:
-        if run.concurrency is None:
-            raise ValueError("a saturation run needs its concurrency (wrk's connections)")
-        bodies = scripts[run.seed]
-        before = metrics_now(run.url)
-        report = run_wrk(run.url, bodies, run.seconds, run.concurrency, timeout_s)
-        after = metrics_now(run.url)
-        detail = ""
-        if before is not None and after is not None:
-            count = image_cache_count(before, after)
-            if run.seed != WARMUP_SEED:
-                cache.add(run.name, count)
-            detail = f"; image cache hit rate {100 * (count.hit_rate or 0):.1f} %"
-        return SaturationRun(report.num_ok, report.ok_rps, report.errors_by_kind(), detail)
+    def detail(run: RunSpec, before: MetricsSnapshot, after: MetricsSnapshot) -> str:
+        count = image_cache_count(before, after)
+        if run.seed != WARMUP_SEED:
+            cache.add(run.name, count)
+        return f"; image cache hit rate {100 * (count.hit_rate or 0):.1f} %"
 
-    return saturate
+    return detail
 
 
 def every_engine_serving(server: ServerProcess, bodies: Sequence[bytes], num_engines: int,
@@ -166,10 +156,12 @@ def memory_by_process(root_pid: int) -> str:
     for pid in tree:
         tree.extend(child_pids(pid))
     for pid in tree:
+        label = process_label(pid)
         try:
-            by_label.setdefault(process_label(pid), []).append((rss_bytes(pid), pss_bytes(pid)))
-        except (OSError, RuntimeError, IndexError):
-            continue  # gone meanwhile, or not yet running its program (an empty command line)
+            if label:  # not a process yet to run its program
+                by_label.setdefault(label, []).append((rss_bytes(pid), pss_bytes(pid)))
+        except (OSError, RuntimeError):
+            continue  # gone meanwhile
     mib = 1024 * 1024
     parts = [f"{label} x{len(sizes)}: {', '.join(f'{rss / mib:.0f}' for rss, _ in sizes)} MiB RSS "
              f"({', '.join(f'{pss / mib:.0f}' for _, pss in sizes)} PSS)" for label, sizes in sorted(by_label.items())]
@@ -264,7 +256,8 @@ def measure_affinity(args: argparse.Namespace, clip_dir: Path, scratch: Path, pl
         for name, server in servers.items():
             seen = every_engine_serving(server, bodies[-NUM_PROBE_IMAGES:], 1 if name == ONE_ENGINE else 2)
             log(f"{name}: engines that answered rounds of {NUM_PROBE_IMAGES} distinct images at once: {seen}")
-        runs = run_saturation(servers, list(servers), plan, zipf_saturation(scripts, cache, 30.0), "affinity")
+        saturate = wrk_saturation(lambda run: scripts[run.seed], 30.0, cache_detail(cache))
+        runs = run_saturation(servers, list(servers), plan, saturate, "affinity")
     images = {ONE_ENGINE: 2 * per_engine_images, AFFINITY: per_engine_images, ROUND_ROBIN: per_engine_images}
     print("\n".join(align(affinity_rows(runs, cache, images))))
     lines, figures = affinity_verdict(runs, cache)
@@ -334,7 +327,7 @@ def measure_cpu(args: argparse.Namespace, clip_dir: Path, scratch: Path, plan: A
                 seen = every_engine_serving(server, [*probe_bodies, *probe_bodies], int(settings["ENGINES"]))
                 log(f"{runtime}, {name}: serves {served.label()}; engines that answered rounds of "
                     f"{2 * len(probe_bodies)} requests at once: {seen}")
-            runs = run_saturation(servers, list(servers), plan, wrk_saturation(lambda _: bodies, 30.0, True),
+            runs = run_saturation(servers, list(servers), plan, wrk_saturation(lambda _: bodies, 30.0, batching_detail),
                                   f"cpu {runtime}")
             for name, server in servers.items():
                 with resumed(server):

@@ -53,7 +53,7 @@ from benchmarks.harness.cpu_accounting import cpu_by_process_kind
 from benchmarks.harness.figures import add_save_figures_argument, save_figures
 from benchmarks.harness.server_process import free_port
 from benchmarks.harness.table_layout import align
-from benchmarks.loadgen.server_metrics import parse_metrics_text
+from benchmarks.harness.wrk_load import metrics_now
 from benchmarks.photo_like import data_uri, photo_like_jpeg
 
 TEXT = "a red bicycle leaning on a sunny wall by the sea"[:40]
@@ -139,18 +139,12 @@ def record_answers(server: ServerProcess, bodies: dict[str, bytes]) -> dict[str,
 
 
 def answer_codes(server: ServerProcess) -> dict[str, float] | None:
-    """``mmserve_requests_total`` summed by ``code``, from the server's ``/metrics`` (``None``: the floor has none).
-
-    Scraped outside the CPU meter's window; wrk's own report says only "non-2xx".
-    """
-    try:
-        answer = httpx.get(f"{server.url}/metrics", timeout=10.0)
-    except httpx.HTTPError:
-        return None
-    if answer.status_code != 200:
+    """``mmserve_requests_total`` summed by ``code`` (``None``: the floor has no /metrics); wrk says only "non-2xx"."""
+    snapshot = metrics_now(server.url)
+    if snapshot is None:
         return None
     codes: dict[str, float] = {}
-    for labels, value in parse_metrics_text(answer.text).select("mmserve_requests_total"):
+    for labels, value in snapshot.select("mmserve_requests_total"):
         codes[labels.get("code", "?")] = codes.get(labels.get("code", "?"), 0.0) + value
     return codes
 

@@ -14,7 +14,6 @@ Targets (issue 44): gRPC's server CPU per request <= 0.8x HTTP's, requests/s
 from __future__ import annotations
 
 import argparse
-import io
 import multiprocessing
 import tempfile
 import time
@@ -28,20 +27,12 @@ from benchmarks.harness import machine_line, utc_now
 from benchmarks.harness.cpu_accounting import CpuMeter
 from benchmarks.harness.server_commands import mmserve_command, mmserve_model_command
 from benchmarks.harness.server_process import ServerProcess, free_port, running
+from benchmarks.photo_like import noise_image
 
 SETTINGS = {"CACHE_TEXT_BYTES": "0", "CACHE_IMAGE_BYTES": "0", "API_WORKERS": "1"}
 TEXTS = tuple(f"a photo of thing number {index} on a table" for index in range(64))
 IMAGE_SIDE_PX = 224
 PROTOCOLS = ("grpc", "http")
-
-
-def _jpeg(seed: int) -> bytes:
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, (IMAGE_SIDE_PX, IMAGE_SIDE_PX, 3), np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "JPEG", quality=90)
-    return buffer.getvalue()
 
 
 def _one_call(protocol: str, client: object, model: str, workload: str, index: int, image: bytes) -> None:
@@ -74,7 +65,7 @@ def _worker(protocol: str, address: str, model: str, workload: str, num_threads:
         import tritonclient.grpc as module
     else:
         import tritonclient.http as module  # type: ignore[no-redef]
-    image = _jpeg(7)
+    image = noise_image(IMAGE_SIDE_PX, IMAGE_SIDE_PX, seed=7)
     counts = [[0, 0] for _ in range(num_threads)]
     warm = threading.Barrier(num_threads + 1)
     go = threading.Event()

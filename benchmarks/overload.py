@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import io
 import json
 import random
 import sys
@@ -24,8 +23,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import numpy as np
-from PIL import Image
 
 from benchmarks.harness import (
     Figure, add_save_figures_argument, capacity_rps, lag_p99_ms, latency_ms, mmserve_command, ruled, run_samples, running,
@@ -37,6 +34,7 @@ from benchmarks.loadgen.config import BenchConfig, RunMode
 from benchmarks.loadgen.image_pool import ImageSize
 from benchmarks.loadgen.runner import Sample
 from benchmarks.loadgen.workload import poisson_offsets_s
+from benchmarks.photo_like import noise_image
 
 # Large images make decoding the costly part, which keeps saturation at a rate one
 # Python load generator can offer three times over on the same small machine.
@@ -48,14 +46,6 @@ MAX_DECODE_QUEUE = 16
 RSS_TOLERANCE = 0.10
 RECOVERY_SLACK = 1.5
 RECOVERY_SLACK_MS = 20.0
-
-
-def _probe_image_b64(size_px: int) -> str:
-    """One JPEG of the overloaded kind (the load's image size), noise so it costs a real decode."""
-    pixels = np.random.default_rng(11).integers(0, 256, (size_px, size_px, 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-    return base64.b64encode(buffer.getvalue()).decode()
 
 
 class RefusalProbe(PeriodicThread):
@@ -71,7 +61,9 @@ class RefusalProbe(PeriodicThread):
         super().__init__(interval_s, "refusal-probe", is_ticking_at_start=False)
         self.url = url
         self.answers: list[tuple[str, int, bool]] = []
-        self._image_body = {"image": {"b64": _probe_image_b64(image_px)}, "use_cache": False}
+        # One JPEG of the overloaded kind (the load's image size), noise so that it costs a real decode.
+        image_b64 = base64.b64encode(noise_image(image_px, image_px, seed=11)).decode()
+        self._image_body = {"image": {"b64": image_b64}, "use_cache": False}
         self._client: httpx.Client | None = None
 
     def _run(self) -> None:

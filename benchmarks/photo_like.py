@@ -1,6 +1,7 @@
-"""Photo-like JPEGs made here: smooth gradients, texture and sensor-like noise, encoded at quality 90.
+"""Images made here: photo-like JPEGs, and noise images where a benchmark wants the decode to weigh.
 
-No photograph can be downloaded where benchmarks run; these give the DCT
+No photograph can be downloaded where benchmarks run; the photo-like ones
+(smooth gradients, texture and sensor-like noise, quality 90) give the DCT
 coefficients and file sizes of a camera photo at the same quality. They are
 not photographs, and a benchmark that uses them says so.
 """
@@ -35,6 +36,14 @@ def photo_like_jpeg(width: int, height: int, seed: int = 0, quality: int = JPEG_
     """The JPEG file bytes of ``photo_like_pixels`` (4:2:0, as cameras and Pillow's default write)."""
     buffer = io.BytesIO()
     Image.fromarray(photo_like_pixels(width, height, seed)).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def noise_image(width: int, height: int, seed: int = 0, image_format: str = "JPEG", quality: int = JPEG_QUALITY) -> bytes:
+    """Uniform random pixels, encoded: the costliest decode per pixel (``quality`` is JPEG's)."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)  # (H, W, 3)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format=image_format, quality=quality)
     return buffer.getvalue()
 
 

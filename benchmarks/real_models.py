@@ -49,6 +49,7 @@ from benchmarks.harness import (
     resumed, run_alternated, run_saturation, start_paused, utc_now, verdict_text, verdicts, wrk_path, wrk_saturation,
     write_bodies,
 )
+from benchmarks.harness.wrk_load import batching_detail
 from benchmarks.harness.peer_venv import DEFAULT_INFINITY_VENV, PeerInstallError, ensure_venv, installed_version
 from benchmarks.loadgen.config import BenchConfig
 from benchmarks.loadgen.embeddings_payload import EMBEDDINGS_PATH, EmbeddingsDialect, data_uri, image_body, text_body
@@ -120,12 +121,12 @@ class WrkInputs:
 
 
 def wrk_bodies_for(inputs: WrkInputs, lane: Lane, dialects: dict[str, EmbeddingsDialect],
-                   directory: Path) -> Callable[[str], WrkBodies]:
+                   directory: Path) -> Callable[[RunSpec], WrkBodies]:
     """Each server's bodies for ``lane`` written under ``directory``, looked up by server name."""
     written = {name: write_bodies(directory / lane.name / name, lane.name, EMBEDDINGS_PATH,
                                   inputs.bodies(lane.name, dialect))
                for name, dialect in dialects.items()}
-    return written.__getitem__
+    return lambda run: written[run.name]
 
 
 def agreement_inputs() -> ReferenceInputs:
@@ -174,8 +175,7 @@ def _timing(family: Family, servers: dict[str, ServerProcess], dialects: dict[st
             return run.config(mix=lane.mix, text_length=TEXT_CHARS, timeout_s=REQUEST_TIMEOUT_S,
                               embeddings=dialects[run.name])
 
-        saturate = wrk_saturation(wrk_bodies_for(inputs, lane, dialects, scratch), REQUEST_TIMEOUT_S,
-                                  is_batching_shown=True)
+        saturate = wrk_saturation(wrk_bodies_for(inputs, lane, dialects, scratch), REQUEST_TIMEOUT_S, batching_detail)
         label = f"{family.value} {lane.name}"
         if INFINITY in servers:
             runs = run_alternated(servers, INFINITY, MMSERVE, plan, config_for, label, saturate)

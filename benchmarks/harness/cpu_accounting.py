@@ -40,6 +40,14 @@ def process_cpu_s(pid: int) -> float:
     return 0.0 if fields is None else _cpu_s(fields)
 
 
+def process_start_s(pid: int) -> float:
+    """When process ``pid`` started, on the CLOCK_BOOTTIME clock (``/proc/PID/stat``'s start time, in ticks)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    return int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_by_process_kind(root_pid: int) -> dict[str, float]:
     """CPU seconds so far of ``root_pid`` and each child with what it started, summed by what they run.
 

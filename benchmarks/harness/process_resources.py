@@ -42,12 +42,17 @@ def child_pids(pid: int) -> list[int]:
 
 
 def process_label(pid: int) -> str:
-    """What the process runs, from its command line: its ``-m`` module's last part, else the program's name."""
+    """What the process runs, from its command line: its ``-m`` module's last part, else the program's name.
+
+    "" for a process not yet running its program (a fork before its exec: an empty command line).
+    """
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
             argv = [part.decode(errors="replace") for part in cmdline.read().split(b"\0") if part]
     except FileNotFoundError:
         return "gone"
+    if not argv:
+        return ""
     if "-m" in argv[:-1]:
         return argv[argv.index("-m") + 1].rsplit(".", 1)[-1]
     return os.path.basename(argv[1] if len(argv) > 1 and argv[0].endswith(("python", "python3")) else argv[0])

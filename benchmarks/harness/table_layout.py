@@ -16,10 +16,11 @@ def align(rows: Sequence[Sequence[str]]) -> list[str]:
             for row in rows]
 
 
-def ruled(rows: Sequence[Sequence[str]]) -> str:
-    """Every column right-aligned, two spaces apart, a rule of dashes under the first row (the header)."""
+def ruled(rows: Sequence[Sequence[str]], *, is_left_aligned: bool = False) -> str:
+    """Every column right-aligned (or left-aligned), two spaces apart, a rule of dashes under the first row."""
     widths = _widths(rows)
-    lines = ["  ".join(cell.rjust(width) for cell, width in zip(row, widths)) for row in rows]
+    pad = str.ljust if is_left_aligned else str.rjust
+    lines = ["  ".join(pad(cell, width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 

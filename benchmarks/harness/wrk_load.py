@@ -157,22 +157,30 @@ def metrics_now(url: str) -> MetricsSnapshot | None:
         return None
 
 
-def wrk_saturation(bodies_for: Callable[[str], WrkBodies], timeout_s: float = 10.0,
-                   is_batching_shown: bool = False) -> Saturate:
-    """Saturation runs for ``run_alternated``: wrk, the run's concurrency as connections, ``bodies_for(server)``.
+MetricsDetail = Callable[[RunSpec, MetricsSnapshot, MetricsSnapshot], str]
 
-    ``is_batching_shown``: the run's log line adds mmserve's mean batch per
-    lane, from ``/metrics`` read before and after wrk (two reads of a few
-    milliseconds, inside the measured server CPU of a run of seconds).
+
+def batching_detail(run: RunSpec, before: MetricsSnapshot, after: MetricsSnapshot) -> str:
+    """mmserve's mean batch per lane over the run, for its log line."""
+    return mean_batch_text(batch_size_view(before, after))
+
+
+def wrk_saturation(bodies_for: Callable[[RunSpec], WrkBodies], timeout_s: float = 10.0,
+                   detail: MetricsDetail | None = None) -> Saturate:
+    """Saturation runs for ``run_alternated``: wrk, the run's concurrency as connections, ``bodies_for(run)``.
+
+    ``detail``: what the run's log line adds from ``/metrics`` read before and
+    after wrk (e.g. ``batching_detail``; two reads of a few milliseconds,
+    inside the measured server CPU of a run of seconds).
     """
 
     def saturate(run: RunSpec) -> SaturationRun:
         if run.concurrency is None:
             raise ValueError("a saturation run needs its concurrency (wrk's connections)")
-        before = metrics_now(run.url) if is_batching_shown else None
-        report = run_wrk(run.url, bodies_for(run.name), run.seconds, run.concurrency, timeout_s)
+        before = metrics_now(run.url) if detail is not None else None
+        report = run_wrk(run.url, bodies_for(run), run.seconds, run.concurrency, timeout_s)
         after = metrics_now(run.url) if before is not None else None
-        detail = mean_batch_text(batch_size_view(before, after)) if after is not None else ""
-        return SaturationRun(report.num_ok, report.ok_rps, report.errors_by_kind(), detail)
+        note = detail(run, before, after) if detail is not None and before is not None and after is not None else ""
+        return SaturationRun(report.num_ok, report.ok_rps, report.errors_by_kind(), note)
 
     return saturate

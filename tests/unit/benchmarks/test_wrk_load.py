@@ -98,7 +98,7 @@ def test_wrk_saturation_runs_alternate_and_count_the_servers_cpu_per_answer(tmp_
     plan = AlternationPlan(seconds=1.0, num_rounds=2, warmup_s=1.0, concurrency=2)
     with paused_servers({"a": sink_command(), "b": sink_command()}, ready_timeout_s=30.0) as servers:
         before = {name: _paused_count(server) for name, server in servers.items()}
-        runs = run_saturation(servers, ["a", "b"], plan, wrk_saturation(bodies.__getitem__), "sinks")
+        runs = run_saturation(servers, ["a", "b"], plan, wrk_saturation(lambda run: bodies[run.name]), "sinks")
         after = {name: _paused_count(server) for name, server in servers.items()}
     for name in "ab":
         server_runs = runs[name]
@@ -129,7 +129,7 @@ def test_with_wrk_saturating_the_python_generator_only_runs_the_fixed_rate(tmp_p
 
     with paused_servers({"peer": sink_command(), "ours": sink_command()}, ready_timeout_s=30.0) as servers:
         runs = run_alternated(servers, "peer", "ours", plan, config_for, "sinks",
-                              saturate=wrk_saturation(bodies.__getitem__))
+                              saturate=wrk_saturation(lambda run: bodies[run.name]))
     assert [(run.name, run.mode) for run in asked] == [("ours", RunMode.OPEN), ("peer", RunMode.OPEN),
                                                       ("peer", RunMode.OPEN), ("ours", RunMode.OPEN)]
     assert [run.rate_rps for run in asked] == [pytest.approx(0.05 * runs["peer"].throughput_rps)] * 4
