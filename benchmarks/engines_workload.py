@@ -1,14 +1,10 @@
 """What ``benchmarks.engines`` sends and reads back: Zipf-drawn image bodies for wrk, and the image cache's count.
 
-wrk (C, one thread) drives both of its tables, so the generator takes little
-of a small machine's cores. The harness's script (``benchmarks.harness.wrk_load``)
-posts its bodies in turn; a cache needs a popularity law instead, so
-``write_zipf_bodies`` writes the same body files with a script that draws one
-per request, Zipf(s) by rank (the first file the most often), from a generator
-seeded in the script: one seed, one sequence, so every server of a round is
-sent the same requests in the same order. The images are the load generator's
-own (``benchmarks.loadgen.image_pool``: deterministic smooth colour fields,
-JPEG quality 90), each a ``data:`` URI in an OpenAI ``/v1/embeddings`` body.
+The harness's wrk script posts its bodies in turn; a cache needs a popularity
+law, so ``write_zipf_bodies`` adds a script that draws one body per request,
+Zipf(s) by rank, from a generator seeded in the script (one seed, one
+sequence: every server of a round is sent the same requests in the same
+order). The images are the load generator's own, as ``data:`` URIs.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """What every benchmark shares: servers in their own processes, A-B-B-A runs, CPU accounting, tables, figures.
 
 A benchmark script says what it sends and what it compares; this package does
-the rest, the same way for every benchmark:
-
-- ``server_commands``: ``mmserve serve`` and its peers (LitServe, Infinity from
-  its own venv: ``peer_venv``) as commands on a free loopback port;
-  ``server_process``: ``running`` one server for a block, ``paused_servers``
-  for a set, ``resumed`` for one measured run (the idle ones SIGSTOPped).
-- ``alternation``: two servers measured in turn, A-B-B-A (``compare``,
-  ``run_alternated``, ``run_saturation``); ``wrk_load``: saturation from
-  ``wrk`` instead of the Python generator (``wrk_saturation``).
-- ``cpu_accounting``: a server's CPU per answered request and the CPUs other
-  processes took (``CpuMeter``); ``process_resources``: RSS and open files.
-- ``load_runs`` and ``sample_stats``: one generator run to its report or
-  samples; percentiles, answers per second, the generator's lag.
-- ``comparison_table`` and ``table_layout``: the printed tables; ``machine``:
-  the header line; ``figures``: ``--save-figures PATH`` for ``benchmarks.headline``.
-
+the rest, the same way for every benchmark: ``server_commands`` (mmserve,
+LitServe and Infinity from its own venv, ``peer_venv``, on free loopback
+ports) and ``server_process`` (``running``, ``paused_servers``, ``resumed``);
+``alternation`` (A-B-B-A: ``compare``, ``run_alternated``, ``run_saturation``)
+with saturation from the Python generator or ``wrk_load``; ``cpu_accounting``
+(CPU per answer, the CPUs others took) and ``process_resources`` (RSS, open
+files); ``load_runs`` and ``sample_stats``; ``comparison_table``,
+``table_layout``, ``machine`` and ``figures`` (``--save-figures PATH``).
 ``benchmarks/peer_litserve.py`` is the short example of a comparison,
-``benchmarks/soak.py`` of a single server. Like the rest of ``benchmarks``,
-nothing here imports ``server``: servers are driven over HTTP as a user drives them.
+``benchmarks/soak.py`` of a single server. Nothing here imports ``server``.
 """
 
 from benchmarks.harness.alternation import (
