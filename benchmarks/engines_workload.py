@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.harness.wrk_load import WrkBodies, write_bodies
+from benchmarks.harness.wrk_load import POSTING, WrkBodies, write_bodies
 from benchmarks.loadgen.image_pool import ImageFormat, ImageSize, encode_image, render_image
 from benchmarks.loadgen.server_metrics import CACHE_EVENTS, MetricsSnapshot
 from benchmarks.photo_like import data_uri
@@ -28,19 +28,12 @@ _LOOKUPS = ("hit", "miss", "coalesced")  # what benchmarks.loadgen.server_metric
 ZIPF_SCRIPT = """\
 -- Posts, per request, one of the bodies named in BODY_FILES, drawn Zipf(exponent) by rank (the first file
 -- the most often) from a generator seeded with seed: the same seed sends the same sequence.
-local names = {}
-for name in string.gmatch(os.getenv("BODY_FILES") or "", "[^\\n]+") do
-  names[#names + 1] = name
-end
-assert(#names > 0, "BODY_FILES names no body")
+""" + POSTING + """\
 local cumulative, total = {}, 0
 for rank = 1, #names do
   total = total + 1 / rank ^ exponent
   cumulative[rank] = total
 end
-wrk.method = "POST"
-wrk.path = os.getenv("BODY_PATH") or "/v1/embeddings"
-wrk.headers["Content-Type"] = "application/json"
 local requests = {}
 init = function(args)
   math.randomseed(seed)

@@ -17,14 +17,15 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.gpu.report import EXIT_NO_CUDA, Deadline, Report, Row, cuda_missing
-from benchmarks.gpu.served import find_wrk, kserve_uint8_body, metric_sum, run_wrk, scrape, start_server
+from benchmarks.gpu.served import (
+    find_wrk, kserve_uint8_body, metric_sum, run_wrk, scrape, served_arguments, start_server,
+)
 
 _BATCH_COUNT = re.compile(r'^mmserve_batch_size_count\{([^}]*)\}\s+(\S+)$', re.MULTILINE)
 _ENGINE_LABEL = re.compile(r'engine="([^"]*)"')
@@ -135,13 +136,7 @@ def serve_each(report: Report, args: argparse.Namespace, model_dir: Path, runs: 
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-size", type=int, default=32, help="each engine's vision batch")
-    parser.add_argument("--rows-per-request", type=int, default=8, help="images per KServe request")
-    parser.add_argument("--connections", type=int, default=64, help="requests wrk keeps in flight per engine")
-    parser.add_argument("--duration-s", type=int, default=10, help="each served measurement (after 2 s warm-up)")
-    parser.add_argument("--budget-s", type=float, default=240.0, help="skip rows that would not fit")
-    parser.add_argument("--model-dir", type=Path, help="reuse a model written before (default: write one)")
+    parser = served_arguments(__doc__.split("\n\n")[0], budget_s=240.0)
     parser.add_argument("--image-side", type=int, default=256, help="the model's input size (pixels sent as is)")
     parser.add_argument("--dtype", default="bfloat16")
     return parser.parse_args(argv)
@@ -158,11 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not runs:
         print(skipped_line(num_gpus))
         return 0
-    from benchmarks.gpu.siglip_large import SIGLIP_LARGE_ID, write_random_siglip
+    from benchmarks.gpu.siglip_large import SIGLIP_LARGE_ID, model_directory
 
     deadline = Deadline(args.budget_s)
     report = Report()
-    model_dir = args.model_dir or write_random_siglip(Path(tempfile.mkdtemp(prefix="siglip-large-")) / "siglip-large")
+    model_dir = model_directory(args.model_dir)
     serve_each(report, args, model_dir, runs, deadline)
     names = ", ".join(sorted({torch.cuda.get_device_name(index) for index in range(num_gpus)}))
     return report.finish(f"{num_gpus} x {names} | torch {torch.__version__} | {SIGLIP_LARGE_ID} shape, random weights, "

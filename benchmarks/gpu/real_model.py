@@ -16,7 +16,6 @@ import argparse
 import copy
 import dataclasses
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,9 +24,10 @@ from typing import Any
 
 from benchmarks.gpu.report import EXIT_NO_CUDA, Deadline, Report, Row, bench_ms, cuda_missing, per_s, run_section
 from benchmarks.gpu.served import (
-    find_wrk, kserve_uint8_body, metric_sum, metric_value, post_image_embeddings, run_wrk, scrape, start_server,
+    find_wrk, kserve_uint8_body, metric_sum, metric_value, post_image_embeddings, run_wrk, scrape, served_arguments,
+    start_server,
 )
-from benchmarks.gpu.siglip_large import SIGLIP_LARGE_ID, jpeg_bytes, random_images, write_random_siglip
+from benchmarks.gpu.siglip_large import SIGLIP_LARGE_ID, jpeg_bytes, model_directory, random_images
 
 MIN_COSINE_HALF = 0.999
 MIN_COSINE_DECODE = 0.9999
@@ -43,14 +43,7 @@ class DecodeReference:
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-size", type=int, default=32, help="raw forward batch = the server's vision batch")
-    parser.add_argument("--rows-per-request", type=int, default=8, help="images per KServe request")
-    parser.add_argument("--connections", type=int, default=64, help="requests wrk keeps in flight")
-    parser.add_argument("--duration-s", type=int, default=10, help="each served measurement (after 2 s warm-up)")
-    parser.add_argument("--budget-s", type=float, default=200.0, help="skip sections that would not fit")
-    parser.add_argument("--model-dir", type=Path, help="reuse a model written before (default: write one)")
-    return parser.parse_args(argv)
+    return served_arguments(__doc__.split("\n\n")[0], budget_s=200.0).parse_args(argv)
 
 
 def _cosine_min(a: Any, b: Any) -> float:
@@ -260,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline = Deadline(args.budget_s)
     report = Report()
     started = time.monotonic()
-    model_dir = args.model_dir or write_random_siglip(Path(tempfile.mkdtemp(prefix="siglip-large-")) / "siglip-large")
+    model_dir = model_directory(args.model_dir)
     report.add(Row("build", SIGLIP_LARGE_ID, "random weights", None, None,
                    f"written in {time.monotonic() - started:.0f}s to {model_dir}"))
     raw_ms, decode_reference = _in_process(report, args, model_dir)

@@ -9,6 +9,7 @@ and every row is a different image, so every image is computed. wrk keeps
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -39,6 +40,18 @@ end
 """
 _WRK_LINE = re.compile(r"MMSERVE_WRK requests=(\d+) non2xx=(\d+) socket_errors=(\d+) duration_us=(\d+) "
                        r"p50_us=(\d+) p99_us=(\d+)")
+
+
+def served_arguments(description: str, budget_s: float) -> argparse.ArgumentParser:
+    """The options of every served measurement: batch, rows per request, wrk's load, the time budget, the model."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--batch-size", type=int, default=32, help="the vision batch (and real_model's raw forward's)")
+    parser.add_argument("--rows-per-request", type=int, default=8, help="images per KServe request")
+    parser.add_argument("--connections", type=int, default=64, help="requests wrk keeps in flight (engines: per engine)")
+    parser.add_argument("--duration-s", type=int, default=10, help="each served measurement (after 2 s warm-up)")
+    parser.add_argument("--budget-s", type=float, default=budget_s, help="skip what would not fit")
+    parser.add_argument("--model-dir", type=Path, help="reuse a model written before (default: write one)")
+    return parser
 
 
 @dataclass(frozen=True)

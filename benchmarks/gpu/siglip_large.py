@@ -11,6 +11,7 @@ as it would the Hub snapshot.
 from __future__ import annotations
 
 import io
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,11 @@ def write_random_siglip(directory: Path, shape: SiglipShape = SiglipShape(), see
     processor_class = getattr(transformers, "SiglipImageProcessorPil", None) or transformers.SiglipImageProcessor
     processor_class(size={"height": shape.image_size, "width": shape.image_size}).save_pretrained(str(directory))
     return directory
+
+
+def model_directory(model_dir: Path | None) -> Path:
+    """``model_dir`` (``--model-dir``), or a random SigLIP of this shape written to a new temporary directory."""
+    return model_dir or write_random_siglip(Path(tempfile.mkdtemp(prefix="siglip-large-")) / "siglip-large")
 
 
 def random_images(num_images: int, size: int, seed: int = 0) -> np.ndarray:

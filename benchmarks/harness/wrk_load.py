@@ -21,22 +21,25 @@ import httpx
 from benchmarks.harness.alternation import RunSpec, Saturate, SaturationRun, mean_batch_text
 from benchmarks.loadgen.server_metrics import METRICS_PATH, MetricsSnapshot, batch_size_view, parse_metrics_text
 
-POST_SCRIPT = """\
--- Posts the bodies named in BODY_FILES (one file a line), in turn, to BODY_PATH as JSON.
+POSTING = """\
 local names = {}
 for name in string.gmatch(os.getenv("BODY_FILES") or "", "[^\\n]+") do
   names[#names + 1] = name
 end
 assert(#names > 0, "BODY_FILES names no body")
+wrk.method = "POST"
+wrk.path = os.getenv("BODY_PATH") or "/v1/embeddings"
+wrk.headers["Content-Type"] = "application/json"
+"""  # every script's start: the body files named in BODY_FILES (one a line), posted as JSON to BODY_PATH
+POST_SCRIPT = """\
+-- Posts the bodies named in BODY_FILES, in turn.
+""" + POSTING + """\
 local bodies = {}
 for index, name in ipairs(names) do
   local file = assert(io.open(name, "rb"))
   bodies[index] = file:read("*a")
   file:close()
 end
-wrk.method = "POST"
-wrk.path = os.getenv("BODY_PATH") or "/v1/embeddings"
-wrk.headers["Content-Type"] = "application/json"
 if #bodies == 1 then
   wrk.body = bodies[1]
 else
