@@ -39,7 +39,8 @@ def photo_like_jpeg(width: int, height: int, seed: int = 0, quality: int = JPEG_
     return buffer.getvalue()
 
 
-def noise_image(width: int, height: int, seed: int = 0, image_format: str = "JPEG", quality: int = JPEG_QUALITY) -> bytes:
+def noise_image(width: int, height: int, seed: int = 0, image_format: str = "JPEG",
+                quality: int = JPEG_QUALITY) -> bytes:
     """Uniform random pixels, encoded: the costliest decode per pixel (``quality`` is JPEG's)."""
     pixels = np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)  # (H, W, 3)
     buffer = io.BytesIO()

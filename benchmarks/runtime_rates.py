@@ -22,6 +22,7 @@ slower minute of a shared machine hits all of them.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from benchmarks.harness import machine_line, utc_now
+from benchmarks.harness import log as progress_log
 from benchmarks.harness.figures import Figure, add_save_figures_argument, save_figures
 from benchmarks.harness.table_layout import ruled
 from models.onnx.quantize import embedding_cosine, probe_images, quantize_onnx_int8
@@ -148,30 +150,31 @@ def matmul_rates(num_runs: int, num_threads: int, scratch: Path) -> list[MatmulR
             MatmulRate("ONNX Runtime MatMul", ort_matmul_rate(num_runs, num_threads, scratch))]
 
 
-class _ClipImageEmbeds(torch.nn.Module):
-    """transformers' CLIP vision tower with its projection: pixel values in, image embeddings out."""
+class ClipImageEmbeds(torch.nn.Module):
+    """transformers' CLIP vision tower with its projection (``model``; default a random ViT-B/16 one): pixels in,
+    image embeddings out."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: torch.nn.Module | None = None) -> None:
         super().__init__()
         from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
 
         config = CLIPVisionConfig(image_size=IMAGE_SIZE, patch_size=16, hidden_size=768, intermediate_size=3072,
                                   num_hidden_layers=12, num_attention_heads=12, projection_dim=512)
-        self.model = CLIPVisionModelWithProjection(config)
+        self.model = model if model is not None else CLIPVisionModelWithProjection(config)
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         return self.model(pixel_values=pixel_values).image_embeds  # (B, 512)
 
 
-def _timm_vit_large() -> torch.nn.Module:
+def timm_vit_large() -> torch.nn.Module:
     import timm
 
     return timm.create_model("vit_large_patch16_224", pretrained=False, num_classes=0)  # pooled (B, 1024)
 
 
 TOWERS: dict[str, Callable[[], torch.nn.Module]] = {
-    "CLIP ViT-B/16 (transformers)": _ClipImageEmbeds,
-    "ViT-L/16 (timm)": _timm_vit_large,
+    "CLIP ViT-B/16 (transformers)": ClipImageEmbeds,
+    "ViT-L/16 (timm)": timm_vit_large,
 }
 
 
@@ -283,10 +286,15 @@ def measure_tower(name: str, build: Callable[[], torch.nn.Module], batch: Batch,
     return rates
 
 
+def matmul_table(matmuls: list[MatmulRate]) -> str:
+    """Each library's matmul rate and its share of the best: the ceiling a tower's rate is read against."""
+    best = max(m.gflop_per_s for m in matmuls)
+    return ruled([("1024^3 matmul, fp32", "GFLOP/s", "of best")]
+                 + [(m.library, f"{m.gflop_per_s:.0f}", f"{m.gflop_per_s / best:.2f}") for m in matmuls])
+
+
 def format_report(matmuls: list[MatmulRate], towers: list[TowerRate], batch_size: int) -> str:
     best = max(m.gflop_per_s for m in matmuls)
-    matmul_rows = [("1024^3 matmul, fp32", "GFLOP/s", "of best")] + [
-        (m.library, f"{m.gflop_per_s:.0f}", f"{m.gflop_per_s / best:.2f}") for m in matmuls]
     tower_rows = [("tower, batch " + str(batch_size), "runtime", "best ms", "median ms", "GFLOP/s",
                    "/ best matmul", "cosine to torch", "x torch", "x ORT fp32")]
     for rate in towers:
@@ -296,7 +304,7 @@ def format_report(matmuls: list[MatmulRate], towers: list[TowerRate], batch_size
                            f"{rate.cosine_to_torch:.7f}",
                            f"{same['torch eager'].best_ms / rate.best_ms:.2f}",
                            f"{same['ONNX Runtime'].best_ms / rate.best_ms:.2f}"))
-    return ruled(matmul_rows) + "\n\n" + ruled(tower_rows)
+    return matmul_table(matmuls) + "\n\n" + ruled(tower_rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -314,10 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"runtime rates, {utc_now()}, {machine_line()}", flush=True)
     print(f"vector units: {vector_units()}; {versions}; {args.threads} threads per runtime, batch {args.batch}",
           flush=True)
-
-    def log(line: str) -> None:
-        print(f"  [{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
-
+    log = functools.partial(progress_log, file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="runtime_rates_") as directory:
         scratch = Path(directory)
         matmuls = matmul_rates(args.matmul_runs, args.threads, scratch)

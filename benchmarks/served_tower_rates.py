@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import re
 import sys
 import tempfile
@@ -35,11 +36,14 @@ import httpx
 import numpy as np
 import torch
 
+from benchmarks.harness import log as progress_log
 from benchmarks.harness import machine_line, mmserve_command, mmserve_model_command, running, utc_now
 from benchmarks.harness.server_process import ServerCommand
 from benchmarks.harness.table_layout import ruled
 from benchmarks.random_pretrained import TowerSize, write_clip
-from benchmarks.runtime_rates import matmul_rates, tower_flop, vector_units
+from benchmarks.runtime_rates import (
+    ClipImageEmbeds, MatmulRate, matmul_rates, matmul_table, timm_vit_large, tower_flop, vector_units,
+)
 from benchmarks.served_runtime import check_served, served_runtime
 
 BATCH = 8
@@ -71,23 +75,7 @@ class ServedRate:
 def _clip_flop(directory: Path) -> int:
     from transformers import CLIPVisionModelWithProjection
 
-    tower = CLIPVisionModelWithProjection.from_pretrained(str(directory)).eval()
-
-    class _Embeds(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tower = tower
-
-        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-            return self.tower(pixel_values=pixel_values).image_embeds  # (B, 512)
-
-    return tower_flop(_Embeds(), _zeros())
-
-
-def _vit_l_flop() -> int:
-    import timm
-
-    return tower_flop(timm.create_model("vit_large_patch16_224", pretrained=False, num_classes=0).eval(), _zeros())
+    return tower_flop(ClipImageEmbeds(CLIPVisionModelWithProjection.from_pretrained(str(directory))).eval(), _zeros())
 
 
 def _zeros() -> np.ndarray:
@@ -130,10 +118,8 @@ def measure_served(name: str, command: ServerCommand, runtime: str, num_requests
     return ServedRate(name, served.label(), flop / 1e9, median_s * 1e3, best_ms)
 
 
-def format_report(matmuls, rates: list[ServedRate]) -> str:
+def format_report(matmuls: list[MatmulRate], rates: list[ServedRate]) -> str:
     best = max(m.gflop_per_s for m in matmuls)
-    matmul_rows = [("1024^3 matmul, fp32", "GFLOP/s", "of best")] + [
-        (m.library, f"{m.gflop_per_s:.0f}", f"{m.gflop_per_s / best:.2f}") for m in matmuls]
     rows = [(f"served image tower, batch {BATCH}", "runtime", "GFLOP/batch", "median ms (digest)", "GFLOP/s",
              "/ best matmul", "fastest ms", "GFLOP/s", "/ best matmul", f"target >= {TARGET_SHARE}")]
     for rate in rates:
@@ -143,7 +129,7 @@ def format_report(matmuls, rates: list[ServedRate]) -> str:
                      f"{rate.best_batch_ms:.0f}", f"{rate.gflop_per_s(rate.best_batch_ms):.0f}",
                      f"{rate.gflop_per_s(rate.best_batch_ms) / best:.2f}",
                      "met (median)" if median_share >= TARGET_SHARE else "NOT met (median)"))
-    return ruled(matmul_rows) + "\n\n" + ruled(rows)
+    return matmul_table(matmuls) + "\n\n" + ruled(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -159,10 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"served tower rates, {utc_now()}, {machine_line()}", flush=True)
     print(f"vector units: {vector_units()}; mmserve --runtime {args.runtime}, compute_threads {args.threads}, "
           f"batch {BATCH} of {IMAGE_SIZE} px uint8 images per request, segment cache off", flush=True)
-
-    def log(line: str) -> None:
-        print(f"  [{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
-
+    log = functools.partial(progress_log, file=sys.stderr)
     # Only the vision lane batches here: the text and fusion lanes at batch 1 keep their warm-up short.
     settings = {"RUNTIME": args.runtime, "COMPUTE_THREADS": str(args.threads), "VISION_MAX_BATCH_SIZE": str(BATCH),
                 "TEXT_MAX_BATCH_SIZE": "1", "FUSION_MAX_BATCH_SIZE": "1", "MAX_IMAGES_PER_REQUEST": str(BATCH),
@@ -180,8 +163,9 @@ def main(argv: list[str] | None = None) -> None:
                                         mmserve_model_command(clip_dir, settings), args.runtime, args.requests,
                                         _clip_flop(clip_dir), log))
         if "vit-l16" in args.models:
+            flop = tower_flop(timm_vit_large().eval(), _zeros())
             rates.append(measure_served("ViT-L/16 preset (timm)", mmserve_command("vit-l16", settings),
-                                        args.runtime, args.requests, _vit_l_flop(), log))
+                                        args.runtime, args.requests, flop, log))
         # Once more after the servers: on a machine whose load changes, the ceiling is the best of the run.
         after = matmul_rates(args.matmul_runs, args.threads, scratch)
         log("matmul after: " + ", ".join(f"{m.library} {m.gflop_per_s:.0f}" for m in after))

@@ -128,9 +128,10 @@ def serve_each(report: Report, args: argparse.Namespace, model_dir: Path, runs: 
         by_engine = batches_by_engine(exposition)
         num_computing = len([count for count in by_engine.values() if count > 0])
         report.check(f"{run.label} every engine computed", "engines", num_computing == run.num_engines,
-               f"batches by engine {by_engine}")
-        report.check(f"{run.label} non-2xx + socket errors", "engines", result.num_non_2xx + result.num_socket_errors == 0,
-               f"{result.num_non_2xx} + {result.num_socket_errors}")
+                     f"batches by engine {by_engine}")
+        num_failed = result.num_non_2xx + result.num_socket_errors
+        report.check(f"{run.label} non-2xx + socket errors", "engines", num_failed == 0,
+                     f"{result.num_non_2xx} + {result.num_socket_errors}")
         compiles = metric_sum(exposition, "mmserve_cold_compiles_total") or 0.0
         report.check(f"{run.label} cold compiles after ready", "engines", compiles == 0, f"{compiles:.0f}")
 

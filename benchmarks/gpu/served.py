@@ -47,7 +47,7 @@ def served_arguments(description: str, budget_s: float) -> argparse.ArgumentPars
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--batch-size", type=int, default=32, help="the vision batch (and real_model's raw forward's)")
     parser.add_argument("--rows-per-request", type=int, default=8, help="images per KServe request")
-    parser.add_argument("--connections", type=int, default=64, help="requests wrk keeps in flight (engines: per engine)")
+    parser.add_argument("--connections", type=int, default=64, help="requests in flight (engines.py: per engine)")
     parser.add_argument("--duration-s", type=int, default=10, help="each served measurement (after 2 s warm-up)")
     parser.add_argument("--budget-s", type=float, default=budget_s, help="skip what would not fit")
     parser.add_argument("--model-dir", type=Path, help="reuse a model written before (default: write one)")

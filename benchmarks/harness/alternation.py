@@ -16,7 +16,7 @@ import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from benchmarks.harness.cpu_accounting import CpuMeter, CpuSpent, cpu_ms_per_request
 from benchmarks.harness.server_process import ServerCommand, ServerProcess, paused_servers, resumed
@@ -192,8 +192,9 @@ def mean_batch_text(batch_size: Mapping[str, Any] | None) -> str:
     return f"; mean batch: {', '.join(means)}" if means else ""
 
 
-def log(message: str) -> None:
-    print(f"  [{time.strftime('%H:%M:%S')}] {message}", flush=True)
+def log(message: str, *, file: TextIO | None = None) -> None:
+    """A progress line, time-stamped, on stdout (or ``file``), apart from a benchmark's table."""
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=file, flush=True)
 
 
 def saturation_order(names: Sequence[str], round_index: int) -> tuple[str, ...]:
