@@ -14,9 +14,8 @@ default to ``MMSERVE_MAX_BATCH_SIZE`` and ``MMSERVE_MAX_QUEUE_DELAY_MS``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -169,27 +168,16 @@ class MultimodalLitAPI(ls.LitAPI):
     # -- one answer out -----------------------------------------------------------
 
     def encode_response(self, output: PeerOutput) -> dict:
-        bundle = self.bundle
-        body: dict = {
-            "route": output.item.route,
-            "model": {**dataclasses.asdict(bundle.describe()), "engine": 0},  # the one engine, as mmserve's says
-        }
-        for key, value in (
-            ("image_embedding", output.image_embedding),
-            ("text_embedding", output.text_embedding),
-            ("fused_embedding", output.fused_embedding),
-        ):
-            if value is not None:
+        body: dict = {"route": output.item.route,
+                      "model": {**dataclasses.asdict(self.bundle.describe()), "engine": 0}}  # the one engine, as mmserve
+        for key in ("image_embedding", "text_embedding", "fused_embedding"):
+            if (value := getattr(output, key)) is not None:
                 body[key] = value.tolist()
         if output.score is not None:
             body["score"] = output.score
-        tokens = output.item.tokens
-        if tokens is not None:
-            body["text"] = {
-                "num_tokens": len(tokens.token_ids),
-                "truncated": tokens.is_truncated,
-                "num_tokens_before_truncation": tokens.num_tokens_before_truncation,
-            }
+        if (tokens := output.item.tokens) is not None:
+            body["text"] = {"num_tokens": len(tokens.token_ids), "truncated": tokens.is_truncated,
+                            "num_tokens_before_truncation": tokens.num_tokens_before_truncation}
         body["batch_size"] = output.batch_size
         return body
 
