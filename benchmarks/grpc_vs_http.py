@@ -14,6 +14,7 @@ Targets (issue 44): gRPC's server CPU per request <= 0.8x HTTP's, requests/s
 from __future__ import annotations
 
 import argparse
+import importlib
 import multiprocessing
 import tempfile
 import time
@@ -36,10 +37,7 @@ PROTOCOLS = ("grpc", "http")
 
 
 def _one_call(protocol: str, client: object, model: str, workload: str, index: int, image: bytes) -> None:
-    if protocol == "grpc":
-        import tritonclient.grpc as module
-    else:
-        import tritonclient.http as module  # type: ignore[no-redef]
+    module = importlib.import_module(f"tritonclient.{protocol}")
     name, value = ("text", TEXTS[index % len(TEXTS)].encode()) if workload == "text" else ("image", image)
     tensor = module.InferInput(name, [1], "BYTES")
     tensor.set_data_from_numpy(np.array([value], dtype=object))
@@ -61,10 +59,7 @@ def _worker(protocol: str, address: str, model: str, workload: str, num_threads:
     """
     import threading
 
-    if protocol == "grpc":
-        import tritonclient.grpc as module
-    else:
-        import tritonclient.http as module  # type: ignore[no-redef]
+    module = importlib.import_module(f"tritonclient.{protocol}")
     image = noise_image(IMAGE_SIDE_PX, IMAGE_SIDE_PX, seed=7)
     counts = [[0, 0] for _ in range(num_threads)]
     warm = threading.Barrier(num_threads + 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import io
 import os
 import warnings
@@ -36,16 +37,10 @@ class PeerLimits:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> PeerLimits:
-        """The defaults, overridden by ``MMSERVE_<NAME>`` as ``mmserve serve`` reads them."""
+        """The defaults, each overridden by ``MMSERVE_<NAME>`` as ``mmserve serve`` reads them (the default's type)."""
         environ = os.environ if environ is None else environ
-        defaults = cls()
-        return cls(
-            max_text_chars=int(environ.get("MMSERVE_MAX_TEXT_CHARS", defaults.max_text_chars)),
-            max_image_pixels=int(environ.get("MMSERVE_MAX_IMAGE_PIXELS", defaults.max_image_pixels)),
-            max_batch_size=int(environ.get("MMSERVE_MAX_BATCH_SIZE", defaults.max_batch_size)),
-            max_queue_delay_ms=float(environ.get("MMSERVE_MAX_QUEUE_DELAY_MS", defaults.max_queue_delay_ms)),
-            default_timeout_ms=int(environ.get("MMSERVE_DEFAULT_TIMEOUT_MS", defaults.default_timeout_ms)),
-        )
+        return cls(**{field.name: type(field.default)(environ.get(f"MMSERVE_{field.name.upper()}", field.default))
+                      for field in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
