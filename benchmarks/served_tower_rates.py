@@ -17,6 +17,7 @@ where they serve, float32 on this CPU:
 Target (issue 43): rate / best matmul >= 0.8 for both models.
 
     python -m benchmarks.served_tower_rates [--threads 2] [--requests 12] [--export-cache-dir DIR]
+                                            [--save-figures PATH]
 """
 
 from __future__ import annotations
@@ -37,7 +38,10 @@ import numpy as np
 import torch
 
 from benchmarks.harness import log as progress_log
-from benchmarks.harness import machine_line, mmserve_command, mmserve_model_command, running, utc_now
+from benchmarks.harness import (
+    Figure, add_save_figures_argument, machine_line, mmserve_command, mmserve_model_command, running, save_figures,
+    utc_now,
+)
 from benchmarks.harness.server_process import ServerCommand
 from benchmarks.harness.table_layout import ruled
 from benchmarks.random_pretrained import TowerSize, write_clip
@@ -132,6 +136,21 @@ def format_report(matmuls: list[MatmulRate], rates: list[ServedRate]) -> str:
     return matmul_table(matmuls) + "\n\n" + ruled(rows)
 
 
+def rate_figures(matmuls: list[MatmulRate], rates: list[ServedRate]) -> list[Figure]:
+    """The headline's figures, rounded as the table prints them: each model's rates and share of the best matmul."""
+    best = max(m.gflop_per_s for m in matmuls)
+    figures = [Figure("served_tower_rate", "best 1024^3 matmul of the run", round(best), "GFLOP/s")]
+    for rate in rates:
+        median_share = rate.gflop_per_s(rate.median_batch_ms) / best
+        verdict = "met" if median_share >= TARGET_SHARE else "NOT met"
+        figures += [
+            Figure("served_tower_rate", f"{rate.model}, batch {BATCH}, {rate.runtime}, median batch",
+                   round(rate.gflop_per_s(rate.median_batch_ms)), "GFLOP/s"),
+            Figure("served_tower_rate", f"{rate.model}, median batch over the best matmul (target >= {TARGET_SHARE}, "
+                   f"{verdict})", round(median_share, 2), "x")]
+    return figures
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runtime", choices=("auto", "torch", "onnxruntime"), default="auto")
@@ -140,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matmul-runs", type=int, default=20)
     parser.add_argument("--export-cache-dir", type=Path, help="mmserve's export_cache_dir (default: its own)")
     parser.add_argument("--models", nargs="+", choices=("clip-vit-b16", "vit-l16"), default=["clip-vit-b16", "vit-l16"])
+    add_save_figures_argument(parser)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"served tower rates, {utc_now()}, {machine_line()}", flush=True)
@@ -171,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
         log("matmul after: " + ", ".join(f"{m.library} {m.gflop_per_s:.0f}" for m in after))
         matmuls = [max(pair, key=lambda m: m.gflop_per_s) for pair in zip(matmuls, after, strict=True)]
     print(format_report(matmuls, rates), flush=True)
+    save_figures(args.save_figures, rate_figures(matmuls, rates))
 
 
 if __name__ == "__main__":
