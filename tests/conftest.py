@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -31,13 +32,28 @@ from server.settings import Settings
 EXPORT_CACHE_ENV = "MMSERVE_EXPORT_CACHE_DIR"
 
 
+def _run_wide_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> str:
+    """A directory every worker of this test run sees: beside the workers' own base directories under xdist
+    (``.../pytest-N/popen-gw0`` and ``gw1`` share ``.../pytest-N``), else a fresh one of this process's."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return str(tmp_path_factory.mktemp(name))
+    path = tmp_path_factory.getbasetemp().parent / name
+    path.mkdir(exist_ok=True)
+    return str(path)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def shared_export_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One ONNX export cache for every server of the test run, in-process or not (``--runtime auto`` exports a
-    model's towers once, then every later server of that model reads them); a test may point its own elsewhere."""
+    model's towers once, then every later server of that model reads them); a test may point its own elsewhere.
+
+    The run's workers (pytest-xdist, ``-n 2`` in pyproject's addopts) share it
+    too: it lies beside their own temporary directories, and the cache's lock
+    per export key lets the first worker export while the other waits.
+    """
     previous = os.environ.get(EXPORT_CACHE_ENV)
     os.environ[EXPORT_CACHE_ENV] = os.environ.get("MMSERVE_TEST_EXPORT_CACHE_DIR") or str(
-        tmp_path_factory.mktemp("onnx-export-cache"))
+        _run_wide_dir(tmp_path_factory, "onnx-export-cache"))
     yield os.environ[EXPORT_CACHE_ENV]
     if previous is None:
         os.environ.pop(EXPORT_CACHE_ENV, None)
@@ -145,8 +161,6 @@ def _export_tiny_ahead(args: list[str], env: dict[str, str]) -> None:
     if (not is_tiny or is_torch or cache_dir is None or cache_dir != os.environ.get(EXPORT_CACHE_ENV)
             or cache_dir in _tiny_exported_into):
         return
-    from pathlib import Path
-
     from models.onnx.towers import OnnxPlan, serve_towers_from_onnx
 
     bundle = build_preset("tiny", seed=0)
@@ -283,3 +297,45 @@ def find_wrk_binary() -> str:
 def prometheus_binary() -> Callable[[str], str]:
     """``prometheus_binary("promtool")``: the binary's path, or skip (fail in CI) when it is missing."""
     return find_prometheus_binary
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Modules marked ``alone`` first, then those marked ``long``, the rest in their usual order.
+
+    The run is spread over workers a module at a time (``--dist loadfile``, in
+    collection order: ``--no-loadscope-reorder``). A module of minutes handed
+    out last would leave the other workers idle while it ends the run; one
+    that runs alone, first, has the other workers wait before their first
+    module rather than in the middle of the run.
+    """
+    items.sort(key=lambda item: (item.get_closest_marker("alone") is None, item.get_closest_marker("long") is None))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _alone_or_beside_others(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Modules marked ``alone`` run first while the other workers wait; then every other module, side by side.
+
+    The ``alone`` modules are handed out first (``pytest_collection_modifyitems``);
+    each leaves a file when it ends, in a directory the run's workers share,
+    and a module of any other kind starts once there are as many files as
+    ``alone`` modules in the run. Module scope and autouse: the wait comes
+    before the module's own fixtures start its servers. One process (no
+    xdist) has no neighbour: nothing waits.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        yield
+        return
+    done = Path(_run_wide_dir(tmp_path_factory, "alone-modules-done"))
+    if request.node.get_closest_marker("alone") is not None:
+        try:
+            yield
+        finally:
+            (done / request.node.nodeid.replace("/", "_")).touch()
+        return
+    num_alone = len({item.module for item in request.session.items if item.get_closest_marker("alone") is not None})
+    # Each worker's first module is one of the first handed out: with more alone modules than workers, one
+    # would sit behind a module waiting for it.
+    assert num_alone <= int(os.environ["PYTEST_XDIST_WORKER_COUNT"]), "more `alone` modules than workers"
+    while sum(1 for _ in done.iterdir()) < num_alone:
+        time.sleep(0.2)
+    yield

@@ -22,6 +22,8 @@ from server.workers.handoff import RATE_BUCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE
 from server.workers.supervisor import EXIT_API_CRASH_LOOP, EXIT_API_PROCESS_START_FAILED
 from tests.conftest import ServeProcess, run_serve_process
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 TINY = ["--preset", "tiny", "--device", "cpu", "--api-workers", "2"]
 # Per API process over 10 s idle. Wake-ups are what a clock costs, and they do not grow with the load of a
 # shared machine the way CPU time does: measured 147-210 now (uvicorn's 0.1 s tick and the engine's status

@@ -30,6 +30,8 @@ from encoded_images import b64, encoded_image
 from tests.conftest import ServeProcess, run_serve_process, run_serve_processes
 from tests.integration.same_answers import assert_same
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 WEIGHTS_FILE = "model.safetensors"  # what CLIPModel.save_pretrained writes
 ANSWER_FIELDS = ("route", "model", "image_embedding", "text_embedding", "fused_embedding", "score", "text")
 TOO_LONG = "一只猫坐在窗台上" * 4  # 32 characters, 96 tokens in CLIP's byte-level BPE: over its 77

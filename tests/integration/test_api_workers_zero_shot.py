@@ -32,6 +32,8 @@ from tests.integration.test_zero_shot_api import LIMIT_CASES
 from tests.integration.trained_head_repository import write_tiny_with_a_trained_head
 from tests.integration.work_logs import Logged, serve_logged_side_by_side
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 LIMITS = {"MMSERVE_MAX_LABELS_PER_REQUEST": "8", "MMSERVE_MAX_CANDIDATES_PER_REQUEST": "4"}
 
 

@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import pytest
+
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
 
 MMSERVE = [sys.executable, "-m", "server.cli", "serve"]
 MODEL_LOADED = "server.runtime.model_loading: model "  # the start-up line once weights are in memory

@@ -52,8 +52,13 @@ from __future__ import annotations
 import time
 
 import httpx
+import pytest
 
 from tests.integration.drill_load import PngJpegLoad, vision_route
+
+# Its stationary phase must raise nothing, and a neighbour starting servers moves the CPU-bound stages'
+# distribution as a real shift would: in a parallel run it runs alone, first (tests/conftest.py).
+pytestmark = [pytest.mark.alone, pytest.mark.long]
 
 PERIOD_S = 12.0  # ~27 batches a second under the stall: ~320 per window, as 18 s held at 172 ms
 WINDOW_S = PERIOD_S  # every period judges new traffic

@@ -39,6 +39,8 @@ from tests.integration.test_api_workers import lifetime_count
 from tests.integration.test_api_workers_faults import children_of, command_line, is_gone
 from tests.integration.test_engines import comparable, drill, end_drills, engine_of, image, owned_images, post
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 TINY = ["--preset", "tiny", "--device", "cpu"]
 PERIOD_S, WINDOW_S, BASELINE_S, CONSECUTIVE = 0.5, 4.0, 3.0, 3
 DRIFT = {"MMSERVE_DRIFT_PERIOD_S": str(PERIOD_S), "MMSERVE_DRIFT_WINDOW_S": str(WINDOW_S),

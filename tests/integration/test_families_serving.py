@@ -28,6 +28,8 @@ from server.settings import Settings
 from tests.encoded_images import encoded_image
 from tests.onnx_runtimes import RUNTIMES
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 TOLERANCE = 1e-5
 CJK_200 = ("一只猫坐在窗台上两只狗在草地上玩耍桌子上有一碗水果夜晚的城市天际线" * 7)[:200]
 

@@ -24,6 +24,8 @@ from server.settings import Settings
 from tests.encoded_images import encoded_image_b64
 from tests.unit.models.test_onnx_export_cache import unexportable_tiny
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 
 def _entries(root: Path) -> list[str]:
     return sorted(path.name for path in root.iterdir() if not path.name.startswith("."))  # published entries

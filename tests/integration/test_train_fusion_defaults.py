@@ -33,6 +33,8 @@ from models.fusion_head_file import FUSION_HEAD_FILE
 from models.training.train_fusion import CARD_FILE
 from server.settings import Settings
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 NUM_IMAGES = 120  # 10 of each of the 12 captions; 24 held out, 15 for validation, 81 to learn from
 NUM_SHUFFLED = 300
 CLIP_SIZE = TowerSize(image_size=224, patch_size=32, hidden_size=256, num_layers=4, num_heads=4,

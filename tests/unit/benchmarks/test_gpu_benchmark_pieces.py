@@ -19,6 +19,8 @@ from benchmarks.random_pretrained import write_siglip
 from server.protocols.kserve_v2_codec import decode_infer_request
 from tests.conftest import find_wrk_binary
 
+pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
 
 def test_the_uint8_body_is_a_request_the_server_decodes_to_the_same_pixels():
     images = random_images(3, 16, seed=1)
