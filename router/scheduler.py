@@ -102,8 +102,8 @@ class Scheduler:
             return True
         if pending.enqueued_ns + settings.max_queue_delay_ns < self._asleep_until_ns:
             return True
-        # The earliest its deadline could close its batch: under the slowest batch measured. Warm-up measures
-        # the largest warmed size, so no estimate of a warmed shape exceeds it.
+        # The earliest its deadline could close its batch: under the slowest batch measured, or the largest
+        # size's estimate where warm-up left it untimed (extrapolated: router.shape_free_warm_up).
         service_ns = max(self.estimator.slowest_ns(lane.route),
                          self.estimator.estimate_ns(lane.route, settings.max_batch_size))
         return pending.deadline_ns - service_ns < self._asleep_until_ns
