@@ -2,6 +2,7 @@
 
     python -m benchmarks.startup [--presets tiny] [--rounds 2] [--save-figures PATH]
     python -m benchmarks.startup --presets vit-l16 --siglip-l --ways cold warm --keep-cache DIR --log-lines
+    python -m benchmarks.startup --presets vit-l16 --ways warm --keep-cache DIR --baseline-tree OLD_CHECKOUT
 
 Up to three ways per model, in turn each round: ``torch``; ``cold``, ONNX
 Runtime (``--runtime auto``, checked with the server) with an empty export
@@ -15,6 +16,9 @@ server's CPU seconds by then, which a shared machine stretches less.
 Models: any preset (``vit-l16`` is ``mmserve serve``'s default) and
 ``--siglip-l``, a random SigLIP at ``google/siglip-large-patch16-384``'s
 sizes. ``--log-lines`` prints the servers' own lines on where the time went.
+``--baseline-tree DIR`` also starts each model from another source tree (on
+``PYTHONPATH``, reading the same export cache), in turn with this one in
+each round: a change's effect measured in one run, at one load.
 
 Target (issue 43): the ViT-L/16 preset ready <= 45 s from the cache on 2 cores.
 """
@@ -22,6 +26,7 @@ Target (issue 43): the ViT-L/16 preset ready <= 45 s from the cache on 2 cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -43,6 +48,7 @@ WAYS = {"torch": "torch", "cold": "ORT, cold export cache", "warm": "ORT, warm e
 SIGLIP_L = TowerSize(image_size=384, patch_size=16, hidden_size=1024, num_layers=24, num_heads=16,
                      intermediate_size=4096, projection_dim=1024)
 SIGLIP_L_TEXT_TOKENS = 64
+BASELINE = ", baseline tree"  # a model's name from --baseline-tree: its rows, not the headline's
 _PHASE_MARKS = ("the towers run in ONNX Runtime", "warm-up ran", "exporting the towers")
 
 
@@ -91,7 +97,8 @@ def measure(commands: dict[str, Callable[[dict[str, str]], ServerCommand]], ways
     runs: dict[tuple[str, str], list[Start]] = {}
     for round_index in range(num_rounds):
         for model, command_for in commands.items():
-            cache = cache_root / model if is_kept else cache_root / f"{model}-{round_index}"
+            name = model.removesuffix(BASELINE)  # a baseline tree reads and fills the same model's cache
+            cache = cache_root / name if is_kept else cache_root / f"{name}-{round_index}"
             for way in ways:
                 label = _row_label(way, is_filled=cache.exists() and any(cache.iterdir()))
                 settings = ({"RUNTIME": "torch"} if way == "torch"
@@ -113,16 +120,30 @@ def format_report(runs: dict[tuple[str, str], list[Start]]) -> tuple[str, list[F
         if model == "vit-l16" and label != WAYS["torch"] and "cold" not in label:
             target = "met" if wall <= TARGET_CACHED_S else "NOT met"
         rows.append((model, label, f"{wall:.1f}", f"{cpu:.1f}", " ".join(f"{s.wall_s:.1f}" for s in starts), target))
-        if model == "vit-l16":  # the default model has its own headline row, with the target and the CPU
-            name = f"{label} (target <= {TARGET_CACHED_S:g} s, {target})" if target != "-" else label
-            figures += [Figure("startup_vit_l16", name, round(wall, 1), "s"),
-                        Figure("startup_vit_l16", f"CPU s to ready, {label}", round(cpu, 1), "s")]
-        else:
-            figures.append(Figure("startup_time", f"{model}, {label}", round(wall, 1), "s"))
+        if not model.endswith(BASELINE):  # a baseline tree's rows compare; the headline holds this checkout's
+            figures += _figures(model, label, wall, cpu, target)
         notes += [f"{model}, {label}, round {index}: {phase}" for index, start in enumerate(starts)
                   for phase in start.phases]
     report = ruled(rows)
     return report + ("\n\nthe servers' log lines:\n" + "\n".join(notes) if notes else ""), figures
+
+
+def _from_tree(command_for: Callable[[dict[str, str]], ServerCommand],
+               tree: Path) -> Callable[[dict[str, str]], ServerCommand]:
+    """``command_for``'s server, run from the source tree ``tree`` (first on ``PYTHONPATH``)."""
+    def command(settings: dict[str, str]) -> ServerCommand:
+        base = command_for(settings)
+        return dataclasses.replace(base, env={**base.env, "PYTHONPATH": str(tree)})
+    return command
+
+
+def _figures(model: str, label: str, wall_s: float, cpu_s: float, target: str) -> list[Figure]:
+    """One row's headline figures: the default model has its own row, with the target and the CPU."""
+    if model != "vit-l16":
+        return [Figure("startup_time", f"{model}, {label}", round(wall_s, 1), "s")]
+    name = f"{label} (target <= {TARGET_CACHED_S:g} s, {target})" if target != "-" else label
+    return [Figure("startup_vit_l16", name, round(wall_s, 1), "s"),
+            Figure("startup_vit_l16", f"CPU s to ready, {label}", round(cpu_s, 1), "s")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-cache", type=Path, help="export into DIR (kept) instead of a temporary directory")
     parser.add_argument("--log-lines", action="store_true",
                         help="run the servers at log level info and print their lines on the ONNX step and warm-up")
+    parser.add_argument("--baseline-tree", type=Path, metavar="DIR",
+                        help="also start each model from this source tree, in turn with this checkout")
     add_save_figures_argument(parser)
     args = parser.parse_args(argv)
     print(f"start-up to ready, {utc_now()}, {machine_line()}; {args.rounds} rounds, ways in turn", flush=True)
@@ -145,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.siglip_l:
             siglip = write_siglip(scratch / "siglip-l", SIGLIP_L, max_text_tokens=SIGLIP_L_TEXT_TOKENS)
             commands["siglip-l"] = lambda settings: mmserve_model_command(siglip, {**settings, **extra})
+        if args.baseline_tree is not None:
+            commands.update({f"{model}{BASELINE}": _from_tree(command_for, args.baseline_tree.resolve())
+                             for model, command_for in list(commands.items())})
         cache_root = args.keep_cache or scratch / "export-cache"
         report, figures = format_report(measure(commands, args.ways, args.rounds, cache_root,
                                                 args.keep_cache is not None))
