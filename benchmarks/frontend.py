@@ -99,7 +99,7 @@ def mmserve_with_workers(num_workers: int | None, args: argparse.Namespace,
     name = ("mmserve" if tree is None else "base") + ("" if num_workers is None else f" w{num_workers}")
     workers = () if num_workers is None else ("--api-workers", str(num_workers))
     env = dict(command.env) if tree is None else {**command.env, "PYTHONPATH": str(tree)}
-    return dataclasses.replace(command, name=name, argv=command.argv + workers, env=env)
+    return dataclasses.replace(command, name=name, argv=command.argv + workers, env=env, cwd=tree)
 
 
 def floor_command(answers_file: Path) -> ServerCommand:

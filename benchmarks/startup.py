@@ -130,10 +130,10 @@ def format_report(runs: dict[tuple[str, str], list[Start]]) -> tuple[str, list[F
 
 def _from_tree(command_for: Callable[[dict[str, str]], ServerCommand],
                tree: Path) -> Callable[[dict[str, str]], ServerCommand]:
-    """``command_for``'s server, run from the source tree ``tree`` (first on ``PYTHONPATH``)."""
+    """``command_for``'s server, run from the source tree ``tree`` (its working directory, first on sys.path)."""
     def command(settings: dict[str, str]) -> ServerCommand:
         base = command_for(settings)
-        return dataclasses.replace(base, env={**base.env, "PYTHONPATH": str(tree)})
+        return dataclasses.replace(base, env={**base.env, "PYTHONPATH": str(tree)}, cwd=tree)
     return command
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -46,6 +47,9 @@ class ServerCommand:
     ready_path: str
     env: Mapping[str, str] = field(default_factory=dict)
     unset_env: tuple[str, ...] = ()  # variables of this process the server must not inherit
+    # Where it runs; None: here. ``python -m`` puts its working directory first on sys.path, before
+    # PYTHONPATH, so a server of another source tree must run in that tree.
+    cwd: Path | None = None
 
     @property
     def url(self) -> str:
@@ -70,6 +74,7 @@ class ServerProcess:
             env={**{k: v for k, v in os.environ.items() if k not in command.unset_env}, **command.env},
             stdout=subprocess.DEVNULL,
             stderr=self._stderr,
+            cwd=command.cwd,
             start_new_session=True,  # its own process group: signals reach the children it forks
         )
         self._is_paused = False
