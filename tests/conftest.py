@@ -6,6 +6,7 @@ run in a thread; the fixture waits until it is started and ready.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import shutil
@@ -313,7 +314,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module", autouse=True)
 def _alone_or_beside_others(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Modules marked ``alone`` run first while the other workers wait; then every other module, side by side.
+    """Modules marked ``alone`` run first, one at a time, while the other workers wait; then every other module,
+    side by side.
 
     The ``alone`` modules are handed out first (``pytest_collection_modifyitems``);
     each leaves a file when it ends, in a directory the run's workers share,
@@ -327,10 +329,13 @@ def _alone_or_beside_others(request: pytest.FixtureRequest, tmp_path_factory: py
         return
     done = Path(_run_wide_dir(tmp_path_factory, "alone-modules-done"))
     if request.node.get_closest_marker("alone") is not None:
-        try:
-            yield
-        finally:
-            (done / request.node.nodeid.replace("/", "_")).touch()
+        # Alone among the alone modules too, which start together on their workers: one at a time.
+        with (done.parent / "alone-module-running.lock").open("a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+            try:
+                yield
+            finally:
+                (done / request.node.nodeid.replace("/", "_")).touch()
         return
     num_alone = len({item.module for item in request.session.items if item.get_closest_marker("alone") is not None})
     # Each worker's first module is one of the first handed out: with more alone modules than workers, one
