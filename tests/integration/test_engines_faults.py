@@ -1,13 +1,15 @@
-"""Several engines under faults: a killed engine, the only engine killed, and drift that names a stalled engine.
+"""Several engines under faults: a killed engine, the only engine killed, an engine crash loop.
+
+Drift that names a stalled engine is ``test_engines_drift`` (its towers sleep, so a neighbour's load does not
+name it instead).
 
 Two servers of the tiny preset (ONNX Runtime on the CPU, the default),
 started side by side:
 
-  two engines    ``--engines 2 --api-workers 1``: one API process in front of two engines, with fault drills
-                 and the drift drills' short windows (``test_drift_inputs_drill``). Its wait bound is a
-                 minute, so a cacheable request stays with the engine that owns its key however slow that
-                 one is: drills here slow one engine to hold requests in it, not to move them (moving them
-                 is ``test_engines``'s)
+  two engines    ``--engines 2 --api-workers 1``: one API process in front of two engines, with fault
+                 drills. Its wait bound is a minute, so a cacheable request stays with the engine that owns
+                 its key however slow that one is: drills here slow one engine to hold requests in it, not
+                 to move them (moving them is ``test_engines``'s)
   one engine     ``--engines 1 --api-workers 2``: the API-process split with a single engine, whose death
                  used to stop the server; now it answers 503 engine_unavailable and is not ready until the
                  engine started again serves; an engine that dies at every start is a crash loop (exit 7)
@@ -33,7 +35,6 @@ import pytest
 from server.workers.handoff import ENGINE_INDEX_VARIABLE
 from server.workers.supervisor import EXIT_ENGINE_CRASH_LOOP
 from tests.conftest import ServeProcess, run_serve_processes
-from tests.integration.drill_load import ClosedLoopLoad, wait_for_route
 from tests.integration.same_answers import assert_same
 from tests.integration.test_api_workers import lifetime_count
 from tests.integration.test_api_workers_faults import children_of, command_line, is_gone
@@ -42,11 +43,6 @@ from tests.integration.test_engines import comparable, drill, end_drills, engine
 pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
 
 TINY = ["--preset", "tiny", "--device", "cpu"]
-PERIOD_S, WINDOW_S, BASELINE_S, CONSECUTIVE = 0.5, 4.0, 3.0, 3
-DRIFT = {"MMSERVE_DRIFT_PERIOD_S": str(PERIOD_S), "MMSERVE_DRIFT_WINDOW_S": str(WINDOW_S),
-         "MMSERVE_DRIFT_BASELINE_S": str(BASELINE_S), "MMSERVE_DRIFT_CONSECUTIVE": str(CONSECUTIVE),
-         "MMSERVE_DRIFT_THRESHOLD": "0.3", "MMSERVE_DRIFT_MIN_SAMPLES": "10", "MMSERVE_MAX_QUEUE_DELAY_MS": "0"}
-NAMED_WITHIN_S = 2 * WINDOW_S + (CONSECUTIVE + 2) * PERIOD_S + 10.0
 RESTART_WITHIN_S = 180.0  # the engine loads its model again; slower on a loaded machine
 
 
@@ -54,7 +50,7 @@ RESTART_WITHIN_S = 180.0  # the engine loads its model again; slower on a loaded
 def servers() -> Iterator[tuple[ServeProcess, ServeProcess]]:
     two = [*TINY, "--engines", "2", "--api-workers", "1", "--enable-fault-injection"]
     one = [*TINY, "--engines", "1", "--api-workers", "2"]
-    with run_serve_processes([(two, {**DRIFT, "MMSERVE_ENGINE_WAIT_BOUND_MS": "60000"}), (one, None)],
+    with run_serve_processes([(two, {"MMSERVE_ENGINE_WAIT_BOUND_MS": "60000"}), (one, None)],
                              ready_timeout_s=150) as both:
         yield both[0], both[1]
 
@@ -92,47 +88,6 @@ def test_one_api_process_and_two_engines_answer_as_one_engine(two_engines, one_e
     assert set(served) == {0, 1}, served
     again = [engine_of(post(two_engines.url, "/v1/infer", {"image": image(100 + seed)})) for seed in range(16)]
     assert again == served  # each on its owner, as the first time
-
-
-class JpegLoad(ClosedLoopLoad):
-    """A new 32 x 32 JPEG in every request: each one is computed, on the engine that owns its key."""
-
-    def _bodies(self, client_index: int) -> Iterator[dict]:
-        seed = 10_000 + client_index
-        while True:
-            yield {"image": image(seed, (32, 32))}
-            seed += self._num_clients
-
-
-def is_engine_named(route: dict) -> bool:
-    named = route["attributed_input"]
-    return route["active"] and named is not None and named["dimension"] == "engine"
-
-
-def test_drift_for_a_stall_on_one_engine_names_that_engine(two_engines):
-    """After a baseline of even traffic, engine 1's vision batches sleep 60 ms: the requests it serves (about
-    half, by their keys) fill the slow tail, and drift names ``engine`` = 1 (as test_drift_inputs_drill
-    names a PNG-only stall)."""
-    with (httpx.Client(base_url=two_engines.url, timeout=30) as client,
-          JpegLoad(two_engines.url, num_clients=3, max_duration_s=90) as load):
-        try:
-            load.wait_for(50, 30.0)
-            assert client.post("/v1/monitoring/baseline").status_code == 200
-            wait_for_route(client, lambda r: r["evaluated_unix_s"] is not None and r["state"] != "learning_baseline",
-                           BASELINE_S + 5.0, "baseline frozen and a period judged")
-            drill(two_engines.url, 1, {"stage": "vision", "delay_ms": 60, "fraction": 1.0, "duration_s": 40})
-            raised = wait_for_route(client, is_engine_named, NAMED_WITHIN_S, "drift named the engine")
-        finally:
-            end_drills(two_engines.url)
-    assert not load.failures, load.failures[:3]
-    named = raised["attribution"]["inputs"]["named"]
-    assert raised["attributed_stage"] == "vision", raised["attribution"]
-    assert raised["attributed_input"] == {"stage": "vision", "dimension": "engine", "value": "1",
-                                          "share_growth": named["share_growth"]}
-    assert named["share_growth"] >= 0.1 and named["tail_share_window"] > named["tail_share_baseline"]
-    assert named["tail_rate_window"] > 0.9  # nearly every request engine 1 served is in the slow tail now
-    other = next(v for v in raised["attribution"]["inputs"]["values"] if v["value"] == "0")
-    assert other["share_growth"] < 0, raised["attribution"]
 
 
 class Probe:

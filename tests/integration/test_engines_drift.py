@@ -1,0 +1,81 @@
+"""Drift for a stall on one of two engines is raised and names that engine (``engine`` as an attribution input).
+
+The server is the ``synthetic`` preset with ``--engines 2 --api-workers 1``:
+its towers sleep seeded lognormal draws instead of computing, so the vision
+stage's distribution is the sleeps', which a neighbour's CPU load barely
+moves. With a tower that computes (the tiny preset), a parallel run's
+server starts slowed engine 0's vision stage too between the baseline and
+the window, so engine 0's requests filled the slow tail beside engine 1's
+and the share of the tail that engine 1 gained was too small to name it.
+
+Windows are the drift drills' short ones (``test_drift_inputs_drill``); the
+wait bound is a minute, so each request stays with the engine that owns its
+key however slow that engine is: the drill slows engine 1 to hold its
+requests in it, not to move them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import ServeProcess, run_serve_process
+from tests.integration.drill_load import ClosedLoopLoad, wait_for_route
+from tests.integration.test_engines import drill, end_drills, image
+
+PERIOD_S, WINDOW_S, BASELINE_S, CONSECUTIVE = 0.5, 4.0, 3.0, 3
+DRIFT = {"MMSERVE_DRIFT_PERIOD_S": str(PERIOD_S), "MMSERVE_DRIFT_WINDOW_S": str(WINDOW_S),
+         "MMSERVE_DRIFT_BASELINE_S": str(BASELINE_S), "MMSERVE_DRIFT_CONSECUTIVE": str(CONSECUTIVE),
+         "MMSERVE_DRIFT_THRESHOLD": "0.3", "MMSERVE_DRIFT_MIN_SAMPLES": "10", "MMSERVE_MAX_QUEUE_DELAY_MS": "0"}
+NAMED_WITHIN_S = 2 * WINDOW_S + (CONSECUTIVE + 2) * PERIOD_S + 10.0
+SYNTHETIC = {"MMSERVE_SYNTHETIC_VISION_MS": "10", "MMSERVE_ENGINE_WAIT_BOUND_MS": "60000"}
+
+
+@pytest.fixture(scope="module")
+def two_engines() -> Iterator[ServeProcess]:
+    args = ["--preset", "synthetic", "--engines", "2", "--api-workers", "1", "--enable-fault-injection"]
+    with run_serve_process(args, {**DRIFT, **SYNTHETIC}, ready_timeout_s=150) as served:
+        yield served
+
+
+class JpegLoad(ClosedLoopLoad):
+    """A new 32 x 32 JPEG in every request: each one is computed, on the engine that owns its key."""
+
+    def _bodies(self, client_index: int) -> Iterator[dict]:
+        seed = 10_000 + client_index
+        while True:
+            yield {"image": image(seed, (32, 32))}
+            seed += self._num_clients
+
+
+def is_engine_named(route: dict) -> bool:
+    named = route["attributed_input"]
+    return route["active"] and named is not None and named["dimension"] == "engine"
+
+
+def test_drift_for_a_stall_on_one_engine_names_that_engine(two_engines):
+    """After a baseline of even traffic, engine 1's vision batches sleep 60 ms more: the requests it serves
+    (about half, by their keys) fill the slow tail, and drift names ``engine`` = 1 (as test_drift_inputs_drill
+    names a PNG-only stall)."""
+    with (httpx.Client(base_url=two_engines.url, timeout=30) as client,
+          JpegLoad(two_engines.url, num_clients=3, max_duration_s=90) as load):
+        try:
+            load.wait_for(50, 30.0)
+            assert client.post("/v1/monitoring/baseline").status_code == 200
+            wait_for_route(client, lambda r: r["evaluated_unix_s"] is not None and r["state"] != "learning_baseline",
+                           BASELINE_S + 5.0, "baseline frozen and a period judged")
+            drill(two_engines.url, 1, {"stage": "vision", "delay_ms": 60, "fraction": 1.0, "duration_s": 40})
+            raised = wait_for_route(client, is_engine_named, NAMED_WITHIN_S, "drift named the engine")
+        finally:
+            end_drills(two_engines.url)
+    assert not load.failures, load.failures[:3]
+    named = raised["attribution"]["inputs"]["named"]
+    assert raised["attributed_stage"] == "vision", raised["attribution"]
+    assert raised["attributed_input"] == {"stage": "vision", "dimension": "engine", "value": "1",
+                                          "share_growth": named["share_growth"]}
+    assert named["share_growth"] >= 0.1 and named["tail_share_window"] > named["tail_share_baseline"]
+    assert named["tail_rate_window"] > 0.9  # nearly every request engine 1 served is in the slow tail now
+    other = next(v for v in raised["attribution"]["inputs"]["values"] if v["value"] == "0")
+    assert other["share_growth"] < 0, raised["attribution"]
