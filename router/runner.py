@@ -86,7 +86,7 @@ class BatchRunner:
         self.warmed_shapes: set[tuple] = set() if warmed_shapes is None else warmed_shapes
         # ONNX Runtime compiles nothing per shape: warm-up runs a few shapes, timed (router.shape_free_warm_up).
         self._is_shape_free = bundle.runtime == "onnxruntime"
-        self._vision_ns: dict[int, int] = {}
+        self._shape_free_timings = shape_free_warm_up.ShapeFreeTimings()
         self._is_ready = False
         self.max_images_per_request = max_images_per_request  # fusion is warmed for each count up to it
         self.model = bundle.model
@@ -309,7 +309,7 @@ class BatchRunner:
         its bucket, the one thing of its shape that selects a kernel variant).
         """
         if self._is_shape_free:
-            return shape_free_warm_up.warm_up(self, self._vision_ns)
+            return shape_free_warm_up.warm_up(self, self._shape_free_timings)
         input_size = self.bundle.config.preprocess.input_size
         image = torch.zeros((input_size, input_size, 3), dtype=torch.uint8)
         one_image = self.model.encode_images(image[None])  # the shape fusion meets is the segments'
@@ -343,7 +343,7 @@ class BatchRunner:
         length bucket. Under ONNX Runtime: ``router.shape_free_warm_up``.
         """
         if self._is_shape_free:
-            shape_free_warm_up.measure_service_times(self, self._vision_ns, observe)
+            shape_free_warm_up.measure_service_times(self, self._shape_free_timings, observe)
             self.num_images_encoded = self.num_texts_encoded = 0
             return
         input_size = self.bundle.config.preprocess.input_size

@@ -23,7 +23,7 @@ So under ONNX Runtime:
                    size online from real batches
 
 Why the budget: where one image takes seconds (ViT-L/16 on 2 cores, about
-3 s), the fixed cost of a batch is lost in its compute, so a batch of 8
+2 s), the fixed cost of a batch is lost in its compute, so a batch of 8
 takes 8 times one image's time, as the estimator extrapolates; timing it
 anyway cost 25-30 s of that preset's start-up and told nothing new. Where an
 image takes milliseconds (the tiny and test models), the largest batch is
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -41,10 +42,26 @@ import torch
 from router.request import InferenceRequest, Route
 
 if TYPE_CHECKING:
+    from models.multimodal import ImageSegment
     from router.runner import BatchRunner
 
 
 TIMED_BATCH_BUDGET_S = 2.0
+
+
+@dataclass
+class ShapeFreeTimings:
+    """What warm-up leaves for the service-time measurement that follows it, so nothing is run twice:
+    the vision timings per batch size, and the one blank image's segment the fusion head is run with."""
+
+    vision_ns: dict[int, int] = field(default_factory=dict)
+    one_image: list[ImageSegment] | None = None  # encode_images' answer for one blank image
+
+    def blank_image_segment(self, runner: BatchRunner) -> list[ImageSegment]:
+        if self.one_image is None:
+            size = runner.bundle.config.preprocess.input_size
+            self.one_image = runner.model.encode_images(torch.zeros((1, size, size, 3), dtype=torch.uint8))
+        return self.one_image
 
 
 def time_image_sizes(runner: BatchRunner, sizes: tuple[int, ...], vision_ns: dict[int, int],
@@ -71,11 +88,11 @@ def _time_images(runner: BatchRunner, size: int) -> int:
     return time.perf_counter_ns() - started
 
 
-def warm_up(runner: BatchRunner, vision_ns: dict[int, int]) -> int:
-    """Run the shapes the module's docstring names, time the vision ones into ``vision_ns``; the runs made."""
+def warm_up(runner: BatchRunner, timings: ShapeFreeTimings) -> int:
+    """Run the shapes the module's docstring names, time the vision ones into ``timings``; the runs made."""
     model = runner.model
-    input_size = runner.bundle.config.preprocess.input_size
-    one_image = model.encode_images(torch.zeros((1, input_size, input_size, 3), dtype=torch.uint8))
+    one_image = timings.blank_image_segment(runner)  # the first run: the sessions' own warm-up, untimed
+    vision_ns = timings.vision_ns
     warmed = runner.warmed_shapes
     num_runs = 0
     for route, settings in runner.lane_settings.items():
@@ -104,14 +121,12 @@ def warm_up(runner: BatchRunner, vision_ns: dict[int, int]) -> int:
     return num_runs
 
 
-def measure_service_times(runner: BatchRunner, vision_ns: dict[int, int],
+def measure_service_times(runner: BatchRunner, timings: ShapeFreeTimings,
                           observe: Callable[[Route, int, int], None]) -> None:
     """Each lane's smallest and largest batch, as the module's docstring says; after ``warm_up``."""
     model = runner.model
-    input_size = runner.bundle.config.preprocess.input_size
     bucket = runner.text_buckets[len(runner.text_buckets) // 2]
     token_ids = (runner.pad_token_id,) * bucket
-    one_image = None  # the segment a fusion batch's head meets, encoded once
     for lane, settings in runner.lane_settings.items():
         sizes = settings.warm_batch_sizes
         if lane == Route.TEXT:
@@ -122,13 +137,12 @@ def measure_service_times(runner: BatchRunner, vision_ns: dict[int, int],
                 observe(lane, size, time.perf_counter_ns() - started)
             continue
         # Warmed by another executor through the same sessions, a size is timed here (within the budget).
-        for size in time_image_sizes(runner, sizes, vision_ns):
-            images_ns = vision_ns[size]
+        for size in time_image_sizes(runner, sizes, timings.vision_ns):
+            images_ns = timings.vision_ns[size]
             if lane == Route.VISION:
                 observe(lane, size, images_ns)
                 continue
-            if one_image is None:
-                one_image = model.encode_images(torch.zeros((1, input_size, input_size, 3), dtype=torch.uint8))
+            one_image = timings.blank_image_segment(runner)  # the segment a fusion batch's head meets
             started = time.perf_counter_ns()
             texts = model.encode_texts([token_ids] * size, pad_to=bucket, pad_token_id=runner.pad_token_id)
             model.fuse_multi([one_image] * size, texts)
