@@ -12,14 +12,27 @@ looks them up in the engine); it rides in the frames the API process writes to
 the engine anyway (``server.workers.frames.CorkedFrameWriter``), with no answer.
 The request layer calls ``record`` after the answer is complete, as it calls
 the single process's monitor.
+
+In the engine, ``RecordsIntoMonitor`` takes the records in. Its first record
+marks the monitor ready (the baseline is learned from then): the server is
+ready once any of its engines is, and with several engines the monitor's
+engine may still be warming up while another already serves. Waiting for the
+monitor engine's own warm-up would leave records of served traffic outside
+any baseline, and ``POST /v1/monitoring/baseline`` answering 409 "not ready"
+while ``/health/ready`` answers 200.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from monitoring.inputs import RequestInputs
+from typing import TYPE_CHECKING
+
+from monitoring.inputs import RequestInputs, inputs_of_code
 from server.workers.engine_client import EngineClient
+
+if TYPE_CHECKING:
+    from monitoring.monitor import Monitor
 
 
 class EngineMonitor:
@@ -31,3 +44,19 @@ class EngineMonitor:
     def record(self, route: str, stage_ns: Mapping[str, int], *, batch_size: int | None = None,
                cache_hit: bool | None = None, inputs: RequestInputs | None = None) -> None:
         self._client.send_record(route, stage_ns, batch_size, cache_hit, inputs)
+
+
+class RecordsIntoMonitor:
+    """The engine's side: each API process's record into the one monitor, the first marking it ready."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self._monitor = monitor
+        self._is_marked_ready = False  # mark_ready() is idempotent but takes the monitor's lock: once is enough
+
+    def record(self, route: str, stage_ns: Mapping[str, int], batch_size: int | None, cache_hit: bool | None,
+               inputs_code: int | None) -> None:
+        if not self._is_marked_ready:
+            self._monitor.mark_ready()  # an answered request: the server is ready (the module's docstring)
+            self._is_marked_ready = True
+        self._monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
+                             inputs=None if inputs_code is None else inputs_of_code(inputs_code))

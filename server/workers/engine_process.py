@@ -70,7 +70,6 @@ from fastapi import FastAPI
 from prometheus_client import generate_latest
 
 from models.tokenizer_packing import pack_tokenizer
-from monitoring.inputs import inputs_of_code
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey
@@ -84,6 +83,7 @@ from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
 from server.workers.engine_answers import error_fields, portable_of_item
+from server.workers.engine_monitor import RecordsIntoMonitor
 from server.workers.engine_routes import EngineRoutes
 from server.workers.frames import CorkedFrameWriter, read_messages
 from server.workers.handoff import (
@@ -116,6 +116,7 @@ class Engine:
                                      prepared_pixels=lambda content: self._prepared.get(id(content)),
                                      inline_image_max_pixels=settings.inline_image_max_pixels)
         self._zero_shot = ZeroShotEngine(state, self._intake, self._prepared)
+        self._records = RecordsIntoMonitor(state.monitor)  # API processes' answered requests, for the one monitor
         self._fault_watchers: set[Callable[..., None]] = set()  # the replies of connections that watch the drills
         # What an API process builds its side from (it loads no weights): packed once, sent on every describe.
         self._description = (state.served_model, pack_tokenizer(bundle.tokenizer))
@@ -155,9 +156,7 @@ class Engine:
                         calls[call_id] = task
                         task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
                     elif kind == "record":  # an API process's answered request (engine_monitor); next to run: one per request
-                        route, stage_ns, batch_size, cache_hit, inputs_code = message[2:]
-                        self._state.monitor.record(route, stage_ns, batch_size=batch_size, cache_hit=cache_hit,
-                                                   inputs=None if inputs_code is None else inputs_of_code(inputs_code))
+                        self._records.record(*message[2:])
                     elif kind == "zero_shot":  # /v1/classify and /v1/rank (server.workers.zero_shot_engine)
                         work, arrival_ns, block, slots = message[2:]
                         prepared_ids = self._zero_shot.take_pixels(work, self._attached(attached, block), slots)

@@ -236,7 +236,8 @@ def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_
     """Engine 0, killed by the drill (``POST /v1/admin/faults/kill?engine=0``), also holds the one latency
     monitor and answers the monitoring routes: while it is gone those
     answer 503 engine_unavailable, every request is served by engine 1 and readiness stays 200; once it is
-    back, a new monitor answers and a drill set without ``?engine`` reaches both engines again."""
+    back, a new monitor answers (and relearns its baseline on request) and a drill set without ``?engine``
+    reaches both engines again."""
     url, supervisor = two_engines.url, two_engines.process
     old_pids = engine_pids(supervisor.pid)
     send_text = text_sender(url, "while engine 0 is away")
@@ -256,7 +257,10 @@ def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_
         back_at = time.monotonic()
         texts_after = lifetime_count(httpx.get(f"{url}/v1/monitoring/digests", timeout=30).json(), "text", "total")
         time.sleep(0.5)
+        # The new monitor learns from the requests engine 1 answered meanwhile, warmed up or not: no 409 "not ready"
+        relearned = httpx.post(f"{url}/v1/monitoring/baseline", timeout=30)
     assert failure(monitoring_gone)[:2] == (503, "engine_unavailable")
+    assert relearned.status_code == 200, relearned.text
     assert 0 <= texts_after < texts_before, (texts_before, texts_after)  # a new monitor, counting from its start
     new_pids = engine_pids(supervisor.pid)
     assert new_pids[1] == old_pids[1] and new_pids[0] != old_pids[0]
