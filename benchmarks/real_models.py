@@ -71,8 +71,11 @@ MMSERVE_SETTINGS = {"CACHE_IMAGE_BYTES": "0", "CACHE_TEXT_BYTES": "0", "MAX_BATC
                     "MAX_QUEUE_DELAY_MS": str(QUEUE_DELAY_MS)}
 TIMING_SIZE = TowerSize(image_size=224, patch_size=16, hidden_size=256, num_layers=4, num_heads=4,
                         intermediate_size=1024, projection_dim=256)
-# Texts fit every family's token limit but SigLIP's 16 (which both servers cut, as its pipeline does).
-TEXT_CHARS = TextLengthRange(16, 60)
+# Both servers compute the same tokens: Infinity cuts every text at 20 tokens (a transformers 4 generation
+# default), and the random CLIP's tokenizer (BPE without merges) spends a token per character plus two, so
+# 18 characters at most. Longer texts had mmserve computing up to three times Infinity's tokens per answer.
+INFINITY_TEXT_TOKENS = 20
+TEXT_CHARS = TextLengthRange(8, INFINITY_TEXT_TOKENS - 2)
 AGREEMENT_IMAGE_SIZES = (ImageSize(224, 224), ImageSize(64, 40), ImageSize(300, 180))
 AGREEMENT_TEXTS = (SENTENCES[0], SENTENCES[3], SENTENCES[9], "a  photo, of  A CAT!")
 READY_TIMEOUT_S = 600.0

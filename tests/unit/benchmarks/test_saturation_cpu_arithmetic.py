@@ -19,7 +19,8 @@ from benchmarks.harness.cpu_accounting import CpuSpent
 from benchmarks.loadgen.embeddings_payload import EmbeddingsDialect
 from benchmarks.loadgen.request_spec import Modality
 from benchmarks.loadgen.runner import Sample
-from benchmarks.real_models import LANES, TEXT_CHARS, WrkInputs
+from benchmarks.loadgen.text_source import TextSource
+from benchmarks.real_models import INFINITY_TEXT_TOKENS, LANES, TEXT_CHARS, WrkInputs
 from benchmarks.real_models_figures import (
     figures_document, lane_figures, load_figures, previous_cpu_ratio, save_figures,
 )
@@ -173,3 +174,16 @@ def test_a_wrk_runs_log_line_shows_mmserves_mean_batch_per_lane_and_nothing_for_
     assert mean_batch_text(batch_size_view(before, after)) == "; mean batch: text 5.7"  # 570 texts in 100 batches
     assert mean_batch_text(batch_size_view(None, parse_metrics_text("up 1\n"))) == ""
     assert mean_batch_text(None) == ""
+
+
+def test_every_timed_text_fits_infinitys_cut_so_both_servers_compute_the_same_tokens(tmp_path):
+    """Infinity computes at most 20 tokens of a text; a longer one would cost mmserve more for the whole text."""
+    from transformers import CLIPTokenizer
+
+    from benchmarks.random_pretrained import write_clip
+
+    tokenizer = CLIPTokenizer.from_pretrained(str(write_clip(tmp_path / "clip")))
+    texts = WrkInputs().texts + [TextSource(1).make(TEXT_CHARS.max_chars) for _ in range(32)]
+    lengths = [len(tokenizer(text)["input_ids"]) for text in texts]
+    assert max(lengths) <= INFINITY_TEXT_TOKENS, max(lengths)
+    assert min(lengths) >= 8  # still texts: a serial number and a word or more
