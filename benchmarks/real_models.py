@@ -193,8 +193,8 @@ def _timing(family: Family, servers: dict[str, ServerProcess], dialects: dict[st
 
 
 def _torch_lines(family: Family, runs: dict[str, ServerRuns], plan: AlternationPlan,
-                 runtimes: dict[str, ServedRuntime]) -> tuple[str, str]:
-    """The table of mmserve against itself under --runtime torch (images), and its verdict line."""
+                 runtimes: dict[str, ServedRuntime]) -> tuple[str, str, float | None]:
+    """The table of mmserve against itself under --runtime torch (images), its verdict line and CPU ratio."""
     pair = {f"{MMSERVE} ({runtimes[MMSERVE].label()})": runs[f"{MMSERVE} (vs torch)"],
             f"{MMSERVE} ({runtimes[MMSERVE_TORCH].label()})": runs[MMSERVE_TORCH]}
     table = format_saturation(f"{family.value}, image only, mmserve against itself under --runtime torch, "
@@ -204,7 +204,7 @@ def _torch_lines(family: Family, runs: dict[str, ServerRuns], plan: AlternationP
     ratio_text = "not measured" if ratio is None else f"{ratio:.2f}x"
     verdict = (f"  {family.value} image, {runtimes[MMSERVE].label()} against torch: server CPU per answer "
                f"{ratio_text} (target <= {TORCH_CPU_TARGET:.2f}) {verdict_text(is_met)}")
-    return table, verdict
+    return table, verdict, ratio
 
 
 def _verdict_line(family: Family, lane: Lane, targets: Targets, runs: dict[str, ServerRuns]) -> str:
@@ -224,7 +224,7 @@ class FamilyResult:
 
     rows: list[AgreementRow]
     verdict_lines: list[str]
-    figures: dict[str, dict[str, Any]]
+    figures: dict[str, Any]  # lane -> lane_figures, and "served": what mmserve served
 
 
 @dataclass(frozen=True)
@@ -240,6 +240,7 @@ class TimingSetup:
 
 def _print_timing(family: Family, timed: list[tuple[Lane, dict[str, ServerRuns]]], setup: TimingSetup,
                   runtimes: dict[str, ServedRuntime], result: FamilyResult) -> None:
+    result.figures["served"] = runtimes[MMSERVE].label()
     for lane, all_runs in timed:
         runs = {name: all_runs[name] for name in (INFINITY, MMSERVE) if name in all_runs}
         title = f"{family.value}, {lane.name} only, mmserve on {runtimes[MMSERVE].label()}"
@@ -256,9 +257,11 @@ def _print_timing(family: Family, timed: list[tuple[Lane, dict[str, ServerRuns]]
             result.verdict_lines.append(_verdict_line(family, lane, lane.targets, runs))
             result.figures[lane.name] = lane_figures(runs, INFINITY, MMSERVE)
         if MMSERVE_TORCH in all_runs:
-            table, verdict = _torch_lines(family, all_runs, setup.plan, runtimes)
+            table, verdict, ratio = _torch_lines(family, all_runs, setup.plan, runtimes)
             print(table, flush=True)
             result.verdict_lines.append(verdict)
+            if ratio is not None:
+                result.figures[lane.name]["torch_cpu_ratio"] = round(ratio, 4)
 
 
 def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceInputs, setup: TimingSetup | None,
@@ -386,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("timing verdicts (mmserve against Infinity, same weights, alternated in this run):")
         print("\n".join(verdict_lines), flush=True)
     if args.save_figures is not None:
-        save_figures(args.save_figures, figures_document(figures, utc_now()))
+        save_figures(args.save_figures, figures_document(
+            figures, utc_now(), targets={lane.name: lane.targets for lane in LANES}, torch_target=TORCH_CPU_TARGET,
+            is_quantized=args.quantize is not None))
         print(f"figures saved to {args.save_figures}", flush=True)
     return 0
 

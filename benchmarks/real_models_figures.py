@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import ServerRuns, cpu_ratio
+from benchmarks.harness import ServerRuns, Targets, cpu_ratio
 from benchmarks.harness.figures import Figure, result_document
 
 
@@ -39,26 +39,58 @@ def lane_figures(runs: Mapping[str, ServerRuns], peer: str | None, ours: str) ->
             "p99_ratio": round(p99_ratio, 4)}
 
 
-def figures_document(by_family: Mapping[str, Mapping[str, Mapping[str, Any]]], saved: str) -> dict[str, Any]:
-    """The file's content: ``by_family[family][lane]`` is a ``lane_figures``; the headline's keys beside it."""
+def figures_document(by_family: Mapping[str, Mapping[str, Any]], saved: str, *,
+                     targets: Mapping[str, Targets] | None = None, torch_target: float | None = None,
+                     is_quantized: bool = False) -> dict[str, Any]:
+    """The file's content: ``by_family[family][lane]`` is a ``lane_figures`` (and ``[family]["served"]`` what
+    mmserve served, e.g. ``onnxruntime float32``); the headline's keys beside it, judged by ``targets``."""
     families = {family: dict(lanes) for family, lanes in by_family.items()}
-    return {"saved": saved, "families": families} | result_document(headline_figures(families))
+    figures = headline_figures(families, targets or {}, torch_target, is_quantized)
+    return {"saved": saved, "families": families} | result_document(figures)
 
 
 HEADLINE_ROWS = {"text": "infinity_text", "image": "infinity_image"}  # the CLIP lanes: the family Infinity serves
+QUANTIZED_ROW = "infinity_int8"  # both lanes of a --quantize run, apart from the fp32 rows
 
 
-def headline_figures(families: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[Figure]:
-    """CLIP's lanes timed against Infinity, as headline figures, rounded as the verdict lines print them."""
+def headline_figures(families: Mapping[str, Mapping[str, Any]], targets: Mapping[str, Targets],
+                     torch_target: float | None = None, is_quantized: bool = False) -> list[Figure]:
+    """CLIP's lanes timed against Infinity, as headline figures, rounded and judged as the verdict lines print them.
+
+    The first figure of a lane names what mmserve served; a quantized run's
+    lanes share one row, each figure named by its lane.
+    """
+    clip = families.get("clip", {})
+    served = clip.get("served")
     figures = []
     for lane, row in HEADLINE_ROWS.items():
-        lane_figures_ = families.get("clip", {}).get(lane, {})
-        for key, name in (("throughput_ratio", "saturation ok/s over Infinity's"),
-                          ("cpu_ratio", "server CPU per answer over Infinity's"),
-                          ("p99_ratio", "open-loop p99 over Infinity's")):
-            if lane_figures_.get(key) is not None:
-                figures.append(Figure(row, name, round(lane_figures_[key], 2), "x"))
+        figures_of_lane = clip.get(lane, {})
+        target = targets.get(lane)
+        judged = (("throughput_ratio", "saturation ok/s over Infinity's",
+                   None if target is None else target.min_throughput_ratio, True),
+                  ("cpu_ratio", "server CPU per answer over Infinity's", None if target is None else target.max_cpu_ratio,
+                   False),
+                  ("p99_ratio", "open-loop p99 over Infinity's", None if target is None else target.max_p99_ratio, False),
+                  ("torch_cpu_ratio", "CPU per answer over mmserve's on torch", torch_target, False))
+        lane_prefix = ("text, " if lane == "text" else "images, ") if is_quantized else ""
+        served_prefix = f"{served}, " if served is not None else ""
+        for key, name, bound, is_lower_bound in judged:
+            value = figures_of_lane.get(key)
+            if value is None:
+                continue
+            figures.append(Figure(QUANTIZED_ROW if is_quantized else row,
+                                  lane_prefix + served_prefix + name + _judgement(value, bound, is_lower_bound),
+                                  round(value, 2), "x"))
+            served_prefix = ""  # said once per lane
     return figures
+
+
+def _judgement(value: float, bound: float | None, is_lower_bound: bool) -> str:
+    """`` (target >= 1.60, met)`` as the verdict lines judge it (the unrounded ratio), or nothing without a bound."""
+    if bound is None:
+        return ""
+    is_met = value >= bound if is_lower_bound else value <= bound
+    return f" (target {'>=' if is_lower_bound else '<='} {bound:.2f}, {'met' if is_met else 'NOT met'})"
 
 
 def previous_cpu_ratio(document: Mapping[str, Any] | None, family: str, lane: str) -> float | None:

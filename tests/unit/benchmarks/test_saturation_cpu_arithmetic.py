@@ -145,6 +145,28 @@ def test_figures_are_kept_per_family_and_lane_and_read_back(tmp_path):
         load_figures(tmp_path / "missing.json")
 
 
+def test_the_headline_figures_name_what_served_and_are_judged_as_the_verdict_lines():
+    """A --quantize run keeps to its own row, so its figures never stand in for the fp32 targets' rows."""
+    lanes = {"served": "onnxruntime float32",
+             "text": {"throughput_ratio": 2.1869, "cpu_ratio": 0.6501, "p99_ratio": 0.383},
+             "image": {"throughput_ratio": 1.4158, "cpu_ratio": 0.4999, "p99_ratio": 0.4688, "torch_cpu_ratio": 0.99}}
+    targets = {lane.name: lane.targets for lane in LANES}
+    fp32 = figures_document({"clip": lanes}, "now", targets=targets, torch_target=0.55)["figures"]
+    assert [(f["row"], f["name"], f["value"]) for f in fp32] == [
+        ("infinity_text", "onnxruntime float32, saturation ok/s over Infinity's (target >= 1.60, met)", 2.19),
+        ("infinity_text", "server CPU per answer over Infinity's (target <= 0.65, NOT met)", 0.65),  # 0.6501
+        ("infinity_text", "open-loop p99 over Infinity's (target <= 0.50, met)", 0.38),
+        ("infinity_image", "onnxruntime float32, saturation ok/s over Infinity's (target >= 2.00, NOT met)", 1.42),
+        ("infinity_image", "server CPU per answer over Infinity's (target <= 0.50, met)", 0.5),
+        ("infinity_image", "open-loop p99 over Infinity's (target <= 0.70, met)", 0.47),
+        ("infinity_image", "CPU per answer over mmserve's on torch (target <= 0.55, NOT met)", 0.99)]
+    int8 = figures_document({"clip": {**lanes, "served": "onnxruntime int8"}}, "now", targets=targets,
+                            is_quantized=True)["figures"]
+    assert {f["row"] for f in int8} == {"infinity_int8"}
+    assert int8[0]["name"] == "text, onnxruntime int8, saturation ok/s over Infinity's (target >= 1.60, met)"
+    assert int8[3]["name"].startswith("images, onnxruntime int8, saturation") and int8[4]["name"].startswith("images, ")
+
+
 def test_wrk_posts_the_same_inputs_to_both_servers_each_in_its_dialect():
     inputs = WrkInputs()
     infinity, mmserve = EmbeddingsDialect("clip", True), EmbeddingsDialect("tiny-clip", False)
