@@ -261,7 +261,7 @@ def _print_timing(family: Family, timed: list[tuple[Lane, dict[str, ServerRuns]]
             print(table, flush=True)
             result.verdict_lines.append(verdict)
             if ratio is not None:
-                result.figures[lane.name]["torch_cpu_ratio"] = round(ratio, 4)
+                result.figures[lane.name]["torch_cpu_ratio"] = round(ratio, 6)
 
 
 def run_family(family: Family, root: Path, venv: Path | None, inputs: ReferenceInputs, setup: TimingSetup | None,
