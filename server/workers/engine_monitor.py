@@ -25,7 +25,6 @@ while ``/health/ready`` answers 200.
 from __future__ import annotations
 
 from collections.abc import Mapping
-
 from typing import TYPE_CHECKING
 
 from monitoring.inputs import RequestInputs, inputs_of_code
