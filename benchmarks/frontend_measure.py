@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from benchmarks.harness.cpu_accounting import MAIN_THREAD
 from benchmarks.harness.figures import Figure
 
 FLOOR = "floor"
@@ -22,6 +23,7 @@ TEXT_CPU_TARGET = 3.0
 IMAGE_CPU_TARGET = 1.5
 ENGINE_CPU_TARGETS = {"text": 0.6, "image": 1.0}  # the engine's CPU per request, x the floor's
 ENGINE, API, SUPERVISOR = "engine_process", "api_process", "supervisor"
+ENGINE_MAIN_THREAD = ENGINE + MAIN_THREAD  # its event loop: part of ENGINE's CPU (cpu_by_process_kind)
 
 
 @dataclass(frozen=True)
@@ -75,10 +77,13 @@ def capacity_rows(runs: Sequence[RunResult], floor_ms: dict[str, float]) -> list
     (1000 / its CPU ms per request); ``API cores``: the API-process cores that
     rate needs (their CPU ms per request x that rate / 1000). ``x floor`` is
     the engine's CPU per request over the floor's (``floor_ms``, by kind),
-    judged against ``ENGINE_CPU_TARGETS``.
+    judged against ``ENGINE_CPU_TARGETS``. ``main thread`` and ``other
+    threads`` split the engine's figure: its event loop (frames, the intake,
+    the answers: what each request costs it) and the rest (the compute
+    threads' batches, pools), where the split was read.
     """
     rows = [["kind", "server", "engine ms/req", "x floor", "target", "verdict", "engine/s/core", "API ms/req",
-             "API cores", "supervisor ms/req"]]
+             "API cores", "supervisor ms/req", "main thread ms/req", "other threads ms/req"]]
     for (server, kind), (by_process, _) in _split_ms(runs).items():
         if ENGINE not in by_process:
             continue
@@ -90,8 +95,17 @@ def capacity_rows(runs: Sequence[RunResult], floor_ms: dict[str, float]) -> list
         verdict = "" if target is None or ratio is None else "met" if ratio <= target else "missed"
         rows.append([kind, server, f"{engine_ms:.3f}", "" if ratio is None else f"{ratio:.2f}",
                      "" if target is None else f"<= {target:g} x floor", verdict, f"{rate:.0f}", f"{api_ms:.3f}",
-                     f"{api_ms * rate / 1000.0:.2f}", f"{by_process.get(SUPERVISOR, 0.0):.3f}"])
+                     f"{api_ms * rate / 1000.0:.2f}", f"{by_process.get(SUPERVISOR, 0.0):.3f}",
+                     *_engine_threads(by_process)])
     return rows
+
+
+def _engine_threads(by_process: dict[str, float]) -> list[str]:
+    """The engine's CPU ms per request in its main thread and in its other threads ("" where not read)."""
+    main_ms = by_process.get(ENGINE_MAIN_THREAD)
+    if main_ms is None:
+        return ["", ""]
+    return [f"{main_ms:.3f}", f"{by_process[ENGINE] - main_ms:.3f}"]
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,12 @@ def process_cpu_s(pid: int) -> float:
     return 0.0 if fields is None else _cpu_s(fields)
 
 
+def main_thread_cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid``'s main thread (the thread whose id is the pid) has used so far; 0 if gone."""
+    fields = _stat_fields(f"{pid}/task/{pid}")
+    return 0.0 if fields is None else _cpu_s(fields)
+
+
 def process_start_s(pid: int) -> float:
     """When process ``pid`` started, on the CLOCK_BOOTTIME clock (``/proc/PID/stat``'s start time, in ticks)."""
     fields = _stat_fields(pid)
@@ -48,7 +54,10 @@ def process_start_s(pid: int) -> float:
     return int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_by_process_kind(root_pid: int) -> dict[str, float]:
+MAIN_THREAD = " main thread"  # "engine_process main thread": part of "engine_process", not beside it
+
+
+def cpu_by_process_kind(root_pid: int, main_thread_of: Sequence[str] = ("engine_process",)) -> dict[str, float]:
     """CPU seconds so far of ``root_pid`` and each child with what it started, summed by what they run.
 
     A server of several processes (``--api-workers N``: ``supervisor``, the
@@ -56,6 +65,11 @@ def cpu_by_process_kind(root_pid: int) -> dict[str, float]:
     (a server of one: ``one process``);
     what a child starts (a resource tracker, a probe) counts as that child's
     kind. Two readings' difference is a run's.
+
+    For a kind in ``main_thread_of`` the main thread of each such child is
+    also read on its own, as ``"<kind> main thread"``, a part of ``<kind>``:
+    the engine's main thread runs its event loop (frames, the intake, the
+    answers: the work per request), its other threads the batches.
     """
     from benchmarks.harness.process_resources import child_pids, process_label
 
@@ -67,6 +81,8 @@ def cpu_by_process_kind(root_pid: int) -> dict[str, float]:
         for pid in family:  # the child and every process under it
             family.extend(child_pids(pid))
         by_kind[label] = by_kind.get(label, 0.0) + sum(map(process_cpu_s, family))
+        if label in main_thread_of:
+            by_kind[label + MAIN_THREAD] = by_kind.get(label + MAIN_THREAD, 0.0) + main_thread_cpu_s(child)
     return by_kind
 
 

@@ -121,18 +121,20 @@ def test_the_capacity_table_takes_the_engine_as_the_serial_part():
     from benchmarks.frontend_measure import capacity_rows
 
     runs = [RunResult("mmserve w2", "text", 8.0, 10.0, 10_000, 0,
-                      (("supervisor", 0.1), ("engine_process", 0.5), ("api_process", 2.0))),
+                      (("supervisor", 0.1), ("engine_process", 0.5), ("engine_process main thread", 0.3),
+                       ("api_process", 2.0))),
             RunResult("mmserve w2", "image", 8.0, 10.0, 1000, 0,
                       (("supervisor", 0.0), ("engine_process", 0.2), ("api_process", 0.9))),
             RunResult("mmserve w1", "text", 9.0, 10.0, 8000, 0, (("one process", 9.0),))]  # no engine of its own
     rows = capacity_rows(runs, {"text": 0.1, "image": 0.25})
     assert rows[0][:3] == ["kind", "server", "engine ms/req"]
     # text: 0.05 ms per request in the engine, 0.5 x the floor's 0.1: 20,000/s on one engine core, which
-    # needs 20,000 x 0.2 ms = 4 API-process cores
+    # needs 20,000 x 0.2 ms = 4 API-process cores; of its 0.05 ms, 0.03 in its main thread (the event loop)
     assert rows[1] == ["text", "mmserve w2", "0.050", "0.50", "<= 0.6 x floor", "met", "20000", "0.200", "4.00",
-                       "0.010"]
+                       "0.010", "0.030", "0.020"]
     assert rows[2][:6] == ["image", "mmserve w2", "0.200", "0.80", "<= 1 x floor", "met"]
     assert rows[2][6:9] == ["5000", "0.900", "4.50"]
+    assert rows[2][10:] == ["", ""]  # a run whose threads were not read splits nothing
     assert len(rows) == 3
     assert capacity_rows(runs, {"text": 0.08})[1][3:6] == ["0.62", "<= 0.6 x floor", "missed"]
 

@@ -8,6 +8,7 @@ so the load generator's runs against them succeed.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -140,3 +141,25 @@ def test_a_run_reports_what_the_server_received_and_capacity_counts_its_answers(
                                         mix=parse_mix("text:1"), seed=3, timeout_s=5.0, show_progress=False))
         assert report["sent"] == report["ok"] == received() - before > 0
         assert capacity_rps(sink.url, mix="text:1", duration_s=0.5, concurrency=2) > 0
+
+
+def test_a_kinds_main_thread_is_read_apart_from_its_other_threads(tmp_path):
+    """A child labelled ``burner.py`` spins 0.4 s in a second thread while its main thread sleeps: the kind's CPU
+    holds the spin, its main thread's share does not (the engine's event loop against its compute threads)."""
+    from benchmarks.harness.cpu_accounting import cpu_by_process_kind
+
+    script = tmp_path / "burner.py"
+    script.write_text("import threading, time\n"
+                      "def spin():\n    end = time.thread_time() + 0.4\n    while time.thread_time() < end: pass\n"
+                      "worker = threading.Thread(target=spin)\nworker.start()\nworker.join()\n"
+                      "print('spun', flush=True)\ntime.sleep(30)\n")
+    child = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "spun\n"  # the spin is over; the process lives on, asleep
+        by_kind = cpu_by_process_kind(os.getpid(), main_thread_of=("burner.py",))
+    finally:
+        child.kill()
+        child.wait()
+    assert by_kind["burner.py"] >= 0.35
+    assert by_kind["burner.py main thread"] < 0.5 * by_kind["burner.py"]  # start-up only: the spin ran elsewhere
+    assert "supervisor" in by_kind  # this test's own process, the root
