@@ -88,6 +88,8 @@ class ProcessTreeSampler(PeriodicThread):
             if pid not in self.series:
                 self.series[pid] = ProcessSeries(pid, process_label(pid))
             readings = self.series[pid]
+            if not readings.label:  # its command line was not readable yet (a fork before its exec): again
+                readings.label = process_label(pid)
             readings.times_s.append(now_s)
             readings.rss_bytes.append(rss)
             readings.num_fds.append(fds)

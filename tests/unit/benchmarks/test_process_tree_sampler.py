@@ -37,3 +37,27 @@ def test_the_parent_and_its_child_each_get_a_series_of_their_own():
         subprocess.run(["pkill", "-P", str(parent.pid)])
         parent.kill()
         parent.wait()
+
+
+def test_a_label_read_empty_at_first_sight_is_read_again(monkeypatch):
+    """A child seen before its exec (an empty command line) gets its program's name from a later reading."""
+    import benchmarks.harness.process_resources as process_resources
+
+    real_label, seen = process_resources.process_label, set()
+
+    def empty_the_first_time(pid: int) -> str:
+        if pid not in seen:
+            seen.add(pid)
+            return ""
+        return real_label(pid)
+
+    monkeypatch.setattr(process_resources, "process_label", empty_the_first_time)
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        with ProcessTreeSampler(child.pid, interval_s=0.05) as sampler:
+            time.sleep(0.3)
+        assert sampler.series[child.pid].label == "sleep"
+        assert len(sampler.series[child.pid].times_s) >= 3
+    finally:
+        child.kill()
+        child.wait()
