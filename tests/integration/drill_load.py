@@ -100,13 +100,16 @@ def vision_route(client: httpx.Client) -> dict:
     return client.get("/v1/monitoring/drift").json()["routes"]["vision"]
 
 
-def wait_for_route(client: httpx.Client, predicate: Callable[[dict], bool], timeout_s: float, what: str) -> dict:
-    """The vision route's drift entry once ``predicate`` holds for it (polled every 0.1 s)."""
-    deadline = time.monotonic() + timeout_s
+def wait_for_route(client: httpx.Client, predicate: Callable[[dict], bool], timeout_s: float, what: str,
+                   not_before_s: float = 0.0) -> dict:
+    """The vision route's drift entry once ``predicate`` holds for it (polled every 0.1 s), and no sooner than
+    ``not_before_s`` from now (a drill judged once a whole window holds its traffic)."""
+    started = time.monotonic()
+    deadline = started + timeout_s
     route = None
     while time.monotonic() < deadline:
         route = vision_route(client)
-        if predicate(route):
+        if time.monotonic() >= started + not_before_s and predicate(route):
             return route
         time.sleep(0.1)
     raise AssertionError(f"{what} did not happen within {timeout_s:.1f} s; last vision entry: {route!r}")

@@ -87,9 +87,8 @@ def test_a_png_only_decode_stall_is_named_decode_and_png(live_server_factory):
         assert injected.json()["active"][0]["only_encoding"] == "png"
         # Judged once the window holds drilled traffic only: until then it still holds PNGs decoded before the
         # drill, which the tail-rate check below would count against it.
-        whole_window_drilled_at = time.monotonic() + WINDOW_S + PERIOD_S
-        raised = wait_for_route(client, lambda r: is_png_named(r) and time.monotonic() >= whole_window_drilled_at,
-                                NAMED_WITHIN_S, "drift named decode and image_encoding=png, a window into the drill")
+        raised = wait_for_route(client, is_png_named, NAMED_WITHIN_S, "drift named decode and image_encoding=png",
+                                not_before_s=WINDOW_S + PERIOD_S)
 
         assert raised["attributed_stage"] == "decode", raised["attribution"]
         named = raised["attribution"]["inputs"]["named"]

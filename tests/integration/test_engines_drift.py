@@ -21,7 +21,6 @@ requests in it, not to move them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -75,9 +74,8 @@ def test_drift_for_a_stall_on_one_engine_names_that_engine(two_engines):
             drill(two_engines.url, 1, {"stage": "vision", "delay_ms": 60, "fraction": 1.0, "duration_s": 40})
             # Judged once the window holds drilled traffic only (the tail-rate check below counts every request
             # engine 1 served in the window).
-            drilled_at = time.monotonic() + WINDOW_S + PERIOD_S
-            raised = wait_for_route(client, lambda r: time.monotonic() >= drilled_at and is_engine_named(r),
-                                    NAMED_WITHIN_S, "drift named the engine a window into the drill")
+            raised = wait_for_route(client, is_engine_named, NAMED_WITHIN_S, "drift named the engine",
+                                    not_before_s=WINDOW_S + PERIOD_S)
         finally:
             end_drills(two_engines.url)
     assert not load.failures, load.failures[:3]
