@@ -189,5 +189,7 @@ def test_sigterm_drains_grpc_then_the_process_exits_0():
             with pytest.raises(InferenceServerException) as raised:
                 client.infer(MODEL, [_text_input([b"new"])])
             assert raised.value.status() == "StatusCode.UNAVAILABLE"
+            refusal = json.loads(raised.value.message())["error"]
+            assert refusal["code"] == "shutting_down" and "the server is shutting down" in refusal["message"]
             assert running.result(timeout=60).as_numpy("text_embedding").shape == (1, 32)
         assert served.process.wait(timeout=120) == 0, served.process.stdout.read()

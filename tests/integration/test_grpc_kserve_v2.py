@@ -296,6 +296,7 @@ def test_draining_turns_health_not_serving_refuses_new_calls_and_finishes_runnin
             with pytest.raises(InferenceServerException) as raised:
                 client.infer(MODEL, [_text_input([b"new"])])
             assert raised.value.status() == "StatusCode.UNAVAILABLE"
+            assert "shutting down" in json.loads(raised.value.message())["error"]["message"]
             assert running.result().as_numpy("text_embedding").shape == (1, 32)
 
 
