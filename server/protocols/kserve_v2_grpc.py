@@ -19,6 +19,8 @@ What a request means is the HTTP route's, described once in
     request   inputs[i] with raw_input_contents[i]   (tritonclient's form: every input raw, or none)
               inputs[i].contents.<typed>_contents    (bytes_contents, uint_contents, ...)
               parameters: priority, timeout (µs), truncate, as InferParameter
+              outputs[i].parameters: the REST form's rule (``requested_output``): classification and
+              shared memory refused, 400 unsupported_parameter
     response  outputs[i] with raw_output_contents[i] (the only place tritonclient.grpc reads numbers from)
 """
 
@@ -39,6 +41,7 @@ from server.protocols.kserve_v2_codec import (
     Tensor,
     V2InferRequest,
     V2InferResponse,
+    requested_output,
     serialize_bytes_elements,
     tensor_data_from_bytes,
 )
@@ -95,6 +98,12 @@ def _typed_contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, shap
     return wide.astype(dtype).reshape(shape)  # shape
 
 
+def _requested_output(output: service_pb2.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+    """The REST form's rule for output parameters (``requested_output``); every output travels raw here."""
+    checked = requested_output(output.name, _parameters(output.parameters, f"output {output.name}"), True)
+    return RequestedOutput(checked.name, True)
+
+
 def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | None = None) -> V2InferRequest:
     """A ``ModelInferRequest`` as the HTTP route's ``V2InferRequest``; 400 ``ApiError`` naming what is wrong.
 
@@ -127,7 +136,7 @@ def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | 
     names = [tensor.name for tensor in inputs]
     if len(set(names)) != len(names):
         raise _bad("invalid_request", f"inputs name a tensor twice: {names}", "inputs")
-    outputs = tuple(RequestedOutput(output.name, True) for output in message.outputs) or None
+    outputs = tuple(_requested_output(output) for output in message.outputs) or None
     if outputs is not None and len({output.name for output in outputs}) != len(outputs):
         raise _bad("invalid_request", f"outputs name a tensor twice: {[o.name for o in outputs]}", "outputs")
     parameters = _parameters(message.parameters, "request")

@@ -162,6 +162,59 @@ def test_health_and_liveness_need_no_key_and_metadata_matches_http(served: Serve
     assert int(config["max_batch_size"]) >= 1
 
 
+def test_model_ready_is_false_for_an_unknown_model_or_version_as_triton_answers(served: Served):
+    with served.grpc_client() as client:
+        assert client.is_model_ready(MODEL, headers=auth()) and client.is_model_ready(MODEL, "1", headers=auth())
+        assert client.is_model_ready("nope", headers=auth()) is False
+        assert client.is_model_ready(MODEL, "2", headers=auth()) is False
+        with pytest.raises(InferenceServerException) as raised:
+            client.is_model_ready("nope")  # still an inference call: the key comes first
+        assert raised.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert served.http_client().is_model_ready("nope", headers=auth()) is False
+
+
+def test_health_knows_its_services_check_refuses_an_unknown_one_and_watch_keeps_it_open(served: Served):
+    serving, unknown = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    with grpc.insecure_channel(served.grpc_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == serving
+        with pytest.raises(grpc.RpcError) as raised:
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+        assert json.loads(raised.value.details())["error"]["field"] == "service"
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=2)
+        assert next(watch).status == unknown
+        with pytest.raises(grpc.RpcError) as raised:
+            next(watch)  # the server keeps the call open: the client's deadline ends it
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        known = health.Watch(health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"), timeout=10)
+        assert next(known).status == serving
+        known.cancel()
+
+
+def _requested_output(module, how: str):  # noqa: ANN001, ANN202 - tritonclient.grpc or .http
+    if how == "classification":
+        return module.InferRequestedOutput("text_embedding", class_count=3)
+    output = module.InferRequestedOutput("text_embedding")
+    output.set_shared_memory("a-region", 128)
+    return output
+
+
+@pytest.mark.parametrize("how", ["classification", "shared_memory"])
+def test_output_parameters_but_binary_data_are_refused_as_the_http_v2_route_refuses_them(served: Served, how: str):
+    with served.grpc_client() as client, pytest.raises(InferenceServerException) as over_grpc:
+        client.infer(MODEL, [_text_input([b"a cat"])], outputs=[_requested_output(triton_grpc, how)], headers=auth())
+    with pytest.raises(InferenceServerException) as over_http:
+        served.http_client().infer(MODEL, [_text_input([b"a cat"], triton_http)],
+                                   outputs=[_requested_output(triton_http, how)], headers=auth())
+    status, body = _error(over_grpc)
+    assert status == "StatusCode.INVALID_ARGUMENT" and over_http.value.status() == "400"
+    assert body["error"] == {"code": "unsupported_parameter", "field": "text_embedding",
+                             "message": "output text_embedding: only binary_data is supported among output parameters"}
+    assert over_http.value.message() == f"{body['error']['code']}: {body['error']['message']}"
+
+
 def test_a_keyless_inference_call_is_unauthenticated_with_the_http_error_text(served: Served):
     before = served.metric("mmserve_requests_total", route="v2_grpc", code="401")
     with served.grpc_client() as client, pytest.raises(InferenceServerException) as raised:
