@@ -37,6 +37,7 @@ from server.grpc_api.status_table import error_text, grpc_status, trailing_metad
 from server.http.audit import log_admin_call
 from server.protocols.kserve_v2_grpc import model_config, model_metadata
 from server.protocols.kserve_v2_model import MODEL_VERSION
+from server.protocols.rows import max_rows_per_request
 from server.request_layer import serve_call
 from server.routes.v2 import EXTENSIONS, SERVER_NAME, check_model
 from server.state import ServerState
@@ -163,9 +164,7 @@ class InferenceService:
     async def model_config(self, request: Any, context: grpc.aio.ServicerContext) -> Message:
         state = self._state_of()
         check_model(state, request.name, request.version or None)
-        settings = state.settings
-        max_batch_size = max(int(settings.lane_value(lane, "max_batch_size")) for lane in ("text", "vision", "fusion"))
-        return model_config(state.served_model, max_batch_size)
+        return model_config(state.served_model, max_rows_per_request(state.settings))
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Message:
         """Triton answers an unknown model or version with ready=false, not an error (tritonclient.http reads

@@ -30,6 +30,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from models.served_facts import ServedModelFacts
@@ -46,6 +47,7 @@ from server.protocols.kserve_v2_codec import (
     tensor_data_from_bytes,
 )
 from server.protocols.kserve_v2_model import INPUT_SPECS, MODEL_VERSION, PLATFORM, TensorSpec, output_specs
+from server.protocols.kserve_v2_model import model_config as config_description
 
 # The typed field of InferTensorContents that holds each datatype (grpc_service.proto).
 _CONTENTS_FIELD: Mapping[str, str] = {
@@ -174,20 +176,7 @@ def model_metadata(model: ServedModelFacts) -> service_pb2.ModelMetadataResponse
         outputs=[_tensor_metadata(spec) for spec in output_specs(model)])
 
 
-def _data_type(datatype: str) -> int:
-    return model_config_pb2.DataType.Value("TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}")
-
-
 def model_config(model: ServedModelFacts, max_batch_size: int) -> service_pb2.ModelConfigResponse:
-    """What Triton's tools read to drive the model: the same specs, the batch dimension as ``max_batch_size``.
-
-    Triton leaves the first (batch) dimension out of ``dims`` when
-    ``max_batch_size`` > 0; every tensor here is batched on its first dimension.
-    """
-    config = model_config_pb2.ModelConfig(name=model.name, platform=PLATFORM, backend=PLATFORM,
-                                          max_batch_size=max_batch_size)
-    for spec in INPUT_SPECS:
-        config.input.add(name=spec.name, data_type=_data_type(spec.datatype), dims=list(spec.shape[1:]))
-    for spec in output_specs(model):
-        config.output.add(name=spec.name, data_type=_data_type(spec.datatype), dims=list(spec.shape[1:]))
+    """The HTTP ``/config`` route's description (``kserve_v2_model.model_config``) as Triton's message."""
+    config = json_format.ParseDict(config_description(model, max_batch_size), model_config_pb2.ModelConfig())
     return service_pb2.ModelConfigResponse(config=config)

@@ -41,7 +41,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from router.faults import FaultPlan
@@ -213,6 +215,42 @@ def test_output_parameters_but_binary_data_are_refused_as_the_http_v2_route_refu
     assert body["error"] == {"code": "unsupported_parameter", "field": "text_embedding",
                              "message": "output text_embedding: only binary_data is supported among output parameters"}
     assert over_http.value.message() == f"{body['error']['code']}: {body['error']['message']}"
+
+
+def test_model_config_describes_what_the_v2_route_takes_and_http_serves_the_same(served: Served):
+    with served.grpc_client() as client:
+        over_grpc = client.get_model_config(MODEL, headers=auth(), as_json=True)["config"]
+    over_http = served.http_client().get_model_config(MODEL, headers=auth())
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{served.url}/v2/models/{MODEL}/versions/1/config", headers=bearer).json() == over_http
+    assert httpx.get(f"{served.url}/v2/models/{MODEL}/config").status_code == 401  # guarded like metadata
+    # one description: the HTTP JSON read as Triton's message is the gRPC answer
+    assert json_format.ParseDict(over_http, model_config_pb2.ModelConfig()) == \
+        json_format.ParseDict(over_grpc, model_config_pb2.ModelConfig())
+    inputs = {tensor["name"]: tensor for tensor in over_http["input"]}
+    assert all(tensor["optional"] is True for tensor in inputs.values())
+    assert inputs["text"]["dims"] == [1] and inputs["text"]["reshape"] == {"shape": []}  # [N, 1] -> [N]
+    assert inputs["image"]["dims"] == [-1] and inputs["image_uint8"]["dims"] == [-1, -1, 3]
+    # max_batch_size is the most rows one request may carry: every lane's queue bound (Settings' default)
+    max_batch_size = over_http["max_batch_size"]
+    assert max_batch_size == Settings.model_fields["max_queue_size"].default
+    with served.grpc_client() as client:
+        rows = [f"row {index}".encode() for index in range(max_batch_size)]
+        answer = client.infer(MODEL, [_text_input(rows)], headers=auth(), client_timeout=120)
+        assert answer.as_numpy("text_embedding").shape == (max_batch_size, 32)
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(MODEL, [_text_input([*rows, b"one too many"])], headers=auth())
+    status, body = _error(raised)
+    assert status == "StatusCode.RESOURCE_EXHAUSTED" and body["error"]["code"] == "too_many_rows", body
+
+
+def test_http_names_an_unknown_route_under_a_served_model_instead_of_an_unknown_model(served: Served):
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    unknown_route = httpx.get(f"{served.url}/v2/models/{MODEL}/nonsense", headers=bearer)
+    assert unknown_route.status_code == 404
+    assert unknown_route.json()["error"].startswith("route_not_found: ") and "nonsense" in unknown_route.text
+    unknown_model = httpx.get(f"{served.url}/v2/models/nope/config", headers=bearer)
+    assert unknown_model.status_code == 404 and unknown_model.json()["error"].startswith("model_not_found: ")
 
 
 def test_a_keyless_inference_call_is_unauthenticated_with_the_http_error_text(served: Served):
