@@ -5,6 +5,13 @@ fault drills, the segment cache off so answers are bit-equal), asked over gRPC
 and over the HTTP v2 route (``tritonclient.http``, binary) for the same inputs:
 
     health (grpc.health.v1 Check), ServerLive/Ready   no key
+    health for an unknown service                     Check NOT_FOUND; Watch SERVICE_UNKNOWN, the call left open
+    ModelReady of an unknown model or version         ready=false, status OK (as Triton and tritonclient.http)
+    class_count / shared memory on an output          INVALID_ARGUMENT, the HTTP v2 route's 400 text
+    ModelConfig                                       what the route takes (optional inputs, text [1] -> [],
+                                                      max_batch_size = the per-request row limit, enforced),
+                                                      equal to HTTP's /config; an unknown route under the
+                                                      model is 404 route_not_found over HTTP
     text, BYTES image, image_uint8, text + image      outputs equal to the HTTP v2 route's, bit for bit
     ModelInfer without a key                          UNAUTHENTICATED, the HTTP JSON error text
     an inference key on an admin RPC                  PERMISSION_DENIED (an admin key: UNIMPLEMENTED)
