@@ -3,6 +3,8 @@
 Every RPC is registered with no request deserializer: the handler gets the
 message's bytes, applies the guards (``server.grpc_api.guards``: key, role,
 rate limit) and only then decodes it, so a refused caller costs no parsing.
+A stream's key is checked as it opens; each of its requests is decoded and
+then takes its rate-limit token, so a refused one is answered with its id.
 
     ServerLive / ServerReady   the router's liveness and readiness (no key)
     Health.Check / Watch       for ``""`` and ``inference.GRPCInferenceService``: readiness (NOT_SERVING

@@ -125,9 +125,8 @@ def _checked_model(request: Request, model_name: str, model_version: str | None)
     try:
         check_model(state, model_name, model_version)
     except ApiError as e:
-        is_unknown_model = e.code == "model_not_found"
-        return _error_response(Failure((_unknown_route(state, request, model_name) if is_unknown_model else None)
-                                       or e, None))
+        unknown_route = _unknown_route(state, request, model_name) if e.code == "model_not_found" else None
+        return _error_response(Failure(unknown_route or e, None))
     return None
 
 
@@ -148,11 +147,10 @@ async def _model_config(request: Request, model_name: str, model_version: str | 
 
 
 async def _model_ready(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+    refused = _checked_model(request, model_name, model_version)
+    if refused is not None:
+        return refused
     state: ServerState = request.app.state.mmserve
-    try:
-        check_model(state, model_name, model_version)
-    except ApiError as e:
-        return _error_response(Failure(e, None))
     is_ready = state.router.is_ready
     return JSONResponse({"name": model_name, "ready": is_ready}, status_code=200 if is_ready else 503)
 

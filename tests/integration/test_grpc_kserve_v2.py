@@ -256,6 +256,8 @@ def test_http_names_an_unknown_route_under_a_served_model_instead_of_an_unknown_
     unknown_route = httpx.get(f"{served.url}/v2/models/{MODEL}/nonsense", headers=bearer)
     assert unknown_route.status_code == 404
     assert unknown_route.json()["error"].startswith("route_not_found: ") and "nonsense" in unknown_route.text
+    under_ready = httpx.get(f"{served.url}/v2/models/{MODEL}/nonsense/ready", headers=bearer)
+    assert under_ready.status_code == 404 and under_ready.json()["error"].startswith("route_not_found: ")
     unknown_model = httpx.get(f"{served.url}/v2/models/nope/config", headers=bearer)
     assert unknown_model.status_code == 404 and unknown_model.json()["error"].startswith("model_not_found: ")
 
