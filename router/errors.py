@@ -36,7 +36,10 @@ class DeadlineExceededError(RouterError):
 
 
 class ShuttingDownError(RouterError):
-    """The server is draining and takes no new requests."""
+    """The server is draining and takes no new requests (the message is the client's: never empty)."""
+
+    def __init__(self, message: str = "the server is shutting down") -> None:
+        super().__init__(message)
 
 
 class ItemFailedError(RouterError):

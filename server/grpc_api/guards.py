@@ -10,6 +10,10 @@ the header. Each RPC has the access class of its HTTP counterpart:
     admin       RepositoryModelLoad/Unload, *SharedMemoryRegister/Unregister, TraceSetting, LogSettings
     inference   every other RPC
 
+``ModelStreamInfer`` checks the key and role when the stream opens and takes
+one token per request as each arrives (``take_token``): a stream of N
+requests costs N tokens, like N HTTP requests.
+
 A refusal is counted in ``mmserve_requests_total{route="v2_grpc"}`` with its
 HTTP status, as HTTP counts its early refusals under the route's label. The
 admission carries the caller's key id (``none``/``invalid`` as the audit log
@@ -46,14 +50,20 @@ def client_address(peer: str) -> str:
 
 @dataclass(frozen=True)
 class Admission:
-    """``error``: ``None`` to go on, else the error to answer (counted); ``key_id``: who called."""
+    """``error``: ``None`` to go on, else the error to answer (counted); ``key_id``: who called.
+
+    ``rate_key_id``: whose bucket a token comes from (``None``: the caller's address), for the tokens a
+    stream's requests take after the stream was admitted.
+    """
 
     key_id: str
     error: ApiError | None
+    rate_key_id: str | None = None
 
 
 class CallGuards:
-    """``admit(method, metadata, peer)``: the caller's key id and, for a refused call, the error to answer."""
+    """``admit(method, metadata, peer)``: the caller's key id and, for a refused call, the error to answer;
+    ``take_token`` for each request of an admitted stream."""
 
     def __init__(self, guards: RequestGuards, count_refusal: Callable[[int], None]) -> None:
         self._policy = guards.policy
@@ -68,10 +78,10 @@ class CallGuards:
             return self._policy.route_class("GET", _PROBE_PATH)
         return RouteClass.INFERENCE
 
-    def refusal(self, method: str, metadata: Sequence[tuple[str, str | bytes]] | None, peer: str) -> ApiError | None:
-        return self.admit(method, metadata, peer).error
-
-    def admit(self, method: str, metadata: Sequence[tuple[str, str | bytes]] | None, peer: str) -> Admission:
+    def admit(self, method: str, metadata: Sequence[tuple[str, str | bytes]] | None, peer: str, *,
+              takes_token: bool = True) -> Admission:
+        """``takes_token=False``: the key and role only, as a stream opens (each of its requests takes its own
+        token, ``take_token``: a stream of N requests costs N tokens, like N HTTP requests)."""
         route_class = self.route_class(method)
         if route_class is RouteClass.OPEN:
             return Admission(NO_KEY_ID, None)
@@ -84,9 +94,19 @@ class CallGuards:
         match = self._policy.keys.match(presented) if presented else None
         decision = self._policy.decide(route_class, presented, match.role if match is not None else None)
         error = None if decision is Decision.ALLOW else refusal(decision)
-        if error is None and self._limiter is not None:
-            error = self._limiter.refusal(match.key_id if match is not None else None, client_address(peer))
+        rate_key_id = match.key_id if match is not None else None
+        if error is None and takes_token and self._limiter is not None:
+            error = self._limiter.refusal(rate_key_id, client_address(peer))
         if error is not None:
             self._count_refusal(error.status)
         key_id = NO_KEY_ID if presented is None else INVALID_KEY_ID if match is None else match.key_id
-        return Admission(key_id, error)
+        return Admission(key_id, error, rate_key_id)
+
+    def take_token(self, admission: Admission, peer: str) -> ApiError | None:
+        """A token for one request of an admitted stream, from the bucket ``admit`` found; else the 429 (counted)."""
+        if self._limiter is None:
+            return None
+        error = self._limiter.refusal(admission.rate_key_id, client_address(peer))
+        if error is not None:
+            self._count_refusal(error.status)
+        return error

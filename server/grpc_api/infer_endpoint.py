@@ -51,6 +51,18 @@ class GrpcCall:
     message: bytes
     deadline_us: int | None
     request_id: str = ""
+    _decoded: service_pb2.ModelInferRequest | None = None
+
+    def decoded(self) -> service_pb2.ModelInferRequest:
+        """The message, decoded once (a stream request's id is read before its rate-limit token is taken;
+        ``parse`` reuses it); 400 ``invalid_message`` for bytes that are no ``ModelInferRequest``."""
+        if self._decoded is None:
+            try:
+                self._decoded = service_pb2.ModelInferRequest.FromString(self.message)
+            except DecodeError as e:
+                raise ApiError(400, "invalid_message", f"not a ModelInferRequest: {e}", "message") from e
+            self.request_id = self._decoded.id
+        return self._decoded
 
 
 @dataclass
@@ -102,11 +114,7 @@ class V2GrpcInfer(Endpoint[_Call]):
     protocol = "kserve_v2_grpc"
 
     async def parse(self, request: GrpcCall, state: ServerState) -> Parsed[_Call]:
-        try:
-            message = service_pb2.ModelInferRequest.FromString(request.message)
-        except DecodeError as e:
-            raise ApiError(400, "invalid_message", f"not a ModelInferRequest: {e}", "message") from e
-        request.request_id = message.id
+        message = request.decoded()
         check_model(state, message.model_name, message.model_version or None)
         v2_request = infer_request(message, deadline_us=request.deadline_us)
         return Parsed(rows_from_request(v2_request, state.settings), _Call(v2_request))

@@ -3,13 +3,19 @@
 Every RPC is registered with no request deserializer: the handler gets the
 message's bytes, applies the guards (``server.grpc_api.guards``: key, role,
 rate limit) and only then decodes it, so a refused caller costs no parsing.
+A stream's key is checked as it opens; each of its requests is decoded and
+then takes its rate-limit token, so a refused one is answered with its id.
 
-    ServerLive / ServerReady / Health.Check   the router's liveness and readiness (no key; NOT_SERVING
-                                              while draining, like /health/ready)
-    ServerMetadata, ModelMetadata, ModelConfig, ModelReady   the HTTP v2 route's facts
+    ServerLive / ServerReady   the router's liveness and readiness (no key)
+    Health.Check / Watch       for ``""`` and ``inference.GRPCInferenceService``: readiness (NOT_SERVING
+                               while draining, like /health/ready); any other service: Check NOT_FOUND,
+                               Watch SERVICE_UNKNOWN and the call left open, as the health-checking spec says
+    ServerMetadata, ModelMetadata, ModelConfig   the HTTP v2 route's facts
+    ModelReady        ready=false (status OK) for an unknown model or version, as Triton answers
     ModelInfer        one call through the request layer (``server.grpc_api.infer_endpoint``)
-    ModelStreamInfer  each request of the stream as its own call, answered in order of completion
-                      with its id; an error is that answer's ``error_message`` and the stream goes on
+    ModelStreamInfer  the key checked when the stream opens; each request of the stream is its own call
+                      (decoded, then its rate-limit token taken), answered in order of completion with its
+                      id; an error (a 429 too) is that answer's ``error_message`` and the stream goes on
     every other RPC   UNIMPLEMENTED, naming what mmserve serves instead; an admin one (RepositoryModelLoad,
                       ...) writes its audit line (``server.http.audit``) as an HTTP admin route does
 """
@@ -17,6 +23,7 @@ rate limit) and only then decodes it, so a refused caller costs no parsing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -26,18 +33,20 @@ from grpc_health.v1 import health_pb2
 from tritonclient.grpc import service_pb2
 
 from server.errors import ApiError
-from server.grpc_api.guards import ADMIN_METHODS, CallGuards, client_address
+from server.grpc_api.guards import ADMIN_METHODS, Admission, CallGuards, client_address
 from server.grpc_api.infer_endpoint import GrpcCall, GrpcReply, V2GrpcInfer, deadline_us, until_call_ends
 from server.grpc_api.status_table import error_text, grpc_status, trailing_metadata
 from server.http.audit import log_admin_call
 from server.protocols.kserve_v2_grpc import model_config, model_metadata
 from server.protocols.kserve_v2_model import MODEL_VERSION
+from server.protocols.rows import max_rows_per_request
 from server.request_layer import serve_call
 from server.routes.v2 import EXTENSIONS, SERVER_NAME, check_model
 from server.state import ServerState
 
 SERVICE = "inference.GRPCInferenceService"
 HEALTH_SERVICE = "grpc.health.v1.Health"
+HEALTH_SERVICES = ("", SERVICE)  # "": the server as a whole
 _WATCH_POLL_S = 0.25
 _UNIMPLEMENTED = ("ModelStatistics", "RepositoryIndex", "SystemSharedMemoryStatus", "CudaSharedMemoryStatus",
                   *sorted(ADMIN_METHODS))
@@ -54,10 +63,11 @@ class InferenceService:
 
     # -- plumbing ----------------------------------------------------------------------
 
-    async def _admit(self, method: str, context: grpc.aio.ServicerContext) -> None:
-        error = self._guards.refusal(method, context.invocation_metadata(), context.peer())
-        if error is not None:
-            await _abort(context, error)
+    async def _admit(self, method: str, context: grpc.aio.ServicerContext, *, takes_token: bool = True) -> Admission:
+        admission = self._guards.admit(method, context.invocation_metadata(), context.peer(), takes_token=takes_token)
+        if admission.error is not None:
+            await _abort(context, admission.error)
+        return admission
 
     def _unary(self, method: str, request_type: type[Message], answer: Callable[..., Any]) -> grpc.RpcMethodHandler:
         async def handle(raw: bytes, context: grpc.aio.ServicerContext) -> Message:
@@ -120,11 +130,23 @@ class InferenceService:
         serving = self._state_of().router.is_ready
         return health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
 
-    async def health_check(self, request: Message, context: grpc.aio.ServicerContext) -> Message:
+    async def health_check(self, request: Any, context: grpc.aio.ServicerContext) -> Message:
+        if request.service not in HEALTH_SERVICES:
+            raise ApiError(404, "unknown_service", f"no health status for service {request.service!r}; this "
+                           f"server reports {list(HEALTH_SERVICES)} ('' is the server as a whole)", "service")
         return health_pb2.HealthCheckResponse(status=self._health())
 
     async def health_watch(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
+        """The status now and at each change; for an unknown service SERVICE_UNKNOWN, then the call stays open
+        (the spec's Watch follows a service that may become known; none does here) until cancelled or drained."""
         await self._admit("Watch", context)
+        try:
+            request = health_pb2.HealthCheckRequest.FromString(raw)
+        except DecodeError as e:
+            await _abort(context, ApiError(400, "invalid_message", f"not a HealthCheckRequest: {e}", "message"))
+        if request.service not in HEALTH_SERVICES:
+            yield health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            await asyncio.Event().wait()  # never set: open until the client cancels or the server stops
         last = None
         while True:
             status = self._health()
@@ -144,28 +166,29 @@ class InferenceService:
     async def model_config(self, request: Any, context: grpc.aio.ServicerContext) -> Message:
         state = self._state_of()
         check_model(state, request.name, request.version or None)
-        settings = state.settings
-        max_batch_size = max(int(settings.lane_value(lane, "max_batch_size")) for lane in ("text", "vision", "fusion"))
-        return model_config(state.served_model, max_batch_size)
+        return model_config(state.served_model, max_rows_per_request(state.settings))
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Message:
+        """Triton answers an unknown model or version with ready=false, not an error (tritonclient.http reads
+        the HTTP route's 404 as False the same way)."""
         state = self._state_of()
-        check_model(state, request.name, request.version or None)
+        try:
+            check_model(state, request.name, request.version or None)
+        except ApiError:
+            return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=state.router.is_ready)
 
     # -- inference ---------------------------------------------------------------------
 
-    async def _infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> tuple[GrpcCall, GrpcReply]:
-        call = GrpcCall(raw, deadline_us(context))
+    async def _infer(self, call: GrpcCall, context: grpc.aio.ServicerContext) -> GrpcReply:
         metadata = {name: value for name, value in context.invocation_metadata() or ()
                     if name in ("traceparent", "tracestate") and isinstance(value, str)}
-        reply = await serve_call(self._state_of(), _ENDPOINT, call, metadata,
-                                 lambda work: until_call_ends(context, work))
-        return call, reply
+        return await serve_call(self._state_of(), _ENDPOINT, call, metadata,
+                                lambda work: until_call_ends(context, work))
 
     async def model_infer(self, raw: bytes, context: grpc.aio.ServicerContext) -> Message:
         await self._admit("ModelInfer", context)
-        _, reply = await self._infer(raw, context)
+        reply = await self._infer(GrpcCall(raw, deadline_us(context)), context)
         if reply.failure is not None:
             await _abort(context, reply.failure.error, reply.failure.row_index)
         # x-request-id and x-mmserve-engine, as HTTP sends them in its headers
@@ -174,17 +197,25 @@ class InferenceService:
 
     async def model_stream_infer(self, requests: AsyncIterator[bytes],
                                  context: grpc.aio.ServicerContext) -> AsyncIterator[Message]:
-        """Each request runs as it arrives; answers are sent as they complete, errors in ``error_message``."""
-        await self._admit("ModelStreamInfer", context)
+        """Each request runs as it arrives; answers are sent as they complete, errors in ``error_message``.
+
+        Opening the stream checks the key (no token); each request takes its
+        token once decoded, so a refused one is answered with its id.
+        """
+        admission = await self._admit("ModelStreamInfer", context, takes_token=False)
         answers: asyncio.Queue[Message | None] = asyncio.Queue()
         running: set[asyncio.Task] = set()
 
         async def answer(raw: bytes) -> None:
-            error = self._guards.refusal("ModelInfer", context.invocation_metadata(), context.peer())  # rate limit
+            call = GrpcCall(raw, deadline_us(context))
+            with contextlib.suppress(ApiError):  # bytes that are no message: parse answers them, without an id
+                call.decoded()
+            error = self._guards.take_token(admission, context.peer())
             if error is not None:
-                answers.put_nowait(service_pb2.ModelStreamInferResponse(error_message=error_text(error)))
+                answers.put_nowait(service_pb2.ModelStreamInferResponse(
+                    error_message=error_text(error), infer_response=service_pb2.ModelInferResponse(id=call.request_id)))
                 return
-            call, reply = await self._infer(raw, context)
+            reply = await self._infer(call, context)
             if reply.failure is None:
                 answers.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=reply.message))
                 return

@@ -245,6 +245,19 @@ def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvi
     return body[:length], memoryview(body)[length:]
 
 
+def requested_output(name: str, parameters: Mapping[str, object], is_binary_default: bool) -> RequestedOutput:
+    """One requested output and its parameters, by the rule both the REST and the gRPC form follow: only
+    ``binary_data`` is honoured; ``classification`` (tritonclient's ``class_count``) and shared memory are
+    refused rather than silently dropped (the answer would not be what the client asked for)."""
+    if "classification" in parameters or any(key in parameters for key in _SHARED_MEMORY_KEYS):
+        raise _bad("unsupported_parameter", f"output {name}: only binary_data is supported among output parameters",
+                   name)
+    is_binary = parameters.get("binary_data", is_binary_default)
+    if not isinstance(is_binary, bool):
+        raise _bad("invalid_request", f"output {name}: binary_data must be a boolean", name)
+    return RequestedOutput(name, is_binary)
+
+
 def _requested_outputs(value: object, is_binary_default: bool) -> tuple[RequestedOutput, ...] | None:
     if value is None:
         return None
@@ -255,13 +268,7 @@ def _requested_outputs(value: object, is_binary_default: bool) -> tuple[Requeste
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise _bad("invalid_request", f"each output needs a string name, got {item!r:.80}", "outputs")
         parameters = _parameters(item.get("parameters"), f"output {item['name']}")
-        if "classification" in parameters or any(key in parameters for key in _SHARED_MEMORY_KEYS):
-            raise _bad("unsupported_parameter", f"output {item['name']}: only binary_data is supported among "
-                       "output parameters", item["name"])
-        is_binary = parameters.get("binary_data", is_binary_default)
-        if not isinstance(is_binary, bool):
-            raise _bad("invalid_request", f"output {item['name']}: binary_data must be a boolean", item["name"])
-        requested.append(RequestedOutput(item["name"], is_binary))
+        requested.append(requested_output(item["name"], parameters, is_binary_default))
     names = [output.name for output in requested]
     if len(set(names)) != len(names):
         raise _bad("invalid_request", f"outputs name a tensor twice: {names}", "outputs")

@@ -19,6 +19,8 @@ What a request means is the HTTP route's, described once in
     request   inputs[i] with raw_input_contents[i]   (tritonclient's form: every input raw, or none)
               inputs[i].contents.<typed>_contents    (bytes_contents, uint_contents, ...)
               parameters: priority, timeout (µs), truncate, as InferParameter
+              outputs[i].parameters: the REST form's rule (``requested_output``): classification and
+              shared memory refused, 400 unsupported_parameter
     response  outputs[i] with raw_output_contents[i] (the only place tritonclient.grpc reads numbers from)
 """
 
@@ -28,6 +30,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 from models.served_facts import ServedModelFacts
@@ -39,10 +42,12 @@ from server.protocols.kserve_v2_codec import (
     Tensor,
     V2InferRequest,
     V2InferResponse,
+    requested_output,
     serialize_bytes_elements,
     tensor_data_from_bytes,
 )
 from server.protocols.kserve_v2_model import INPUT_SPECS, MODEL_VERSION, PLATFORM, TensorSpec, output_specs
+from server.protocols.kserve_v2_model import model_config as config_description
 
 # The typed field of InferTensorContents that holds each datatype (grpc_service.proto).
 _CONTENTS_FIELD: Mapping[str, str] = {
@@ -95,6 +100,12 @@ def _typed_contents(tensor: service_pb2.ModelInferRequest.InferInputTensor, shap
     return wide.astype(dtype).reshape(shape)  # shape
 
 
+def _requested_output(output: service_pb2.ModelInferRequest.InferRequestedOutputTensor) -> RequestedOutput:
+    """The REST form's rule for output parameters (``requested_output``); every output travels raw here."""
+    checked = requested_output(output.name, _parameters(output.parameters, f"output {output.name}"), True)
+    return RequestedOutput(checked.name, True)
+
+
 def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | None = None) -> V2InferRequest:
     """A ``ModelInferRequest`` as the HTTP route's ``V2InferRequest``; 400 ``ApiError`` naming what is wrong.
 
@@ -127,7 +138,7 @@ def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | 
     names = [tensor.name for tensor in inputs]
     if len(set(names)) != len(names):
         raise _bad("invalid_request", f"inputs name a tensor twice: {names}", "inputs")
-    outputs = tuple(RequestedOutput(output.name, True) for output in message.outputs) or None
+    outputs = tuple(_requested_output(output) for output in message.outputs) or None
     if outputs is not None and len({output.name for output in outputs}) != len(outputs):
         raise _bad("invalid_request", f"outputs name a tensor twice: {[o.name for o in outputs]}", "outputs")
     parameters = _parameters(message.parameters, "request")
@@ -165,20 +176,7 @@ def model_metadata(model: ServedModelFacts) -> service_pb2.ModelMetadataResponse
         outputs=[_tensor_metadata(spec) for spec in output_specs(model)])
 
 
-def _data_type(datatype: str) -> int:
-    return model_config_pb2.DataType.Value("TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}")
-
-
 def model_config(model: ServedModelFacts, max_batch_size: int) -> service_pb2.ModelConfigResponse:
-    """What Triton's tools read to drive the model: the same specs, the batch dimension as ``max_batch_size``.
-
-    Triton leaves the first (batch) dimension out of ``dims`` when
-    ``max_batch_size`` > 0; every tensor here is batched on its first dimension.
-    """
-    config = model_config_pb2.ModelConfig(name=model.name, platform=PLATFORM, backend=PLATFORM,
-                                          max_batch_size=max_batch_size)
-    for spec in INPUT_SPECS:
-        config.input.add(name=spec.name, data_type=_data_type(spec.datatype), dims=list(spec.shape[1:]))
-    for spec in output_specs(model):
-        config.output.add(name=spec.name, data_type=_data_type(spec.datatype), dims=list(spec.shape[1:]))
+    """The HTTP ``/config`` route's description (``kserve_v2_model.model_config``) as Triton's message."""
+    config = json_format.ParseDict(config_description(model, max_batch_size), model_config_pb2.ModelConfig())
     return service_pb2.ModelConfigResponse(config=config)

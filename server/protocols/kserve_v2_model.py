@@ -104,6 +104,39 @@ def model_metadata(model: ServedModelFacts) -> dict:
     }
 
 
+def model_config(model: ServedModelFacts, max_batch_size: int) -> dict:
+    """Triton's model configuration (``model_config.proto``) in the JSON form of its HTTP ``/config`` route.
+
+    The one description both answers come from: HTTP sends this dict, gRPC's
+    ``ModelConfig`` reads it into Triton's message. Triton's conventions:
+    with ``max_batch_size`` > 0 (here the most rows one request may carry,
+    ``server.protocols.rows.max_rows_per_request``) the batch dimension is
+    left out of ``dims``; a per-row scalar input (``text``, sent as [N] or
+    [N, 1]) is ``dims: [1]`` with ``reshape: {shape: []}``; ``image`` [N, K]
+    is ``dims: [-1]`` ([N] is K = 1). Every input is ``optional`` (a request
+    sends text, an image input or both; ``image`` and ``image_uint8``
+    exclude each other). Outputs keep their metadata shapes past the batch
+    dimension (``score``: [N], so ``dims: []``).
+    """
+    inputs = []
+    for spec in INPUT_SPECS:
+        tensor: dict = {"name": spec.name, "data_type": _config_data_type(spec.datatype), "optional": True}
+        if len(spec.shape) == 1:  # one value per row: [N, 1] as Triton's tools send it, [N] as the route reads it
+            tensor.update(dims=[1], reshape={"shape": []})
+        else:
+            tensor["dims"] = list(spec.shape[1:])
+        inputs.append(tensor)
+    outputs = [{"name": spec.name, "data_type": _config_data_type(spec.datatype), "dims": list(spec.shape[1:])}
+               for spec in output_specs(model)]
+    return {"name": model.name, "platform": PLATFORM, "backend": PLATFORM, "max_batch_size": max_batch_size,
+            "input": inputs, "output": outputs}
+
+
+def _config_data_type(datatype: str) -> str:
+    """The v2 datatype as model_config.proto's ``DataType`` name (BYTES is TYPE_STRING there)."""
+    return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
+
+
 def _bad(code: str, message: str, field: str) -> ApiError:
     return ApiError(400, code, message, field)
 

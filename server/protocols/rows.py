@@ -20,7 +20,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import cast, get_args
 
 from router.errors import IntakeItemError
 from router.intake import IntakeItem, IntakeOutcome
@@ -29,7 +29,7 @@ from server.http.error_mapping import api_error_from
 from server.errors import ApiError
 from server.ingest.inputs import ParsedInput
 from server.protocols.errors import RowFailedError
-from server.settings import LaneName
+from server.settings import LaneName, Settings
 from server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,17 @@ class Failure:
 
     error: ApiError
     row_index: int | None
+
+
+def max_rows_per_request(settings: Settings) -> int:
+    """The most rows a request may carry whatever its lane: the smallest lane queue bound.
+
+    ``check_row_counts`` refuses more rows in one lane than that lane can
+    queue; a request of this many rows fits every lane. It is the v2
+    model configuration's ``max_batch_size`` (Triton's: the most rows one
+    request may carry), not the largest batch a lane runs.
+    """
+    return min(int(settings.lane_value(lane, "max_queue_size")) for lane in get_args(LaneName))
 
 
 def check_row_counts(rows: Sequence[ParsedInput], state: ServerState) -> None:

@@ -11,7 +11,11 @@ batch, so it gets its own label instead of skewing a lane's histogram.
 A model served from a Hub id is named like it (``org/name``): the routes take
 the name as a path, so ``/v2/models/org/name/infer`` works as tritonclient
 sends it; the routes with a version come before those without, and metadata
-last, so a longer path is never read as a model name.
+last, so a longer path is never read as a model name. A path under the
+served model that no route takes (``/v2/models/tiny/nonsense``) reaches the
+metadata route and is answered 404 ``route_not_found``, not as an unknown
+model. ``/config`` is Triton's model configuration, the same description
+gRPC's ``ModelConfig`` sends.
 """
 
 from __future__ import annotations
@@ -34,11 +38,12 @@ from server.protocols.kserve_v2_codec import (
 from server.protocols.kserve_v2_model import (
     MODEL_VERSION,
     choose_outputs,
+    model_config,
     model_metadata,
     output_tensors,
     rows_from_request,
 )
-from server.protocols.rows import Failure
+from server.protocols.rows import Failure, max_rows_per_request
 from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
 
@@ -101,21 +106,51 @@ async def server_metadata(request: Request) -> JSONResponse:
     return JSONResponse({"name": SERVER_NAME, "version": request.app.version, "extensions": list(EXTENSIONS)})
 
 
-async def _model_metadata(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+def _unknown_route(state: ServerState, request: Request, model_name: str) -> ApiError | None:
+    """A 404 naming the route when the path's leading part is the served model (``tiny/nonsense`` reached the
+    metadata route, whose ``{model_name:path}`` takes any path): the model is known, the route is not."""
+    parts = model_name.split("/")
+    for cut in range(len(parts) - 1, 0, -1):
+        if state.served_names.accepts("/".join(parts[:cut])):
+            prefix = f"/v2/models/{'/'.join(parts[:cut])}"
+            return ApiError(404, "route_not_found", f"no route {request.method} {request.url.path}; under {prefix} "
+                            "mmserve answers GET (metadata), GET ready, GET config, POST infer, and each of them "
+                            f"under versions/{MODEL_VERSION}", "path")
+    return None
+
+
+def _checked_model(request: Request, model_name: str, model_version: str | None) -> JSONResponse | None:
+    """``None`` for the served model and version; else the 404 to answer (the route's, for an unknown route)."""
     state: ServerState = request.app.state.mmserve
     try:
         check_model(state, model_name, model_version)
     except ApiError as e:
-        return _error_response(Failure(e, None))
-    return JSONResponse(model_metadata(state.served_model))
+        unknown_route = _unknown_route(state, request, model_name) if e.code == "model_not_found" else None
+        return _error_response(Failure(unknown_route or e, None))
+    return None
+
+
+async def _model_metadata(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+    refused = _checked_model(request, model_name, model_version)
+    if refused is not None:
+        return refused
+    return JSONResponse(model_metadata(request.app.state.mmserve.served_model))
+
+
+async def _model_config(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+    """Triton's model configuration, the description gRPC's ``ModelConfig`` sends (``model_config``)."""
+    refused = _checked_model(request, model_name, model_version)
+    if refused is not None:
+        return refused
+    state: ServerState = request.app.state.mmserve
+    return JSONResponse(model_config(state.served_model, max_rows_per_request(state.settings)))
 
 
 async def _model_ready(request: Request, model_name: str, model_version: str | None) -> JSONResponse:
+    refused = _checked_model(request, model_name, model_version)
+    if refused is not None:
+        return refused
     state: ServerState = request.app.state.mmserve
-    try:
-        check_model(state, model_name, model_version)
-    except ApiError as e:
-        return _error_response(Failure(e, None))
     is_ready = state.router.is_ready
     return JSONResponse({"name": model_name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
@@ -128,6 +163,18 @@ async def model_version_ready(request: Request, model_name: str, model_version: 
 @router.get("/v2/models/{model_name:path}/ready", summary="200 when the model serves.")
 async def model_ready(request: Request, model_name: str) -> JSONResponse:
     return await _model_ready(request, model_name, None)
+
+
+@router.get("/v2/models/{model_name:path}/versions/{model_version}/config",
+            summary="Model configuration of one version (Triton's model_config, as JSON).")
+async def model_version_config(request: Request, model_name: str, model_version: str) -> JSONResponse:
+    return await _model_config(request, model_name, model_version)
+
+
+@router.get("/v2/models/{model_name:path}/config",
+            summary="Model configuration (Triton's model_config, as JSON): inputs, outputs, dims, max_batch_size.")
+async def model_configuration(request: Request, model_name: str) -> JSONResponse:
+    return await _model_config(request, model_name, None)
 
 
 @dataclass

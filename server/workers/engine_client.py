@@ -350,7 +350,7 @@ class CallInFlight:
 
     def __enter__(self) -> CallInFlight:
         if self._client.is_draining:
-            raise ShuttingDownError()
+            raise ShuttingDownError("the server is shutting down")
         self._client.num_in_flight += 1
         self.started_ns = time.perf_counter_ns()
         return self

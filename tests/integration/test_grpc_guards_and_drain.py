@@ -4,6 +4,8 @@ One in-process server (keys, a rate limit, ``--grpc-port``) for the first three:
 
     429 over gRPC            RESOURCE_EXHAUSTED, ``retry-after`` and ``grpc-retry-pushback-ms`` in the trailing
                              metadata, HTTP's 429 JSON text; one bucket per key for HTTP and gRPC together
+    429 on a stream          a stream of N requests spends N tokens (opening it spends none); the refused
+                             request's answer carries its id and the 429 JSON text in ``error_message``
     admin RPCs               one audit line each (``mmserve.audit``), as an HTTP admin route writes
     a client cancels         the call leaves the text queue while the stalled batch still runs, counted 499
 
@@ -29,7 +31,7 @@ import httpx
 import pytest
 import tritonclient.grpc as triton_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tritonclient.grpc import service_pb2
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from router.faults import FaultPlan
@@ -40,6 +42,7 @@ from tests.integration.test_grpc_kserve_v2 import _text_input, free_port
 MODEL = "tiny"
 KEY = "inference-key-guards-Wx4k"  # the cancel test's
 LIMITED_KEY = "inference-key-limited-Ht8v"  # the rate-limit test's: its bucket is spent on purpose
+STREAM_KEY = "inference-key-stream-Qd5n"  # the stream's rate-limit test's: BURST requests, then one too many
 ADMIN_KEY = "admin-key-guards-Zr2q"
 BURST = 8  # KEY and ADMIN_KEY spend 3 and 1 of theirs; LIMITED_KEY spends all of its own
 RATE_LIMIT = f"0.001/s,burst={BURST}"  # a spent bucket stays spent for the test's life
@@ -71,7 +74,7 @@ class Guarded:
 def guarded(tiny_bundle) -> Iterator[Guarded]:
     port = free_port()
     settings = Settings(preset="tiny", device="cpu", grpc_port=port, enable_fault_injection=True,
-                        api_keys=f"{KEY},{LIMITED_KEY}", admin_api_keys=ADMIN_KEY, rate_limit=RATE_LIMIT)
+                        api_keys=f"{KEY},{LIMITED_KEY},{STREAM_KEY}", admin_api_keys=ADMIN_KEY, rate_limit=RATE_LIMIT)
     with run_live_server(settings, tiny_bundle) as live:
         yield Guarded(live, port)
 
@@ -102,6 +105,28 @@ def test_over_the_rate_limit_grpc_is_resource_exhausted_and_shares_http_bucket(g
     assert trailing["retry-after"] == over_http.headers["retry-after"]
     assert int(trailing["grpc-retry-pushback-ms"]) == int(over_http.headers["retry-after"]) * 1000 >= 1000
     assert _metric(guarded.url, "mmserve_rate_limited_total", key_id=_key_id(LIMITED_KEY)) == 2
+
+
+def test_a_stream_spends_one_token_per_request_and_a_refused_one_is_answered_with_its_id(guarded: Guarded):
+    def requests() -> Iterator[service_pb2.ModelInferRequest]:
+        for index in range(BURST + 1):
+            message = service_pb2.ModelInferRequest(model_name=MODEL, id=f"request-{index}")
+            message.inputs.add(name="text", datatype="BYTES", shape=[1])
+            text = f"text {index}".encode()
+            message.raw_input_contents.append(len(text).to_bytes(4, "little") + text)
+            yield message
+
+    with grpc.insecure_channel(guarded.grpc_address) as channel:
+        answers = list(service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+            requests(), metadata=tuple(_bearer(STREAM_KEY).items()), timeout=120))
+    assert len(answers) == BURST + 1
+    refused = [answer for answer in answers if answer.error_message]
+    assert len(refused) == 1, [answer.error_message for answer in refused]  # the bucket held BURST: one too many
+    assert json.loads(refused[0].error_message)["error"]["code"] == "rate_limited"
+    served_ids = {answer.infer_response.id for answer in answers if not answer.error_message}
+    sent_ids = {f"request-{index}" for index in range(BURST + 1)}
+    assert refused[0].infer_response.id in sent_ids - served_ids
+    assert served_ids | {refused[0].infer_response.id} == sent_ids
 
 
 def test_admin_rpcs_are_written_to_the_audit_log(guarded: Guarded, caplog: pytest.LogCaptureFixture):
@@ -189,5 +214,7 @@ def test_sigterm_drains_grpc_then_the_process_exits_0():
             with pytest.raises(InferenceServerException) as raised:
                 client.infer(MODEL, [_text_input([b"new"])])
             assert raised.value.status() == "StatusCode.UNAVAILABLE"
+            refusal = json.loads(raised.value.message())["error"]
+            assert refusal["code"] == "shutting_down" and "the server is shutting down" in refusal["message"]
             assert running.result(timeout=60).as_numpy("text_embedding").shape == (1, 32)
         assert served.process.wait(timeout=120) == 0, served.process.stdout.read()

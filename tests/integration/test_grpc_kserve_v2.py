@@ -5,6 +5,13 @@ fault drills, the segment cache off so answers are bit-equal), asked over gRPC
 and over the HTTP v2 route (``tritonclient.http``, binary) for the same inputs:
 
     health (grpc.health.v1 Check), ServerLive/Ready   no key
+    health for an unknown service                     Check NOT_FOUND; Watch SERVICE_UNKNOWN, the call left open
+    ModelReady of an unknown model or version         ready=false, status OK (as Triton and tritonclient.http)
+    class_count / shared memory on an output          INVALID_ARGUMENT, the HTTP v2 route's 400 text
+    ModelConfig                                       what the route takes (optional inputs, text [1] -> [],
+                                                      max_batch_size = the per-request row limit, enforced),
+                                                      equal to HTTP's /config; an unknown route under the
+                                                      model is 404 route_not_found over HTTP
     text, BYTES image, image_uint8, text + image      outputs equal to the HTTP v2 route's, bit for bit
     ModelInfer without a key                          UNAUTHENTICATED, the HTTP JSON error text
     an inference key on an admin RPC                  PERMISSION_DENIED (an admin key: UNIMPLEMENTED)
@@ -41,7 +48,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
+from google.protobuf import json_format
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tritonclient.grpc import model_config_pb2
 from tritonclient.utils import InferenceServerException
 
 from router.faults import FaultPlan
@@ -160,6 +169,97 @@ def test_health_and_liveness_need_no_key_and_metadata_matches_http(served: Serve
         assert [{**t, "shape": [int(d) for d in t["shape"]]} for t in metadata[kind]] == over_http[kind]
     assert [t["name"] for t in config["input"]] == [t["name"] for t in over_http["inputs"]]
     assert int(config["max_batch_size"]) >= 1
+
+
+def test_model_ready_is_false_for_an_unknown_model_or_version_as_triton_answers(served: Served):
+    with served.grpc_client() as client:
+        assert client.is_model_ready(MODEL, headers=auth()) and client.is_model_ready(MODEL, "1", headers=auth())
+        assert client.is_model_ready("nope", headers=auth()) is False
+        assert client.is_model_ready(MODEL, "2", headers=auth()) is False
+        with pytest.raises(InferenceServerException) as raised:
+            client.is_model_ready("nope")  # still an inference call: the key comes first
+        assert raised.value.status() == "StatusCode.UNAUTHENTICATED"
+    assert served.http_client().is_model_ready("nope", headers=auth()) is False
+
+
+def test_health_knows_its_services_check_refuses_an_unknown_one_and_watch_keeps_it_open(served: Served):
+    serving, unknown = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+    with grpc.insecure_channel(served.grpc_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            assert health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status == serving
+        with pytest.raises(grpc.RpcError) as raised:
+            health.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+        assert raised.value.code() == grpc.StatusCode.NOT_FOUND
+        assert json.loads(raised.value.details())["error"]["field"] == "service"
+        watch = health.Watch(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=2)
+        assert next(watch).status == unknown
+        with pytest.raises(grpc.RpcError) as raised:
+            next(watch)  # the server keeps the call open: the client's deadline ends it
+        assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        known = health.Watch(health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"), timeout=10)
+        assert next(known).status == serving
+        known.cancel()
+
+
+def _requested_output(module, how: str):  # noqa: ANN001, ANN202 - tritonclient.grpc or .http
+    if how == "classification":
+        return module.InferRequestedOutput("text_embedding", class_count=3)
+    output = module.InferRequestedOutput("text_embedding")
+    output.set_shared_memory("a-region", 128)
+    return output
+
+
+@pytest.mark.parametrize("how", ["classification", "shared_memory"])
+def test_output_parameters_but_binary_data_are_refused_as_the_http_v2_route_refuses_them(served: Served, how: str):
+    with served.grpc_client() as client, pytest.raises(InferenceServerException) as over_grpc:
+        client.infer(MODEL, [_text_input([b"a cat"])], outputs=[_requested_output(triton_grpc, how)], headers=auth())
+    with pytest.raises(InferenceServerException) as over_http:
+        served.http_client().infer(MODEL, [_text_input([b"a cat"], triton_http)],
+                                   outputs=[_requested_output(triton_http, how)], headers=auth())
+    status, body = _error(over_grpc)
+    assert status == "StatusCode.INVALID_ARGUMENT" and over_http.value.status() == "400"
+    assert body["error"] == {"code": "unsupported_parameter", "field": "text_embedding",
+                             "message": "output text_embedding: only binary_data is supported among output parameters"}
+    assert over_http.value.message() == f"{body['error']['code']}: {body['error']['message']}"
+
+
+def test_model_config_describes_what_the_v2_route_takes_and_http_serves_the_same(served: Served):
+    with served.grpc_client() as client:
+        over_grpc = client.get_model_config(MODEL, headers=auth(), as_json=True)["config"]
+    over_http = served.http_client().get_model_config(MODEL, headers=auth())
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{served.url}/v2/models/{MODEL}/versions/1/config", headers=bearer).json() == over_http
+    assert httpx.get(f"{served.url}/v2/models/{MODEL}/config").status_code == 401  # guarded like metadata
+    # one description: the HTTP JSON read as Triton's message is the gRPC answer
+    assert json_format.ParseDict(over_http, model_config_pb2.ModelConfig()) == \
+        json_format.ParseDict(over_grpc, model_config_pb2.ModelConfig())
+    inputs = {tensor["name"]: tensor for tensor in over_http["input"]}
+    assert all(tensor["optional"] is True for tensor in inputs.values())
+    assert inputs["text"]["dims"] == [1] and inputs["text"]["reshape"] == {"shape": []}  # [N, 1] -> [N]
+    assert inputs["image"]["dims"] == [-1] and inputs["image_uint8"]["dims"] == [-1, -1, 3]
+    # max_batch_size is the most rows one request may carry: every lane's queue bound (Settings' default)
+    max_batch_size = over_http["max_batch_size"]
+    assert max_batch_size == Settings.model_fields["max_queue_size"].default
+    with served.grpc_client() as client:
+        rows = [f"row {index}".encode() for index in range(max_batch_size)]
+        answer = client.infer(MODEL, [_text_input(rows)], headers=auth(), client_timeout=120)
+        assert answer.as_numpy("text_embedding").shape == (max_batch_size, 32)
+        with pytest.raises(InferenceServerException) as raised:
+            client.infer(MODEL, [_text_input([*rows, b"one too many"])], headers=auth())
+    status, body = _error(raised)
+    assert status == "StatusCode.RESOURCE_EXHAUSTED" and body["error"]["code"] == "too_many_rows", body
+
+
+def test_http_names_an_unknown_route_under_a_served_model_instead_of_an_unknown_model(served: Served):
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    unknown_route = httpx.get(f"{served.url}/v2/models/{MODEL}/nonsense", headers=bearer)
+    assert unknown_route.status_code == 404
+    assert unknown_route.json()["error"].startswith("route_not_found: ") and "nonsense" in unknown_route.text
+    under_ready = httpx.get(f"{served.url}/v2/models/{MODEL}/nonsense/ready", headers=bearer)
+    assert under_ready.status_code == 404 and under_ready.json()["error"].startswith("route_not_found: ")
+    unknown_model = httpx.get(f"{served.url}/v2/models/nope/config", headers=bearer)
+    assert unknown_model.status_code == 404 and unknown_model.json()["error"].startswith("model_not_found: ")
 
 
 def test_a_keyless_inference_call_is_unauthenticated_with_the_http_error_text(served: Served):
@@ -296,6 +396,7 @@ def test_draining_turns_health_not_serving_refuses_new_calls_and_finishes_runnin
             with pytest.raises(InferenceServerException) as raised:
                 client.infer(MODEL, [_text_input([b"new"])])
             assert raised.value.status() == "StatusCode.UNAVAILABLE"
+            assert "shutting down" in json.loads(raised.value.message())["error"]["message"]
             assert running.result().as_numpy("text_embedding").shape == (1, 32)
 
 
