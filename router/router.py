@@ -304,6 +304,10 @@ class Router:
         if refusal is not None:
             if self.metrics is not None:
                 self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
+            if refusal.reason == "deadline_too_short":  # nothing queued is to blame: a retry cannot help
+                raise DeadlineExceededError(
+                    f"the deadline leaves {max(0, refusal.left_ns) / 1e6:.1f} ms, less than this request's own "
+                    f"estimated compute time on the {lane.route.value} lane ({refusal.service_ns / 1e6:.1f} ms)")
             raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
         self._num_in_flight += 1
         self._waiting.add(pending)
