@@ -12,7 +12,6 @@ other names rewrites them when it renders its answer (``in_terms_of``).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from server.errors import ApiError
@@ -37,4 +36,6 @@ def in_terms_of(error: ApiError, names: OptionNames) -> ApiError:
     message = error.message.replace(NATIVE.truncate_hint, names.truncate_hint)
     message = message.replace(NATIVE.timeout_field, names.timeout_field)
     field = names.timeout_field if error.field == NATIVE.timeout_field else error.field
-    return dataclasses.replace(error, message=message, field=field)
+    if (message, field) == (error.message, error.field):
+        return error  # as it was: a subclass (BodyTooLargeError) keeps its own answer
+    return ApiError(error.status, error.code, message, field, error.retry_after_s)
