@@ -32,7 +32,7 @@ from server.ingest import json_body
 from server.ingest.decoding import check_pixels_length, decode_base64, decode_image
 from server.ingest.multipart_form import read_form
 from server.errors import ApiError
-from server.schemas import EncodedImage, InferRequest, RawImage
+from server.schemas import EncodedImage, InferRequest, RawImage, error_location
 from server.settings import Settings
 
 MULTIPART_FIELDS = frozenset({"image", "text", "priority", "timeout_ms", "truncate", "use_cache"})
@@ -72,8 +72,8 @@ def image_content(encoded: bytes | None, raw_pixels: tuple[list[int], bytes] | N
 
 def _first_error_field(error: ValidationError) -> tuple[str, str]:
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"])
-    return location or "body", f"{location or 'body'}: {first['msg']}"
+    location = error_location(first["loc"])
+    return location, f"{location}: {first['msg']}"
 
 
 def _check_text(text: str | None, settings: Settings) -> str | None:
