@@ -162,6 +162,7 @@ def test_a_deadline_shorter_than_the_compute_time_is_504_in_both_layouts(workers
     timeout field in one process and with API processes alike (the deadline may also pass on the way to the
     engine: the same answer), never 503, which says a retry later could help."""
     answers = {}
+    rejected_before = {served.url: rejected_total(served.url) for served in (single, workers)}
     for served in (single, workers):
         for attempt in range(4):  # a new text each time: a cached text would need no compute at all
             text = f"{protocol} {served.url} {attempt} must be computed"
@@ -181,6 +182,13 @@ def test_a_deadline_shorter_than_the_compute_time_is_504_in_both_layouts(workers
     expected = (504, "deadline_exceeded", "timeout_ms", True) if protocol == "native" else \
         (504, "deadline_exceeded", True)
     assert set(answers.values()) == {expected}, answers
+    for served in (single, workers):  # not load shedding: the shedding alert's counter stays put
+        assert rejected_total(served.url) == rejected_before[served.url]
+
+
+def rejected_total(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return sum(float(value) for value in re.findall(r"^mmserve_rejected_total\{[^}]*\} (\S+)$", text, re.M))
 
 
 def test_a_body_over_the_limit_is_refused_the_same(workers, single):
