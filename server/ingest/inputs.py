@@ -154,7 +154,8 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
     One ``image`` part answers as ``image`` does in JSON; several answer as ``images``.
     """
     try:
-        form: FormData = await read_form(request.headers, request.stream(), text_fields=MULTIPART_FIELDS - {"image"},
+        form: FormData = await read_form(request.headers, request.stream(),
+                                         text_fields=MULTIPART_FIELDS - {"image"},
                                          max_files=settings.max_images_per_request + 1,  # one more: our 422
                                          max_fields=len(MULTIPART_FIELDS), max_part_size=settings.max_body_bytes)
     except ApiError:
