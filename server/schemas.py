@@ -65,8 +65,15 @@ _IMAGE_TAGS = frozenset({"EncodedImage", "RawImage", "TextInput"})
 
 
 def error_location(location: tuple[int | str, ...]) -> str:
-    """A validation error's location as the client wrote the field (``image.uint8.shape``); ``body`` if none."""
-    return ".".join(str(part) for part in location if part not in _IMAGE_TAGS) or "body"
+    """A validation error's location as the client wrote the field (``image.uint8.shape``), with list
+    indices as mmserve's own errors write them (``images[1].uint8``, ``labels[0]``); ``body`` if none."""
+    named = ""
+    for part in location:
+        if isinstance(part, int):
+            named += f"[{part}]"
+        elif part not in _IMAGE_TAGS:
+            named += f".{part}" if named else part
+    return named or "body"
 
 
 class InferRequest(BaseModel):

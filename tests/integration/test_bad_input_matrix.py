@@ -616,7 +616,7 @@ def test_a_bad_raw_pixels_object_is_refused_for_what_is_wrong_inside_it(tiny_ser
     with tiny_server.client() as client:
         for body, named in (({"image": {"uint8": uint8}}, field),
                             ({"images": [{"b64": b64(encoded_image(4))}, {"uint8": uint8}]},
-                             field.replace("image.", "images.1.", 1))):
+                             field.replace("image.", "images[1].", 1))):
             response = client.post("/v1/infer", json=body)
             assert response.status_code == 422, response.text
             error = response.json()["error"]
