@@ -302,6 +302,11 @@ class Router:
             raise DeadlineExceededError("the deadline passed before the request reached the queue")
         refusal = executor.scheduler.admit(lane, pending)
         if refusal is not None:
+            if refusal.reason == "deadline_too_short":  # nothing queued is to blame: a retry cannot help, and
+                # it is not load shedding (mmserve_rejected_total, which the shedding alert watches): a 504
+                raise DeadlineExceededError(
+                    f"the deadline leaves {max(0, refusal.left_ns) / 1e6:.1f} ms, less than this request's own "
+                    f"estimated compute time on the {lane.route.value} lane ({refusal.service_ns / 1e6:.1f} ms)")
             if self.metrics is not None:
                 self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
             raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)

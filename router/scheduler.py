@@ -2,8 +2,11 @@
 
 Admission happens on the event loop: a full lane, or an estimated wait that
 would already miss the request's deadline, refuses at once with a retry
-estimate (the time to drain what is queued). The compute thread blocks in
-``next_batch`` until the policy closes a batch.
+estimate (the time to drain what is queued). A deadline that the request's
+own estimated service time alone misses (nothing queued ahead could be
+blamed) is refused apart, as ``deadline_too_short``: retrying cannot help,
+so the server answers it as a passed deadline, not as load. The compute
+thread blocks in ``next_batch`` until the policy closes a batch.
 
 An admission wakes the compute thread only when it can change what the
 thread decided when it went to sleep: the thread sleeps with no timeout
@@ -38,10 +41,17 @@ _NO_LIMIT = 2**62
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why admission said no, and when trying again makes sense."""
+    """Why admission said no, and when trying again makes sense.
 
-    reason: str  # "queue_full" | "deadline"
+    ``deadline_too_short``: the request's own service time (``service_ns``)
+    is longer than what is left of its deadline (``left_ns``), with nothing
+    ahead of it; ``deadline``: the work queued ahead makes it miss.
+    """
+
+    reason: str  # "queue_full" | "deadline" | "deadline_too_short"
     retry_after_s: float
+    service_ns: int = 0
+    left_ns: int = 0
 
 
 class Scheduler:
@@ -80,11 +90,14 @@ class Scheduler:
             if len(lane.queue) >= lane.settings.max_queue_size:
                 return Refusal("queue_full", self._drain_s())
             now_ns = self._clock_ns()
+            service_ns = self.estimator.estimate_ns(lane.route, lane.settings.padded_size(
+                min(pending.num_work_items, lane.settings.max_batch_size)))
+            if now_ns + service_ns > pending.deadline_ns:
+                return Refusal("deadline_too_short", 0.0, service_ns, pending.deadline_ns - now_ns)
             wait_ns = (
                 max(0, self._running_until_ns - now_ns)
                 + work_ahead_ns(self.lanes, pending.urgency_ns, self.estimator.estimate_ns)
-                + self.estimator.estimate_ns(lane.route, lane.settings.padded_size(
-                    min(pending.num_work_items, lane.settings.max_batch_size)))
+                + service_ns
             )
             if now_ns + wait_ns > pending.deadline_ns:
                 return Refusal("deadline", self._drain_s())

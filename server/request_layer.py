@@ -193,12 +193,14 @@ class Endpoint(abc.ABC, Generic[C]):
         protocol: The items' ``protocol`` in drift attribution (``native``, ``kserve_v2``, ``openai``).
         is_rows: Many items per request: each item gets a ``row`` span and its own latency record,
             and ``render_error`` may name the row. ``False``: exactly one item, whose stages are the request's.
+        rows_field: The protocol's field that holds the rows, named by a refusal of them all (``too_many_rows``).
     """
 
     http_route: str
     metrics_label: str
     protocol: str
     is_rows: bool = True
+    rows_field: str = "inputs"
 
     @abc.abstractmethod
     async def parse(self, request: Request, state: ServerState) -> Parsed[C]:
@@ -213,7 +215,7 @@ class Endpoint(abc.ABC, Generic[C]):
 
     async def run(self, parsed: Parsed[C], state: ServerState, arrival: Arrival) -> Ran:
         """The items' outcomes: by default every item through one router intake call, at once."""
-        return Ran(await infer_rows(state, parsed.items, arrival.items, arrival.started_ns))
+        return Ran(await infer_rows(state, parsed.items, arrival.items, arrival.started_ns, self.rows_field))
 
     def render_error(self, failure: Failure, parsed: Parsed[C] | None) -> Response:
         """The protocol's error answer (default: mmserve's ``{"error": {...}}``)."""

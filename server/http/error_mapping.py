@@ -17,6 +17,7 @@ from router.errors import (
     TooManyImagesError,
 )
 from server.errors import ApiError
+from server.protocols.option_names import NATIVE
 
 
 def api_error_from(error: Exception) -> ApiError | None:
@@ -35,8 +36,9 @@ def api_error_from(error: Exception) -> ApiError | None:
         return ApiError(503, "overloaded", str(error), retry_after_s=error.retry_after_s)
     if isinstance(error, QueueFullError):
         return ApiError(503, "overloaded", str(error), retry_after_s=error.retry_after_s)
-    if isinstance(error, DeadlineExceededError):
-        return ApiError(504, "deadline_exceeded", str(error), "timeout_ms")
+    if isinstance(error, DeadlineExceededError):  # passed, or shorter than the request's own compute time
+        return ApiError(504, "deadline_exceeded", f"{error} ({NATIVE.timeout_field} sets the deadline)",
+                        NATIVE.timeout_field)
     if isinstance(error, ShuttingDownError):
         return ApiError(503, "shutting_down", str(error), retry_after_s=1.0)
     if isinstance(error, ComputeUnavailableError):

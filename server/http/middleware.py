@@ -99,7 +99,14 @@ def add_request_guards(app: FastAPI, settings: Settings,
 
 
 async def answer_guard_refusals(request: Request, error: HTTPException) -> Response:
-    """FastAPI's answer to an ``HTTPException``, unless it wraps a guard's refusal raised from ``receive``."""
+    """FastAPI's answer to an ``HTTPException``, unless it wraps a guard's refusal raised from ``receive``, or
+    is routing's 405, which gets mmserve's error shape (with the ``Allow`` header routing set)."""
     if isinstance(error.__cause__, ApiError):  # FastAPI's body parsing: "raise HTTPException(400) from e"
         return error.__cause__.response()
+    if error.status_code == 405:
+        allowed = (error.headers or {}).get("Allow", "")
+        response = ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}; "
+                            f"this route takes {allowed or 'other methods'}", "method").response()
+        response.headers.update(error.headers or {})
+        return response
     return await http_exception_handler(request, error)

@@ -32,12 +32,14 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import re
 import warnings
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from models.rgb import to_rgb
+from router.image_header import image_size_px
 from server.errors import ApiError
 
 
@@ -72,6 +74,20 @@ def _check_pixels(width: int, height: int, max_pixels: int, field: str) -> None:
         )
 
 
+def _over_pillows_limit(data: bytes, pillow_message: str, max_pixels: int, field: str) -> ApiError:
+    """The 413 for a header past Pillow's limit, worded as ``_check_pixels`` words ours (Pillow's own
+    message names its limit, which is not the one a client can stay under)."""
+    size = image_size_px(data)
+    if size is not None:
+        width, height = size
+        described = f"{width}x{height} = {width * height} pixels"
+    else:  # a format the header reader does not know (BMP, TIFF): Pillow's count
+        counted = re.search(r"\((\d+) pixels\)", pillow_message)
+        described = f"{counted.group(1)} pixels" if counted else f"more than {max_pixels} pixels"
+    return ApiError(413, "image_too_large",
+                    f"{field} is {described}; the limit is {max_pixels} (MMSERVE_MAX_IMAGE_PIXELS)", field)
+
+
 def draft_scale(width: int, height: int, draft_side: int) -> int:
     """The JPEG DCT reduction (1, 2, 4 or 8) that keeps both sides >= ``draft_side``; 1 = decode exactly.
 
@@ -92,9 +108,8 @@ def decode_image(data: bytes, max_pixels: int, field: str = "image", draft_side:
         raise ApiError(400, "empty_image", f"{field} is empty", field)
     try:
         image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as e:
-        raise ApiError(413, "image_too_large", f"{field}: {e}; the limit is {max_pixels} pixels "
-                       "(MMSERVE_MAX_IMAGE_PIXELS)", field) from e
+    except Image.DecompressionBombError as e:  # Pillow's own limit, twice MAX_IMAGE_PIXELS: say ours
+        raise _over_pillows_limit(data, str(e), max_pixels, field) from e
     except UnidentifiedImageError as e:
         raise ApiError(415, "unsupported_image_format",
                        f"{field} is not an image format this server decodes", field) from e

@@ -30,8 +30,9 @@ from router.segments import ImageContent
 from router.tracing import SpanIds
 from server.ingest import json_body
 from server.ingest.decoding import check_pixels_length, decode_base64, decode_image
+from server.ingest.multipart_form import read_form
 from server.errors import ApiError
-from server.schemas import EncodedImage, InferRequest, RawImage
+from server.schemas import EncodedImage, InferRequest, RawImage, error_location
 from server.settings import Settings
 
 MULTIPART_FIELDS = frozenset({"image", "text", "priority", "timeout_ms", "truncate", "use_cache"})
@@ -71,8 +72,8 @@ def image_content(encoded: bytes | None, raw_pixels: tuple[list[int], bytes] | N
 
 def _first_error_field(error: ValidationError) -> tuple[str, str]:
     first = error.errors()[0]
-    location = ".".join(str(part) for part in first["loc"])
-    return location or "body", f"{location or 'body'}: {first['msg']}"
+    location = error_location(first["loc"])
+    return location, f"{location}: {first['msg']}"
 
 
 def _check_text(text: str | None, settings: Settings) -> str | None:
@@ -153,9 +154,10 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
     One ``image`` part answers as ``image`` does in JSON; several answer as ``images``.
     """
     try:
-        form: FormData = await request.form(max_files=settings.max_images_per_request + 1,  # one more: our 422
-                                            max_fields=len(MULTIPART_FIELDS),
-                                            max_part_size=settings.max_body_bytes)
+        form: FormData = await read_form(request.headers, request.stream(),
+                                         text_fields=MULTIPART_FIELDS - {"image"},
+                                         max_files=settings.max_images_per_request + 1,  # one more: our 422
+                                         max_fields=len(MULTIPART_FIELDS), max_part_size=settings.max_body_bytes)
     except ApiError:
         raise
     except Exception as e:  # starlette raises its own parser errors; all mean a bad body
@@ -165,6 +167,10 @@ async def parse_multipart(request: Request, settings: Settings) -> ParsedInput:
         if unknown:
             raise ApiError(422, "invalid_request", f"unknown form field(s): {sorted(unknown)}",
                            sorted(unknown)[0])
+        for name in sorted(set(form.keys()) - {"image"}):  # silently taking the last would hide a client's bug
+            if len(form.getlist(name)) > 1:
+                raise ApiError(400, "duplicate_field", f"the form has {len(form.getlist(name))} {name} fields; "
+                               f"send one (only image may repeat)", name)
         parts = form.getlist("image")
         images = []
         for index, part in enumerate(parts):

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 JSONDecodeError = json.JSONDecodeError  # orjson's is a subclass
+MAX_DEPTH = 1024  # orjson's fixed nesting limit: arrays and objects inside each other
 
 
 def dumps(document: Any) -> bytes:
@@ -32,8 +33,22 @@ def loads(body: bytes | str) -> Any:
     (``"\\ud800"``) parses, and the text check then names the field it is in,
     rather than the whole body failing as invalid JSON. Valid bodies, nearly
     all of them, take only the fast path.
+
+    A body nested deeper than ``MAX_DEPTH`` is refused as not JSON, with the
+    limit in the message: the standard library would only recurse until
+    Python's own limit and raise ``RecursionError`` (a 500), so it never sees
+    such a body, and one it cannot nest as deep as orjson is refused the same way.
     """
     try:
         return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return json.loads(body)
+    except orjson.JSONDecodeError as e:
+        if e.msg == "depth limit exceeded":
+            raise _too_deep(e.doc, e.pos) from e
+        try:
+            return json.loads(body)
+        except RecursionError as recursion:
+            raise _too_deep(e.doc, e.pos) from recursion
+
+
+def _too_deep(document: str, position: int) -> JSONDecodeError:
+    return JSONDecodeError(f"arrays and objects nest deeper than the limit of {MAX_DEPTH} levels", document, position)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from server.errors import ApiError
+from server.ingest import json_body
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BYTES = "BYTES"
@@ -279,8 +280,8 @@ def decode_infer_request(body: bytes, header_length: str | None) -> V2InferReque
     """A request body (JSON, or JSON + binary tensors) -> a ``V2InferRequest``; 400 ``ApiError`` if malformed."""
     header, binary = _split_body(body, header_length)
     try:
-        document = json.loads(header)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        document = json_body.loads(header)  # a header nested too deep is refused here too, not a RecursionError
+    except (json_body.JSONDecodeError, UnicodeDecodeError) as e:
         raise _bad("invalid_json", f"the JSON header is not valid JSON: {e}") from e
     if not isinstance(document, dict):
         raise _bad("invalid_request", "the JSON header must be an object")

@@ -12,7 +12,10 @@ vector's little-endian float32 bytes, as OpenAI sends them (the ``openai``
 client asks for it unless told otherwise). ``usage`` counts text tokens
 (special tokens included); image items count none. ``dimensions`` is
 accepted only when it equals every item's native size: these embeddings are
-not trained to be truncated.
+not trained to be truncated. ``truncate`` is mmserve's own field, as on
+``/v1/infer``: ``true`` cuts a text over the model's token limit to the limit
+instead of refusing it (OpenAI's API has no such field; without it a long text
+could not be embedded here at all).
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class EmbeddingsRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1, description="Must equal each item's embedding size if given.")
     user: str | None = None
+    truncate: bool = Field(False, description="mmserve's extension: cut a text over the model's token limit to "
+                                              "the limit instead of refusing it, as on /v1/infer.")
 
 
 def _validation_error(error: ValidationError) -> ApiError:
@@ -98,7 +103,7 @@ def _image_from_data_uri(value: str) -> bytes:
     return decode_base64(match["payload"], "input")
 
 
-def item_from_string(value: str, settings: Settings) -> ParsedInput:
+def item_from_string(value: str, settings: Settings, truncate: bool = False) -> ParsedInput:
     """A data URI is an image, an http(s) URL is refused, anything else is text.
 
     Only a string that starts like a data URI (``data:type/subtype,`` or ``;``)
@@ -110,7 +115,7 @@ def item_from_string(value: str, settings: Settings) -> ParsedInput:
         raise ApiError(400, "remote_image_refused",
                        "this server does not fetch URLs; send the image inline as data:image/...;base64,<data>",
                        "input")
-    return parsed_input(value, (), settings)
+    return parsed_input(value, (), settings, truncate=truncate)
 
 
 def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[ParsedInput]:
@@ -119,7 +124,7 @@ def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[P
     items = []
     for row_index, value in enumerate(values):
         try:
-            items.append(item_from_string(value, settings))
+            items.append(item_from_string(value, settings, request.truncate))
         except ApiError as e:
             raise RowFailedError(row_index, e) from e
     return items

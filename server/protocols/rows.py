@@ -62,8 +62,9 @@ def max_rows_per_request(settings: Settings) -> int:
     return min(int(settings.lane_value(lane, "max_queue_size")) for lane in get_args(LaneName))
 
 
-def check_row_counts(rows: Sequence[ParsedInput], state: ServerState) -> None:
-    """413 ``too_many_rows`` when one lane would have to queue more rows than it holds.
+def check_row_counts(rows: Sequence[ParsedInput], state: ServerState, rows_field: str = "inputs") -> None:
+    """413 ``too_many_rows`` when one lane would have to queue more rows than it holds; ``rows_field`` is the
+    protocol's name for the rows (v2's ``inputs``, OpenAI's ``input``).
 
     One row always fits (every lane holds at least one: the settings say ``ge=1``), so most requests
     skip the count.
@@ -76,18 +77,18 @@ def check_row_counts(rows: Sequence[ParsedInput], state: ServerState) -> None:
             raise ApiError(
                 413, "too_many_rows",
                 f"the request has {num_rows} {lane} rows; the {lane} lane queues at most {max_queue_size} "
-                f"(MMSERVE_{lane.upper()}_MAX_QUEUE_SIZE or MMSERVE_MAX_QUEUE_SIZE)", "inputs",
+                f"(MMSERVE_{lane.upper()}_MAX_QUEUE_SIZE or MMSERVE_MAX_QUEUE_SIZE)", rows_field,
             )
 
 
 async def infer_rows(state: ServerState, rows: Sequence[ParsedInput], items: Sequence[IntakeItem],
-                     started_ns: int) -> list[RowOutcome]:
+                     started_ns: int, rows_field: str = "inputs") -> list[RowOutcome]:
     """Every row through the intake at once; ``items`` are the rows as the intake takes them (same order).
 
     All rows share the deadline ``started_ns + timeout``. Raises ``ApiError``,
     ``RowFailedError`` or the router's typed errors.
     """
-    check_row_counts(rows, state)
+    check_row_counts(rows, state, rows_field)
     try:
         outcomes = await state.intake.run(items, started_ns)
     except IntakeItemError as e:

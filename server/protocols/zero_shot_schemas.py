@@ -22,19 +22,27 @@ from pydantic import BaseModel, ConfigDict, Field
 from router.segments import ImageContent
 from server.errors import ApiError
 from server.ingest.decoding import check_pixels_length, decode_base64
-from server.schemas import EncodedImage, ModelInfo, RawImage
+from server.schemas import (
+    TIMEOUT_MS_LIMIT,
+    EncodedImage,
+    ImageInput,
+    ModelInfo,
+    RawImage,
+    TextOrImageInput,
+    WholeInt,
+)
 from server.settings import Settings
 
 DEFAULT_TEMPLATE = "This is a photo of {}."  # transformers' zero-shot-image-classification default
 
-Image = EncodedImage | RawImage
+Image = ImageInput  # validated as the kind its keys name (server.schemas)
 
 
 class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid")
     top_k: int | None = Field(None, ge=1, description="Answer only the best top_k (default: all).")
     priority: Literal["high", "normal", "low"] = "normal"
-    timeout_ms: int | None = Field(None, ge=1, le=3_600_000, description="Deadline from arrival.")
+    timeout_ms: WholeInt | None = Field(None, ge=1, le=TIMEOUT_MS_LIMIT, description="Deadline from arrival.")
     truncate: bool = Field(False, description="Cut a too-long text to the model's limit instead of 422.")
     use_cache: bool = Field(True, description="false: neither read nor write the segment cache.")
 
@@ -55,8 +63,8 @@ class ClassifyRequest(_Options):
 class RankRequest(_Options):
     """Body of ``POST /v1/rank``: a query of one modality, candidates of the other."""
 
-    query: str | Image = Field(description="A text, or an image (encoded or raw pixels).")
-    candidates: list[str | Image] = Field(
+    query: TextOrImageInput = Field(description="A text, or an image (encoded or raw pixels).")
+    candidates: list[TextOrImageInput] = Field(
         description="At least one, at most MMSERVE_MAX_CANDIDATES_PER_REQUEST: images for a text query, "
                     "texts for an image query.")
 

@@ -79,6 +79,7 @@ class Embeddings(Endpoint[EmbeddingsRequest]):
     http_route = "/v1/embeddings"
     metrics_label = METRICS_ROUTE
     protocol = "openai"
+    rows_field = "input"
 
     async def parse(self, request: Request, state: ServerState) -> Parsed[EmbeddingsRequest]:
         embeddings_request = parse_embeddings_request(await request.body())

@@ -43,6 +43,7 @@ from server.protocols.kserve_v2_model import (
     output_tensors,
     rows_from_request,
 )
+from server.protocols.option_names import KSERVE_V2, in_terms_of
 from server.protocols.rows import Failure, max_rows_per_request
 from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
@@ -67,7 +68,7 @@ _INFER_BODY = {
 
 
 def _error_response(failure: Failure) -> JSONResponse:
-    error = failure.error
+    error = in_terms_of(failure.error, KSERVE_V2)  # hints name parameters.truncate, parameters.timeout
     where = f"row {failure.row_index}: " if failure.row_index is not None else ""
     headers = {}
     if error.retry_after_s is not None:

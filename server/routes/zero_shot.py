@@ -52,6 +52,7 @@ from server.protocols.zero_shot_schemas import (
     classify_input,
     rank_input,
 )
+from server.schemas import error_location
 from server.request_layer import Answered, Arrival, Endpoint, Parsed, Ran, RequestRecord, serve
 from server.runtime.monitoring_setup import cache_hit_of
 from server.state import ServerState
@@ -84,7 +85,7 @@ def _validated(model: type[BaseModel], body: bytes) -> BaseModel:
         return model.model_validate(document)
     except ValidationError as e:
         first = e.errors()[0]
-        location = ".".join(str(part) for part in first["loc"]) or "body"
+        location = error_location(first["loc"])
         raise ApiError(422, "invalid_request", f"{location}: {first['msg']}", location) from e
 
 

@@ -156,6 +156,41 @@ def test_bad_input_gets_the_single_process_error(workers, single, body):
     assert ours.json() == theirs.json()
 
 
+@pytest.mark.parametrize("protocol", ["native", "v2"])
+def test_a_deadline_shorter_than_the_compute_time_is_504_in_both_layouts(workers, single, protocol):
+    """1 ms cannot hold the text lane's own compute time, even on an idle server: 504 naming the protocol's
+    timeout field in one process and with API processes alike (the deadline may also pass on the way to the
+    engine: the same answer), never 503, which says a retry later could help."""
+    answers = {}
+    rejected_before = {served.url: rejected_total(served.url) for served in (single, workers)}
+    for served in (single, workers):
+        for attempt in range(4):  # a new text each time: a cached text would need no compute at all
+            text = f"{protocol} {served.url} {attempt} must be computed"
+            if protocol == "native":
+                response = infer(served.url, {"text": text, "timeout_ms": 1})
+                error = response.json()["error"]
+                answers[served.url, attempt] = (response.status_code, error["code"], error["field"],
+                                                "timeout_ms" in error["message"])
+            else:
+                body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}],
+                        "parameters": {"timeout": 1}}  # microseconds, Triton's unit: rounded up to 1 ms
+                response = httpx.post(f"{served.url}/v2/models/tiny/infer", json=body, timeout=60)
+                error = response.json()["error"]
+                answers[served.url, attempt] = (response.status_code, error.split(":", 1)[0],
+                                                "parameters.timeout" in error)
+            assert "Retry-After" not in response.headers
+    expected = (504, "deadline_exceeded", "timeout_ms", True) if protocol == "native" else \
+        (504, "deadline_exceeded", True)
+    assert set(answers.values()) == {expected}, answers
+    for served in (single, workers):  # not load shedding: the shedding alert's counter stays put
+        assert rejected_total(served.url) == rejected_before[served.url]
+
+
+def rejected_total(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=60).text
+    return sum(float(value) for value in re.findall(r"^mmserve_rejected_total\{[^}]*\} (\S+)$", text, re.M))
+
+
 def test_a_body_over_the_limit_is_refused_the_same(workers, single):
     body = b"{" + b" " * (16 * 1024 * 1024 + 10) + b"}"
     answers = [httpx.post(f"{served.url}/v1/infer", content=body, headers={"content-type": "application/json"},

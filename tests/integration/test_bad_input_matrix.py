@@ -180,18 +180,25 @@ def _request(protocol: str, item: Item | RawBody) -> tuple[str, dict] | None:
     if protocol in ("v2_json", "v2_binary"):
         body = _v2_json_body(item) if protocol == "v2_json" else _v2_binary_body(item)
         return path, {"content": body.content, "headers": body.headers}
-    if item.pixels is not None or item.truncate:
-        return None  # OpenAI's API has neither raw pixels nor truncation
+    if item.pixels is not None:
+        return None  # OpenAI's API has no raw pixels
     inputs = [] if item.text is None else [item.text]
     if item.image is not None:
         inputs.append(f"data:image/png;base64,{b64(item.image)}")
-    return path, {"content": json.dumps({"input": inputs, "model": "tiny"}).encode(),
-                  "headers": {"content-type": "application/json"}}
+    document: dict = {"input": inputs, "model": "tiny"}
+    if item.truncate:
+        document["truncate"] = True  # mmserve's extension field
+    return path, {"content": json.dumps(document).encode(), "headers": {"content-type": "application/json"}}
 
 
 def _error_code(response: httpx.Response) -> str:
     error = response.json()["error"]
     return error.split(":", 1)[0] if isinstance(error, str) else error["code"]
+
+
+def _error_message(response: httpx.Response) -> str:
+    error = response.json()["error"]
+    return error if isinstance(error, str) else error["message"]
 
 
 def _embedding(protocol: str, response: httpx.Response, name: str) -> np.ndarray:
@@ -473,7 +480,7 @@ def test_unicode_edge_cases_are_embedded_as_the_model_says(tiny_server, tiny_bun
     np.testing.assert_allclose(_embedding(protocol, response, "text_embedding"), expected, rtol=0, atol=TOLERANCE)
 
 
-@pytest.mark.parametrize("protocol", ["infer_json", "infer_multipart", "v2_json", "v2_binary"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_text_over_the_token_limit_is_cut_when_truncate_is_set(tiny_server, tiny_bundle, protocol):
     text = "y" * (tiny_bundle.tokenizer.max_tokens + 40)
     with tiny_server.client() as client:
@@ -482,6 +489,185 @@ def test_a_text_over_the_token_limit_is_cut_when_truncate_is_set(tiny_server, ti
     assert len(token_ids) == tiny_bundle.tokenizer.max_tokens
     expected = tiny_bundle.model.encode_texts([token_ids])[0].pooled.numpy()
     np.testing.assert_allclose(_embedding(protocol, response, "text_embedding"), expected, rtol=0, atol=TOLERANCE)
+
+
+@pytest.mark.parametrize(("protocol", "hint"), [
+    ("infer_json", 'send "truncate": true'), ("infer_multipart", 'send "truncate": true'),
+    ("v2_json", "set parameters.truncate to true"), ("v2_binary", "set parameters.truncate to true"),
+    ("openai", 'send "truncate": true'),
+])
+def test_a_text_over_the_token_limit_is_told_how_its_own_protocol_cuts_it(tiny_server, protocol, hint):
+    with tiny_server.client() as client:
+        response = _send_and_check(client, protocol, Item(text="z" * 600), (422, "text_too_long"))
+    message = _error_message(response)
+    assert hint in message
+    assert protocol.startswith("v2") == ('"truncate"' not in message)
+
+
+# -- bodies no JSON parser should recurse into, and content types -----------------------------------------
+
+
+def _nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def _too_deep_requests() -> list[tuple[str, str, bytes, dict[str, str]]]:
+    json_type = {"content-type": "application/json"}
+    deep = _nested(1030)
+    header = b'{"inputs": ' + deep + b"}"
+    return [
+        ("infer", "/v1/infer", b'{"text": ' + deep + b"}", json_type),
+        ("openai", "/v1/embeddings", b'{"input": ' + deep + b"}", json_type),
+        ("v2_json", V2_PATH, header, json_type),
+        ("v2_binary", V2_PATH, header + b"\x00" * 4,
+         {"content-type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))}),
+        ("classify", "/v1/classify", b'{"labels": ' + deep + b"}", json_type),
+        ("rank", "/v1/rank", b'{"query": "a cat", "candidates": ' + deep + b"}", json_type),
+    ]
+
+
+TOO_DEEP = _too_deep_requests()
+
+
+@pytest.mark.parametrize(("path", "content", "headers"), [case[1:] for case in TOO_DEEP],
+                         ids=[case[0] for case in TOO_DEEP])
+def test_json_nested_past_the_limit_is_invalid_json_naming_the_limit_on_every_json_route(tiny_server, path, content,
+                                                                                          headers):
+    with tiny_server.client() as client:
+        before = _requests_total(client, 400)
+        response = client.post(path, content=content, headers=headers)
+        assert response.status_code == 400, response.text[:300]
+        assert _error_code(response) == "invalid_json"
+        assert "the limit of 1024 levels" in _error_message(response)
+        assert _requests_total(client, 400) == before + 1
+        shallow = content.replace(b"[" * 1030, b"[" * 3).replace(b"]" * 1030, b"]" * 3)
+        assert client.post(path, content=shallow, headers=headers).status_code != 500
+
+
+@pytest.mark.parametrize("path", ["/v1/classify", "/v1/rank"])
+@pytest.mark.parametrize("content_type", ["text/plain", "application/xml", "application/x-www-form-urlencoded", None])
+def test_classify_and_rank_refuse_what_is_not_declared_json_as_infer_does(tiny_server, path, content_type):
+    body = json.dumps({"image": {"b64": b64(encoded_image(3))}, "labels": ["cat"]} if path == "/v1/classify" else
+                      {"query": "a cat", "candidates": [{"b64": b64(encoded_image(3))}]}).encode()
+    headers = {} if content_type is None else {"content-type": content_type}
+    with tiny_server.client() as client:
+        before = _requests_total(client, 415)
+        response = client.post(path, content=body, headers=headers)
+        assert response.status_code == 415, response.text[:300]
+        error = response.json()["error"]
+        assert (error["code"], error["field"]) == ("unsupported_media_type", "content-type")
+        assert repr(content_type or "(none)") in error["message"] and "application/json" in error["message"]
+        assert _requests_total(client, 415) == before + 1
+        infer = client.post("/v1/infer", content=b'{"text": "hi"}', headers=headers)
+        assert infer.status_code == 415  # what /v1/infer answers the same body and type
+
+
+def test_the_protocol_routes_read_a_body_without_content_type_as_their_own_servers_do(tiny_server):
+    """Triton reads a body whatever its type (tritonclient sends none); FastAPI-based OpenAI servers read a body
+    without one as JSON. A declared type that is not theirs is still refused."""
+    v2_body = json.dumps({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}).encode()
+    with tiny_server.client() as client:
+        assert client.post("/v1/embeddings", content=b'{"input": "hi"}').status_code == 200
+        assert client.post(V2_PATH, content=v2_body).status_code == 200
+        assert client.post("/v1/embeddings", content=b'{"input": "hi"}',
+                           headers={"content-type": "text/plain"}).status_code == 415
+
+
+# -- multipart texts -------------------------------------------------------------------------------------------
+
+
+def _multipart(*parts: tuple[str, bytes], closed: bool = True) -> RawBody:
+    body = b"".join(b'--b\r\nContent-Disposition: form-data; name="' + name.encode() + b'"\r\n\r\n' + value + b"\r\n"
+                    for name, value in parts)
+    return RawBody(body + (b"--b--\r\n" if closed else b""), {"content-type": "multipart/form-data; boundary=b"})
+
+
+@pytest.mark.parametrize(("name", "body", "code"), [
+    ("latin-1 text", _multipart(("text", "caf\u00e9".encode("latin-1"))), "invalid_text_encoding"),
+    ("invalid utf-8 in an option", _multipart(("text", b"hi"), ("priority", b"\xff")), "invalid_text_encoding"),
+    ("two texts", _multipart(("text", b"first"), ("text", b"second")), "duplicate_field"),
+    ("no closing boundary", _multipart(("text", b"hi"), closed=False), "invalid_multipart"),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_a_multipart_text_is_utf8_said_once_in_a_closed_body(tiny_server, name, body, code):
+    with tiny_server.client() as client:
+        response = _send_and_check(client, "infer_multipart", body, (400, code))
+    field = response.json()["error"]["field"]
+    assert field == {"invalid utf-8 in an option": "priority", "no closing boundary": "body"}.get(name, "text")
+
+
+def test_a_multipart_text_in_utf8_is_embedded_as_its_json_twin(tiny_server):
+    with tiny_server.client() as client:
+        multipart = _send_and_check(client, "infer_multipart", _multipart(("text", "caf\u00e9".encode())), OK)
+        as_json = client.post("/v1/infer", json={"text": "caf\u00e9"})
+    np.testing.assert_allclose(multipart.json()["text_embedding"], as_json.json()["text_embedding"], rtol=0,
+                               atol=TOLERANCE)
+
+
+# -- errors that name the field and its limit ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("uint8", "field"), [
+    ({"shape": [1, 3], "b64": "AAAA"}, "image.uint8.shape"),
+    ({"shape": "1,1,3", "b64": "AAAA"}, "image.uint8.shape"),
+    ({"shape": [1, 1, 3], "b64": "AAAA", "dtype": "u8"}, "image.uint8.dtype"),
+    ({"b64": "AAAA"}, "image.uint8.shape"),
+])
+def test_a_bad_raw_pixels_object_is_refused_for_what_is_wrong_inside_it(tiny_server, uint8, field):
+    with tiny_server.client() as client:
+        for body, named in (({"image": {"uint8": uint8}}, field),
+                            ({"images": [{"b64": b64(encoded_image(4))}, {"uint8": uint8}]},
+                             field.replace("image.", "images[1].", 1))):
+            response = client.post("/v1/infer", json=body)
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert (error["code"], error["field"]) == ("invalid_request", named)
+            assert error["message"].startswith(f"{named}: ")
+
+
+def test_raw_pixels_whose_shape_is_past_64_bits_are_refused_by_the_pixel_limit(tiny_server):
+    limit = tiny_server.app.state.mmserve.settings.max_image_pixels
+    with tiny_server.client() as client:
+        response = client.post("/v1/infer", content=b'{"image": {"uint8": {"shape": [' + b"1" + b"0" * 30 +
+                               b', 1, 3], "b64": "AAAA"}}}', headers={"content-type": "application/json"})
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == ("image_too_large", "image.uint8")
+    assert f"the limit is {limit}" in error["message"]
+
+
+@pytest.mark.parametrize("timeout_ms", [b"100000000000000000000", b"1e20", b"3600001"])
+def test_a_timeout_past_the_limit_is_refused_naming_the_limit(tiny_server, timeout_ms):
+    with tiny_server.client() as client:
+        for path, body in (("/v1/infer", b'{"text": "hi", "timeout_ms": ' + timeout_ms + b"}"),
+                           ("/v1/classify", b'{"image": {"b64": "' + b64(encoded_image(4)).encode() +
+                            b'"}, "labels": ["cat"], "timeout_ms": ' + timeout_ms + b"}")):
+            response = client.post(path, content=body, headers={"content-type": "application/json"})
+            assert response.status_code == 422, response.text
+            error = response.json()["error"]
+            assert error["field"] == "timeout_ms" and "3600000" in error["message"], error
+
+
+@pytest.mark.parametrize("name", ["png_bomb", "gif_bomb", "bmp_bomb"])
+def test_an_image_past_pillows_own_limit_is_refused_in_mmserves_words(tiny_server, name):
+    data = {"png_bomb": _png_header_only(20_000, 20_000), "gif_bomb": _gif_bomb(), "bmp_bomb": _bmp_bomb()}[name]
+    limit = tiny_server.app.state.mmserve.settings.max_image_pixels
+    with tiny_server.client() as client:
+        response = client.post("/v1/infer", json={"image": {"b64": b64(data)}})
+    assert response.status_code == 413
+    message = response.json()["error"]["message"]
+    assert message.startswith("image is ") and message.endswith(f"; the limit is {limit} (MMSERVE_MAX_IMAGE_PIXELS)")
+    assert "decompression bomb" not in message and "178956970" not in message
+    if name == "png_bomb":
+        assert message.startswith("image is 20000x20000 = 400000000 pixels")
+
+
+def test_a_wrong_method_gets_mmserves_error_shape_and_allow(tiny_server):
+    with tiny_server.client() as client:
+        response = client.get("/v1/infer")
+    assert response.status_code == 405
+    assert "POST" in response.headers["allow"]
+    error = response.json()["error"]
+    assert (error["code"], error["field"]) == ("method_not_allowed", "method") and "POST" in error["message"]
 
 
 # -- bodies over the size limit --------------------------------------------------------------------------

@@ -102,6 +102,15 @@ def test_bad_items_get_openai_errors_naming_the_item(client, items, error_class,
     assert client.embeddings.create(model="tiny", input="still fine").data[0].embedding
 
 
+def test_more_rows_than_a_lane_queues_is_refused_naming_input(client, tiny_server):
+    max_queue_size = tiny_server.app.state.mmserve.settings.max_queue_size
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.embeddings.create(model="tiny", input=[f"row {i}" for i in range(max_queue_size + 1)])
+    assert refused.value.status_code == 413
+    assert (refused.value.code, refused.value.param) == ("too_many_rows", "input")
+    assert str(max_queue_size) in refused.value.body["message"]
+
+
 def test_text_that_merely_starts_with_data_is_a_text(client, tiny_server):
     text = "data: see table 2"
     answer = client.embeddings.create(model="tiny", input=text, encoding_format="float")

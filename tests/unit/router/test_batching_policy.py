@@ -173,6 +173,23 @@ def test_admission_refuses_a_full_queue_and_a_hopeless_deadline():
     assert full.reason == "queue_full" and full.retry_after_s == pytest.approx(0.15)
 
 
+def test_a_deadline_shorter_than_the_requests_own_compute_time_is_told_apart_from_load():
+    """Nothing ahead to blame: ``deadline_too_short`` (a retry cannot help); the same deadline behind queued work
+    that alone makes it miss: ``deadline``, with the time to drain as the retry hint."""
+    text = Lane(Route.TEXT, LaneSettings(max_batch_size=1, max_queue_size=4, max_queue_delay_ns=10**12))
+    estimator = ServiceTimeEstimator()
+    estimator.observe(Route.TEXT, 1, 100 * MS)
+    scheduler = Scheduler([text], estimator, clock_ns=lambda: 10 * MS)
+    too_short = scheduler.admit(text, pending(10, deadline_ms=60))
+    assert too_short is not None and too_short.reason == "deadline_too_short"
+    assert (too_short.service_ns, too_short.left_ns) == (100 * MS, 50 * MS)
+    assert len(text.queue) == 0
+    assert scheduler.admit(text, pending(10, deadline_ms=150)) is None  # 100 ms own, 140 ms left: admitted
+    behind = scheduler.admit(text, pending(10, deadline_ms=150))  # the same deadline, 100 ms queued ahead
+    assert behind is not None and behind.reason == "deadline"
+    assert behind.retry_after_s == pytest.approx(0.1)
+
+
 def test_a_closed_scheduler_drains_what_is_queued():
     text = Lane(Route.TEXT, LaneSettings(max_batch_size=8, max_queue_delay_ns=10**12))
     scheduler = Scheduler([text], ServiceTimeEstimator(), clock_ns=lambda: 0)

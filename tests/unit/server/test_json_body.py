@@ -26,3 +26,21 @@ def test_a_lone_surrogate_escape_still_parses_so_the_text_check_can_name_its_fie
 def test_what_is_not_json_raises_the_standard_error(body):
     with pytest.raises((json_body.JSONDecodeError, UnicodeDecodeError)):
         json_body.loads(body)
+
+
+@pytest.mark.parametrize("body", [
+    b"[" * 1025 + b"]" * 1025,  # orjson's own limit: one level past it
+    b'{"a": ' * 5000 + b"1" + b"}" * 5000,
+    b"[" * 1000 + b'"\\ud800"' + b"]" * 1000,  # orjson refuses the surrogate; the standard library recurses too far
+])
+def test_a_body_nested_too_deep_is_not_json_and_the_message_says_the_limit(body):
+    with pytest.raises(json_body.JSONDecodeError) as raised:
+        json_body.loads(body)
+    assert f"the limit of {json_body.MAX_DEPTH} levels" in str(raised.value)
+
+
+def test_a_body_nested_to_the_limit_still_parses():
+    document = json_body.loads(b"[" * json_body.MAX_DEPTH + b"]" * json_body.MAX_DEPTH)
+    for _ in range(json_body.MAX_DEPTH - 1):
+        (document,) = document
+    assert document == []
