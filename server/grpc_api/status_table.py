@@ -8,7 +8,9 @@
     413             RESOURCE_EXHAUSTED    other  INTERNAL (5xx), INVALID_ARGUMENT (4xx)
 
 The status's details are the JSON error text the HTTP route gives
-(``{"error": {"code", "message", "field"}}``); a retry delay goes in the
+(``{"error": {"code", "message", "field"}}``), its hints in KServe v2's terms as the
+HTTP v2 route words them (``parameters.truncate``, ``parameters.timeout``:
+``server.protocols.option_names``); a retry delay goes in the
 trailing metadata as ``retry-after`` (whole seconds, as the HTTP header) and
 ``grpc-retry-pushback-ms`` (what gRPC's own retry policy reads). README's
 "gRPC" section prints the same table.
@@ -21,6 +23,7 @@ import json
 import grpc
 
 from server.errors import ApiError
+from server.protocols.option_names import KSERVE_V2, in_terms_of
 
 STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -43,8 +46,8 @@ def grpc_status(http_status: int) -> grpc.StatusCode:
 
 
 def error_text(error: ApiError, row_index: int | None = None) -> str:
-    """The HTTP JSON error body as text; a row's failure names its row, as the HTTP v2 route does."""
-    body = error.body()
+    """The HTTP v2 route's JSON error body as text; a row's failure names its row, as that route does."""
+    body = in_terms_of(error, KSERVE_V2).body()
     if row_index is not None:
         body["error"]["message"] = f"row {row_index}: {body['error']['message']}"
     return json.dumps(body)

@@ -291,6 +291,21 @@ def test_a_bad_image_is_invalid_argument_naming_it(served: Served):
     assert body["error"]["field"].startswith("image") and body["error"]["message"].startswith("row 1: "), body
 
 
+def test_errors_name_the_v2_parameters_a_triton_client_sets(served: Served):
+    """A text over the token limit is told to set parameters.truncate, as the HTTP v2 route tells it, not the
+    native route's "truncate": true, which a ModelInferRequest cannot carry."""
+    too_long = b"x" * 600
+    with served.grpc_client() as client, pytest.raises(InferenceServerException) as raised:
+        client.infer(MODEL, [_text_input([too_long])], headers=auth())
+    status, body = _error(raised)
+    with served.http_client() as http_client, pytest.raises(InferenceServerException) as http_raised:
+        http_client.infer(MODEL, [_text_input([too_long], triton_http)], headers=auth())
+    assert status == "StatusCode.INVALID_ARGUMENT"
+    assert body["error"]["code"] == "text_too_long"
+    assert "parameters.truncate" in body["error"]["message"] and '"truncate": true' not in body["error"]["message"]
+    assert body["error"]["message"].removeprefix("row 0: ") in http_raised.value.message(), http_raised.value.message()
+
+
 def test_a_message_over_the_body_limit_is_resource_exhausted(served: Served):
     pixels = np.zeros((1, 600, 600, 3), np.uint8)  # 1.08 MB > MAX_BODY_BYTES
     with served.grpc_client() as client, pytest.raises(InferenceServerException) as raised:
