@@ -20,6 +20,7 @@ from monitoring.serving_metrics import ServingMetrics
 from router.joint_budget import JointTokenBudget
 from server.errors import ApiError
 from server.http.direct_routes import DirectRoutes, DirectRouteTable
+from server.http.error_shapes import error_response
 from server.http.middleware import add_request_guards
 from server.http.rate_limit import TokenBucketStore
 from server.http.route_order import INFERENCE_ROUTES, documented_routes, match_inference_routes_first
@@ -72,7 +73,7 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
     ``rate_buckets``: the rate limit's store when not this process's memory (API processes share one).
     """
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
-    app.add_exception_handler(ApiError, lambda request, error: error.response())
+    app.add_exception_handler(ApiError, lambda request, error: error_response(error, request.url.path))
 
     def count_early_rejection(path: str, code: str) -> None:
         if path == "/v1/infer":

@@ -32,11 +32,12 @@ class ApiError(Exception):
             error["field"] = self.field
         return {"error": error}
 
-    def response(self) -> JSONResponse:
+    def response(self, body: dict | None = None) -> JSONResponse:
+        """The answer, in ``body`` when a protocol words its errors its own way (``server.http.error_shapes``)."""
         headers = {}
         if self.retry_after_s is not None:
             headers["Retry-After"] = str(max(1, round(self.retry_after_s)))
-        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+        return JSONResponse(self.body() if body is None else body, status_code=self.status, headers=headers)
 
 
 class BodyTooLargeError(ApiError):
@@ -54,8 +55,8 @@ class BodyTooLargeError(ApiError):
             f"request body exceeds the limit of {limit_bytes} bytes (MMSERVE_MAX_BODY_BYTES)",
         )
 
-    def response(self) -> JSONResponse:
-        response = super().response()
+    def response(self, body: dict | None = None) -> JSONResponse:
+        response = super().response(body)
         response.headers["Connection"] = "close"
         return response
 

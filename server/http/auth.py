@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server.errors import ApiError
 from server.http.access_policy import AccessPolicy, Decision, RouteClass
 from server.http.audit import INVALID_KEY_ID, NO_KEY_ID, run_audited
+from server.http.error_shapes import error_response
 from server.http.keys import SCOPE_KEY_ID, ApiKeyConfigError, KeyMatch, KeyRing
 from server.settings import Settings
 
@@ -133,7 +134,7 @@ class ApiKeyAuth:
         error = refusal(decision)
         if self._on_reject is not None:
             self._on_reject(scope.get("path", ""), str(error.status))
-        response = error.response()
+        response = error_response(error, scope.get("path", ""))
         if error.status == 401:
             response.headers["WWW-Authenticate"] = ('Bearer realm="mmserve"' if decision is Decision.MISSING_KEY
                                                     else 'Bearer realm="mmserve", error="invalid_token"')

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import ApiError, BodyTooLargeError
+from server.http.error_shapes import error_response
 
 
 class BodyTimeoutError(ApiError):
@@ -71,7 +72,7 @@ class BodyGuard:
             if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
                 if self._on_reject is not None:
                     self._on_reject(scope.get("path", ""))
-                await BodyTooLargeError(max_body_bytes).response()(scope, receive, send)
+                await error_response(BodyTooLargeError(max_body_bytes), scope.get("path", ""))(scope, receive, send)
                 return
         loop = asyncio.get_running_loop()
         deadline_s = loop.time() + self.timeout_s

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import ApiError
+from server.http.error_shapes import error_response
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,6 @@ class ContentTypeCheck:
                 error = ApiError(415, "unsupported_media_type",
                                  f"content type {named!r} is not accepted here; send "
                                  f"{' or '.join(sorted(accepted.types))}", "content-type")
-                await error.response()(scope, receive, send)
+                await error_response(error, scope.get("path", ""))(scope, receive, send)
                 return
         await self.app(scope, receive, send)

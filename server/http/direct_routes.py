@@ -32,6 +32,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import ApiError
+from server.http.error_shapes import error_response
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -88,5 +89,5 @@ class DirectRoutes:
         try:
             response = await endpoint(request)
         except ApiError as error:  # as the app's exception handler answers it
-            response = error.response()
+            response = error_response(error, scope.get("path", ""))
         await response(scope, receive, send)

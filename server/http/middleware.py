@@ -31,10 +31,11 @@ from starlette.responses import Response
 
 from server.errors import ApiError
 from server.http.access_log import AccessLog
+from server.http.access_policy import AccessPolicy
 from server.http.auth import ApiKeyAuth, access_policy, warn_about_open_routes
 from server.http.body_guard import BodyGuard
 from server.http.content_types import ContentTypeCheck
-from server.http.access_policy import AccessPolicy
+from server.http.error_shapes import error_response
 from server.http.rate_limit import (
     InProcessTokenBuckets,
     RateLimit,
@@ -100,13 +101,18 @@ def add_request_guards(app: FastAPI, settings: Settings,
 
 async def answer_guard_refusals(request: Request, error: HTTPException) -> Response:
     """FastAPI's answer to an ``HTTPException``, unless it wraps a guard's refusal raised from ``receive``, or
-    is routing's 405, which gets mmserve's error shape (with the ``Allow`` header routing set)."""
+    is routing's 404 or 405: those get the error shape of the path's protocol (``server.http.error_shapes``;
+    a 405 keeps the ``Allow`` header routing set)."""
+    path = request.url.path
     if isinstance(error.__cause__, ApiError):  # FastAPI's body parsing: "raise HTTPException(400) from e"
-        return error.__cause__.response()
+        return error_response(error.__cause__, path)
+    if error.status_code == 404:
+        return error_response(ApiError(404, "route_not_found", f"no route {request.method} {path} (the routes are "
+                                       "listed at /docs)"), path)
     if error.status_code == 405:
         allowed = (error.headers or {}).get("Allow", "")
-        response = ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {request.url.path}; "
-                            f"this route takes {allowed or 'other methods'}", "method").response()
+        response = error_response(ApiError(405, "method_not_allowed", f"{request.method} is not allowed on {path}; "
+                                           f"this route takes {allowed or 'other methods'}", "method"), path)
         response.headers.update(error.headers or {})
         return response
     return await http_exception_handler(request, error)

@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from server.errors import ApiError
 from server.http.access_policy import is_never_rate_limited
+from server.http.error_shapes import error_response
 from server.http.keys import KEY_ID_HEX_DIGITS, SCOPE_KEY_ID
 
 ADDRESS_KEY_ID = "client-address"
@@ -165,4 +166,4 @@ class RateLimitMiddleware:
             return
         if self._on_reject is not None:
             self._on_reject(scope.get("path", ""))
-        await error.response()(scope, receive, send)
+        await error_response(error, scope.get("path", ""))(scope, receive, send)

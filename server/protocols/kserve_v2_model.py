@@ -137,6 +137,13 @@ def _config_data_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == BYTES else f"TYPE_{datatype}"
 
 
+def error_body(error: ApiError, row_index: int | None = None) -> dict:
+    """Triton's error shape, ``{"error": "<code>: <message>"}``: tritonclient reads ``error`` as a string (an
+    object there breaks its exception's text). A row's failure names its row."""
+    where = f"row {row_index}: " if row_index is not None else ""
+    return {"error": f"{error.code}: {where}{error.message}"}
+
+
 def _bad(code: str, message: str, field: str) -> ApiError:
     return ApiError(400, code, message, field)
 

@@ -38,6 +38,7 @@ from server.protocols.kserve_v2_codec import (
 from server.protocols.kserve_v2_model import (
     MODEL_VERSION,
     choose_outputs,
+    error_body,
     model_config,
     model_metadata,
     output_tensors,
@@ -69,12 +70,7 @@ _INFER_BODY = {
 
 def _error_response(failure: Failure) -> JSONResponse:
     error = in_terms_of(failure.error, KSERVE_V2)  # hints name parameters.truncate, parameters.timeout
-    where = f"row {failure.row_index}: " if failure.row_index is not None else ""
-    headers = {}
-    if error.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(error.retry_after_s)))
-    return JSONResponse({"error": f"{error.code}: {where}{error.message}"}, status_code=error.status,
-                        headers=headers)
+    return error.response(error_body(error, failure.row_index))
 
 
 def check_model(state: ServerState, model_name: str, model_version: str | None) -> None:

@@ -60,6 +60,12 @@ def _call(client: httpx.Client, route: tuple, key: str | None) -> httpx.Response
     return client.request(method, path, json=body, headers=_bearer(key))
 
 
+def _error_code(answer: httpx.Response) -> str:
+    """The refusal's code in its path's protocol shape: Triton's "<code>: <message>" string under /v2."""
+    error = answer.json()["error"]
+    return error.split(":")[0] if isinstance(error, str) else error["code"]
+
+
 def test_the_matrix_of_routes_and_keys(live_server_factory):
     with live_server_factory(api_keys=INFERENCE_KEY, admin_api_keys=ADMIN_KEY,
                              enable_fault_injection=True) as server, server.client() as client:
@@ -70,8 +76,8 @@ def test_the_matrix_of_routes_and_keys(live_server_factory):
             statuses = {name: answer.status_code for name, answer in got.items()}
             assert statuses == {"none": 401, "wrong": 401, "inference": 403 if is_admin else 200, "admin": 200}, \
                 (route[:2], statuses)
-            assert got["none"].json()["error"]["code"] == "missing_api_key"
-            assert got["wrong"].json()["error"]["code"] == "invalid_api_key"
+            assert _error_code(got["none"]) == "missing_api_key"
+            assert _error_code(got["wrong"]) == "invalid_api_key"
             assert got["none"].headers["WWW-Authenticate"].startswith("Bearer")
             if is_admin:
                 refused = got["inference"].json()["error"]

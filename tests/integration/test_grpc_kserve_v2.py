@@ -273,6 +273,27 @@ def test_a_keyless_inference_call_is_unauthenticated_with_the_http_error_text(se
     assert served.metric("mmserve_requests_total", route="v2_grpc", code="401") == before + 1
 
 
+def test_tritonclient_http_reads_the_guards_refusals_as_triton_words_them(served: Served):
+    """The key check and the body limit answer before the v2 route runs; on /v2 paths they answer in Triton's
+    shape ({"error": "<code>: <message>"}), which tritonclient.http turns into its exception's text (an
+    mmserve-shaped object there made formatting the exception raise TypeError). Routing's 404 and 405 too."""
+    with served.http_client() as client:
+        with pytest.raises(InferenceServerException) as keyless:
+            client.infer(MODEL, [_text_input([b"hello"], triton_http)])
+        pixels = np.zeros((1, 600, 600, 3), np.uint8)  # 1.08 MB > MAX_BODY_BYTES
+        with pytest.raises(InferenceServerException) as too_large:
+            client.infer(MODEL, [_pixels_input(pixels, triton_http)], headers=auth())
+    assert str(keyless.value) == ("[401] missing_api_key: this server needs an API key: send Authorization: "
+                                  "Bearer <key>"), str(keyless.value)
+    assert str(too_large.value).startswith("[413] body_too_large: request body exceeds the limit of "), too_large.value
+    unknown = httpx.post(f"{served.url}/v2/repository/index", headers=auth(), timeout=30)
+    wrong_method = httpx.delete(f"{served.url}/v2/models/{MODEL}/infer", headers=auth(), timeout=30)
+    native = httpx.get(f"{served.url}/v1/no-such-route", headers=auth(), timeout=30)
+    assert (unknown.status_code, unknown.json()["error"].split(":")[0]) == (404, "route_not_found"), unknown.text
+    assert (wrong_method.status_code, wrong_method.json()["error"].split(":")[0]) == (405, "method_not_allowed")
+    assert (native.status_code, native.json()["error"]["code"]) == (404, "route_not_found"), native.text
+
+
 def test_an_inference_key_on_an_admin_rpc_is_permission_denied(served: Served):
     with served.grpc_client() as client:
         with pytest.raises(InferenceServerException) as raised:

@@ -1,0 +1,37 @@
+"""The error shape of the protocol a path belongs to, for answers made before any route runs.
+
+The guards (keys and roles, the rate limit, body limits, content types) and
+routing (404, 405) answer before a route's own error rendering, so they take
+the shape from the path here, and a protocol's clients read every answer
+they can get on its paths:
+
+    /v2, /v2/...      KServe v2   {"error": "missing_api_key: ..."}             tritonclient reads "error" as a
+                                                                              string; an object breaks its
+                                                                              exception's text
+    /v1/embeddings    OpenAI      {"error": {"message", "type", "param", "code"}}
+    anything else     mmserve     {"error": {"code", "message", "field"}}
+
+Once they run, the v2 and OpenAI routes render their own errors in the same
+shapes (``server.routes.v2``, ``server.routes.openai``).
+"""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+from server.errors import ApiError
+from server.protocols import kserve_v2_model, openai_embeddings
+from server.protocols.option_names import KSERVE_V2, in_terms_of
+
+KSERVE_V2_ROOT = "/v2"
+OPENAI_PATHS = frozenset({"/v1/embeddings"})
+
+
+def error_response(error: ApiError, path: str) -> JSONResponse:
+    """``error``'s answer (its status and headers) in the shape of ``path``'s protocol."""
+    if path == KSERVE_V2_ROOT or path.startswith(KSERVE_V2_ROOT + "/"):
+        error = in_terms_of(error, KSERVE_V2)
+        return error.response(kserve_v2_model.error_body(error))
+    if path in OPENAI_PATHS:
+        return error.response(openai_embeddings.error_body(error, error.field))
+    return error.response()
