@@ -43,7 +43,12 @@ class BadStart:
 def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
     empty = tmp_path / "empty-model"
     empty.mkdir()
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("preset: tiny\nmax_batch_sise: 4\n")
     cases = [
+        BadStart("config file missing", ("--config", "/nonexistent/mmserve.yaml"),
+                 ("--config /nonexistent/mmserve.yaml",)),
+        BadStart("config key misspelt", ("--config", str(misspelt)), (f"max_batch_sise in {misspelt}", "max_batch_size")),
         BadStart("model path missing", ("--model", "/nonexistent/dir"), ("--model", "/nonexistent/dir")),
         BadStart("model directory not loadable", ("--model", str(empty)), (str(empty),),
                  fails_before_loading=False),

@@ -69,3 +69,14 @@ def test_help_names_every_command():
 def test_bad_arguments_exit_with_usage(bad):
     done = subprocess.run([*MMSERVE, *bad], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "export"])
+def test_a_missing_config_file_is_refused_naming_config_and_the_path(command: str):
+    """Not served (or exported) on defaults as if the file were empty."""
+    done = subprocess.run([*MMSERVE, command, "--preset", "tiny", "--config", "/nonexistent/mmserve.yaml",
+                           *(("--port", str(_free_port())) if command == "serve" else ())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("mmserve: --config /nonexistent/mmserve.yaml: cannot read")
+    assert "Traceback" not in done.stderr
