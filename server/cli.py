@@ -80,7 +80,9 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
                             "within about one level; default off: the exact decode)")
     _runtime_arguments(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
-                       help="the model's name in answers (default: the Hub id or directory name of --model)")
+                       help="the model's name in answers (default: the Hub id or directory name of --model; "
+                            "a model repository's name in its model.yaml, which init-model-repo sets to the "
+                            "directory's name)")
     serve.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
     serve.add_argument("--enable-fault-injection", action="store_true", default=None,
                        help="turn on POST /v1/admin/faults for alert drills (off by default)")
@@ -301,11 +303,15 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _init_model_repo(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from models.loading.repository import build_preset, write_repository
 
     bundle = build_preset(args.preset, seed=args.seed)
-    write_repository(args.directory, bundle)
-    print(f"wrote {args.preset} (seed {args.seed}) to {args.directory}; fingerprint {bundle.fingerprint}")
+    name = args.directory.resolve().name  # model.yaml's name: what `serve --model DIR` answers as (not the preset's)
+    write_repository(args.directory, dataclasses.replace(bundle, config=dataclasses.replace(bundle.config, name=name)))
+    print(f"wrote {args.preset} (seed {args.seed}) to {args.directory}, named {name!r} in its model.yaml; "
+          f"fingerprint {bundle.fingerprint}")
     print(f"serve it with: mmserve serve --model-repo {args.directory}")
     return 0
 

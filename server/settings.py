@@ -64,7 +64,8 @@ class Settings(BaseSettings):
                            "level; off by default, since the exact decode equals the reference processor.")
     served_model_name: str | None = Field(
         None, description="The model's name in answers, /v1/models and KServe v2; default: the Hub id or the "
-                          "directory's name. The string given to --model is accepted as a name too.")
+                          "directory's name (a model repository's: the name in its model.yaml, which init-model-repo "
+                          "sets to the directory's name). The string given to --model is accepted as a name too.")
     cuda_graphs: bool = Field(
         True, description="On CUDA, capture every warmed encoder shape as a CUDA graph before ready and replay "
                           "it (models.cuda_graphs); false: TorchScript (torchscript_encoders) or eager. Ignored "
