@@ -104,8 +104,10 @@ def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
 def _export_parser(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser(
         "export", help="fill the exported-graph cache ahead of time",
-        description="Export the towers of the model `mmserve serve` would load with the same options to ONNX, "
-                    "check them against torch and keep them in the export cache, so a later start reads them.",
+        description="Export the towers of the model `mmserve serve` would load with the same model options to "
+                    "ONNX (on the CPU, in float32), check them against torch and keep them in the export cache, so "
+                    "a later start reads them. It takes the model's options below, not serve's device or server "
+                    "ones.",
     )
     source = export.add_mutually_exclusive_group()
     source.add_argument("--preset", choices=PRESET_NAMES, help=f"a preset (default {DEFAULT_PRESET})")
@@ -294,10 +296,18 @@ def _export(args: argparse.Namespace) -> int:
     from server.runtime.log_output import configure_logging
     from server.settings import load_settings
 
-    settings = load_settings(
-        args.config, preset=args.preset, model_repo=args.model_repo, model=args.model, fusion_head=args.fusion_head,
-        seed=args.seed, served_model_name=args.served_model_name, runtime=args.runtime, quantize=args.quantize,
-        compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir)
+    from pydantic import ValidationError
+
+    from server.runtime.startup_checks import settings_error
+
+    try:
+        settings = load_settings(
+            args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
+            fusion_head=args.fusion_head, seed=args.seed, served_model_name=args.served_model_name,
+            runtime=args.runtime, quantize=args.quantize, compute_threads=args.compute_threads,
+            export_cache_dir=args.export_cache_dir)
+    except ValidationError as e:
+        raise settings_error(e) from e
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_export(settings)
 
