@@ -59,7 +59,7 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--grpc-port", type=int, help="also serve KServe v2 over gRPC here (Triton's: 8001; default off)")
-    serve.add_argument("--api-workers", type=_positive_int, metavar="N",
+    serve.add_argument("--api-workers", type=int, metavar="N",  # the range: Settings' one-line refusal
                        help="API processes sharing the port in front of one engine process; 1: one process "
                             "(default: 1 on a CPU device or 2 CPUs, else min(CPUs - 1, 3))")
     serve.add_argument("--engines", type=_engine_count, metavar="N|auto",
@@ -132,7 +132,13 @@ def _init_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _engine_count(value: str) -> int | str:
-    return value if value == "auto" else _positive_int(value)
+    """``auto`` or a number; its range is Settings' to refuse, in the one line every setting gets."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number, got {value!r}") from None
 
 
 def _positive_int(text: str) -> int:

@@ -66,6 +66,8 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
         BadStart("host not an address", ("--preset", "tiny", "--host", "999.0.0.1", "--port", "0"), ("--host",)),
         BadStart("key file unreadable", ("--preset", "tiny", "--port", "0"), ("MMSERVE_API_KEY_FILE",),
                  env=(("MMSERVE_API_KEY_FILE", str(tmp_path / "no-such-keys")),)),
+        BadStart("no engines", ("--preset", "tiny", "--engines", "0"), ("--engines (MMSERVE_ENGINES)", "between 1 and 64")),
+        BadStart("no API processes", ("--preset", "tiny", "--api-workers", "0"), ("--api-workers (MMSERVE_API_WORKERS)",)),
         BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
     ]
     if not torch.cuda.is_available():  # the no-CUDA message needs a machine without CUDA
