@@ -21,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from clients.api_key_file import ApiKeyFileError, read_api_key
 from monitoring.errors import DigestFormatError
 from monitoring.fleet import DigestSource, fleet_quantiles, format_table
 
@@ -76,31 +77,14 @@ async def _fetch_documents(urls: Sequence[str], timeout_s: float = DEFAULT_TIMEO
     return outcomes  # type: ignore[return-value]
 
 
-def _read_api_key(path: Path) -> str:
-    """The first key in an API key file (one per line, ``#`` starts a comment), as the server reads it.
-
-    Raises:
-        _ReplicaError: the file cannot be read or holds no key.
-    """
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise _ReplicaError(f"cannot read the API key file {path}: {e}") from e
-    keys = [line.split("#", 1)[0].strip() for line in lines]
-    key = next((key for key in keys if key), None)
-    if key is None:
-        raise _ReplicaError(f"the API key file {path} holds no key")
-    return key
-
-
 def run_quantiles(urls: Sequence[str], *, source: str = DigestSource.WINDOW.value,
                   timeout_s: float = DEFAULT_TIMEOUT_S, api_key_file: Path | None = None) -> int:
     """Print the fleet table for ``urls``; 0 on success, 2 when a replica fails (messages on stderr)."""
     try:
-        api_key = _read_api_key(api_key_file) if api_key_file is not None else None
+        api_key = read_api_key(api_key_file) if api_key_file is not None else None
         documents = asyncio.run(_fetch_documents(urls, timeout_s, api_key))
         rows = fleet_quantiles(documents, source=DigestSource(source))
-    except _ReplicaError as e:
+    except (_ReplicaError, ApiKeyFileError) as e:
         for line in str(e).splitlines():
             print(f"mmserve quantiles: {line}", file=sys.stderr)
         return 2

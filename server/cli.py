@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from models.families.presets import DEFAULT_PRESET, PRESET_NAMES
+from server.train_fusion_command import train_fusion_parser
 
 _EPILOG = """\
 examples:
@@ -59,7 +60,7 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--grpc-port", type=int, help="also serve KServe v2 over gRPC here (Triton's: 8001; default off)")
-    serve.add_argument("--api-workers", type=_positive_int, metavar="N",
+    serve.add_argument("--api-workers", type=int, metavar="N",  # the range: Settings' one-line refusal
                        help="API processes sharing the port in front of one engine process; 1: one process "
                             "(default: 1 on a CPU device or 2 CPUs, else min(CPUs - 1, 3))")
     serve.add_argument("--engines", type=_engine_count, metavar="N|auto",
@@ -80,7 +81,9 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
                             "within about one level; default off: the exact decode)")
     _runtime_arguments(serve)
     serve.add_argument("--served-model-name", metavar="NAME",
-                       help="the model's name in answers (default: the Hub id or directory name of --model)")
+                       help="the model's name in answers (default: the Hub id or directory name of --model; "
+                            "a model repository's name in its model.yaml, which init-model-repo sets to the "
+                            "directory's name)")
     serve.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
     serve.add_argument("--enable-fault-injection", action="store_true", default=None,
                        help="turn on POST /v1/admin/faults for alert drills (off by default)")
@@ -102,8 +105,10 @@ def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
 def _export_parser(subparsers: argparse._SubParsersAction) -> None:
     export = subparsers.add_parser(
         "export", help="fill the exported-graph cache ahead of time",
-        description="Export the towers of the model `mmserve serve` would load with the same options to ONNX, "
-                    "check them against torch and keep them in the export cache, so a later start reads them.",
+        description="Export the towers of the model `mmserve serve` would load with the same model options to "
+                    "ONNX (on the CPU, in float32), check them against torch and keep them in the export cache, so "
+                    "a later start reads them. It takes the model's options below, not serve's device or server "
+                    "ones.",
     )
     source = export.add_mutually_exclusive_group()
     source.add_argument("--preset", choices=PRESET_NAMES, help=f"a preset (default {DEFAULT_PRESET})")
@@ -128,7 +133,13 @@ def _init_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _engine_count(value: str) -> int | str:
-    return value if value == "auto" else _positive_int(value)
+    """``auto`` or a number; its range is Settings' to refuse, in the one line every setting gets."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be auto or a number, got {value!r}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -136,58 +147,6 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 1 (exclusive), got {value}")
-    return value
-
-
-def _train_fusion_parser(subparsers: argparse._SubParsersAction) -> None:
-    train = subparsers.add_parser(
-        "train-fusion", help="train the fusion head of a model on image-text pairs",
-        description="Train only the low-rank fusion head of --model (its towers stay frozen, their outputs are "
-                    "computed once) on the image-text pairs of a JSONL file: one "
-                    '{"image": "path relative to the file", "text": "...", "label": 0|1 (optional, default 1)} '
-                    "a line; without label-0 lines mismatched pairs are sampled. A fifth of the images is held out; "
-                    "15% of the rest is the validation set that chooses the epoch and stops training early. "
-                    "The step budget and the learning rate are chosen from the data and the head's width unless "
-                    "--epochs / --lr say. Writes DIR/fusion_head.safetensors and DIR/fusion_head_card.json "
-                    "(held-out accuracy and AUC, the validation curve, what was chosen). "
-                    "Exits 2 on bad input, naming the line; exits 3 when the head learned nothing (held-out AUC "
-                    "below 0.6, or within chance for the held-out count, or less than 0.05 above the untrained "
-                    "head's): the card is written, the head is not.",
-    )
-    train.add_argument("--model", required=True, metavar="DIR_OR_HUB_ID",
-                       help="the model to train a head for, as `mmserve serve --model` takes it")
-    train.add_argument("--pairs", required=True, type=Path, metavar="FILE.jsonl", help="image-text pairs")
-    train.add_argument("--out", required=True, type=Path, metavar="DIR", help="where the head and its card go")
-    train.add_argument("--epochs", type=_positive_int, metavar="N",
-                       help="train at most N epochs (default: a budget of steps chosen from the data, 20 epochs "
-                            "within 300 to 2000 steps; early stopping on the validation AUC applies either way)")
-    train.add_argument("--lr", type=_positive_float, metavar="LR",
-                       help="peak AdamW learning rate after warm-up (default 0.01 / sqrt(image token width), "
-                            "e.g. 0.000625 at 256, 0.00036 at 768)")
-    train.add_argument("--batch-size", type=_positive_int, default=64, help="pairs per step (default 64)")
-    train.add_argument("--held-out-fraction", type=_fraction, default=0.2,
-                       help="share of images held out for accuracy and AUC (default 0.2)")
-    train.add_argument("--validation-fraction", type=_fraction, default=0.15,
-                       help="share of the other images that chooses the epoch and stops training early (default 0.15)")
-    train.add_argument("--seed", type=int, default=0, help="the head's initial weights, split and sampling (default 0)")
-    train.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                       help="where the towers and the head run (default auto)")
-    train.add_argument("--keep-untrained-result", action="store_true",
-                       help="when the head learned nothing, still write fusion_head.safetensors, marked untrained "
-                            "(the server then serves no match_score from it); the exit code stays 3")
 
 
 def _quantiles_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -216,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(subparsers)
     _init_parser(subparsers)
     _export_parser(subparsers)
-    _train_fusion_parser(subparsers)
+    train_fusion_parser(subparsers)
     _quantiles_parser(subparsers)
     subparsers.add_parser(
         "hash-key", help="print the sha256: key-file line of a key read from standard input",
@@ -292,58 +251,33 @@ def _export(args: argparse.Namespace) -> int:
     from server.runtime.log_output import configure_logging
     from server.settings import load_settings
 
-    settings = load_settings(
-        args.config, preset=args.preset, model_repo=args.model_repo, model=args.model, fusion_head=args.fusion_head,
-        seed=args.seed, served_model_name=args.served_model_name, runtime=args.runtime, quantize=args.quantize,
-        compute_threads=args.compute_threads, export_cache_dir=args.export_cache_dir)
+    from pydantic import ValidationError
+
+    from server.runtime.startup_checks import settings_error
+
+    try:
+        settings = load_settings(
+            args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
+            fusion_head=args.fusion_head, seed=args.seed, served_model_name=args.served_model_name,
+            runtime=args.runtime, quantize=args.quantize, compute_threads=args.compute_threads,
+            export_cache_dir=args.export_cache_dir)
+    except ValidationError as e:
+        raise settings_error(e) from e
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_export(settings)
 
 
 def _init_model_repo(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from models.loading.repository import build_preset, write_repository
 
     bundle = build_preset(args.preset, seed=args.seed)
-    write_repository(args.directory, bundle)
-    print(f"wrote {args.preset} (seed {args.seed}) to {args.directory}; fingerprint {bundle.fingerprint}")
+    name = args.directory.resolve().name  # model.yaml's name: what `serve --model DIR` answers as (not the preset's)
+    write_repository(args.directory, dataclasses.replace(bundle, config=dataclasses.replace(bundle.config, name=name)))
+    print(f"wrote {args.preset} (seed {args.seed}) to {args.directory}, named {name!r} in its model.yaml; "
+          f"fingerprint {bundle.fingerprint}")
     print(f"serve it with: mmserve serve --model-repo {args.directory}")
-    return 0
-
-
-def _train_fusion(args: argparse.Namespace) -> int:
-    from models.training.pairs import read_pairs
-
-    pairs = read_pairs(args.pairs)  # a bad line stops here, before torch and the model are loaded
-
-    from tqdm import tqdm
-
-    from models.training.loop import TrainingConfig
-    from models.training.train_fusion import train_fusion
-    from server.runtime.model_loading import resolve_device
-
-    def progress(description: str, total: int) -> tqdm:
-        return tqdm(total=total, desc=description, file=sys.stderr, dynamic_ncols=True)
-
-    config = TrainingConfig(epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size,
-                            held_out_fraction=args.held_out_fraction,
-                            validation_fraction=args.validation_fraction, seed=args.seed)
-    result = train_fusion(args.model, pairs, args.out, config, device=resolve_device(args.device),
-                          is_untrained_result_kept=args.keep_untrained_result, progress=progress)
-    held_out, untrained, training = result.held_out, result.untrained_held_out, result.card["training"]
-    print(f"held-out AUC {held_out.auc:.3f} (the untrained head: {untrained.auc:.3f}), "
-          f"accuracy {held_out.accuracy:.3f} on {held_out.num_matching} matching and {held_out.num_mismatched} mismatched pairs of unseen images")
-    print(f"trained {training['steps_run']} steps ({training['epochs_run']} epochs) at a peak learning rate of "
-          f"{training['learning_rate']:.3g}; kept epoch {training['best_epoch']}"
-          + (", stopped early" if training["stopped_early"] else ""))
-    if not result.verdict.is_learned:
-        kept = (f"wrote {result.head_path}, marked untrained (served without match_score), and {result.card_path}"
-                if result.head_path is not None else f"wrote {result.card_path} but no head")
-        print(f"mmserve: the head learned nothing: {result.verdict.describe()}; {kept}. {result.advice}",
-              file=sys.stderr)
-        return 3
-    print(f"wrote {result.head_path} and {result.card_path}")
-    print(f"serve it with: mmserve serve --model {args.model} --fusion-head {result.head_path} "
-          f"(or copy {result.head_path.name} beside the model)")
     return 0
 
 
@@ -389,7 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "export":
             return _export(args)
         if args.command == "train-fusion":
-            return _train_fusion(args)
+            from server.train_fusion_command import run_train_fusion
+
+            return run_train_fusion(args)
         return _init_model_repo(args)
     except (*CONFIGURATION_ERRORS, StartupError) as e:
         print(f"mmserve: {e}", file=sys.stderr)

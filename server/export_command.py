@@ -1,6 +1,6 @@
 """``mmserve export``: fill the export cache ahead of time, so a container or pod starts without exporting.
 
-Loads the model exactly as ``mmserve serve`` with the same settings would
+Loads the model exactly as ``mmserve serve`` with the same model settings would, on the CPU
 (same fingerprint, so the same cache key), puts its towers on ONNX Runtime
 (export, probe check against torch) and prints where the graphs are. A
 later ``mmserve serve`` with the same model, settings and ``export_cache_dir``
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from models.errors import DeviceSettingError
 from server.runtime.model_loading import load_model
-from server.runtime.runtime_choice import choose_runtime, export_cache_dir
+from server.runtime.runtime_choice import choose_runtime, export_cache_dir, onnx_unavailable_reason
 from server.settings import Settings
 
 
@@ -21,7 +21,13 @@ def run_export(settings: Settings) -> int:
         raise DeviceSettingError("mmserve export --runtime torch: torch runs the modules themselves and has nothing "
                                  "to export; use --runtime onnxruntime (or auto)")
     settings = settings.model_copy(update={"runtime": "onnxruntime", "device": "cpu"})
-    bundle = choose_runtime(load_model(settings), settings)
+    bundle = load_model(settings)
+    reason = onnx_unavailable_reason(bundle)  # said as export's need, not as a --runtime flag the user never gave
+    if reason is not None:
+        raise DeviceSettingError(f"mmserve export writes ONNX Runtime graphs, and ONNX Runtime cannot serve "
+                                 f"{bundle.config.name}: {reason}; `mmserve serve` runs it in torch, with nothing "
+                                 "to export")
+    bundle = choose_runtime(bundle, settings)
     graph = bundle.model.vision.graph
     print(f"ONNX graphs of {bundle.config.name} (fingerprint {bundle.fingerprint}) in {graph.path.parent} "
           f"(export cache {export_cache_dir(settings)})")

@@ -6,16 +6,19 @@ the default preset; README.md carries the table.
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Annotated, Literal
+
+import yaml
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     NoDecode,
     BaseSettings,
+    InitSettingsSource,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
-    YamlConfigSettingsSource,
 )
 
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
@@ -61,7 +64,8 @@ class Settings(BaseSettings):
                            "level; off by default, since the exact decode equals the reference processor.")
     served_model_name: str | None = Field(
         None, description="The model's name in answers, /v1/models and KServe v2; default: the Hub id or the "
-                          "directory's name. The string given to --model is accepted as a name too.")
+                          "directory's name (a model repository's: the name in its model.yaml, which init-model-repo "
+                          "sets to the directory's name). The string given to --model is accepted as a name too.")
     cuda_graphs: bool = Field(
         True, description="On CUDA, capture every warmed encoder shape as a CUDA graph before ready and replay "
                           "it (models.cuda_graphs); false: TorchScript (torchscript_encoders) or eager. Ignored "
@@ -290,14 +294,51 @@ class Settings(BaseSettings):
         return getattr(self, name) if override is None else override
 
 
+class ConfigFileError(Exception):
+    """``--config`` names a file that cannot be read, is not a YAML mapping, or holds a key that is no setting.
+
+    The message is one line naming ``--config`` and the path (or the key and the path), for the CLI to print.
+    """
+
+
+def read_config_file(config_file: Path) -> dict[str, object]:
+    """The settings a ``--config`` YAML file holds, each key checked against ``Settings``' fields.
+
+    A missing file is refused rather than read as empty: a typo in the path must not start the server on
+    defaults. Raises ``ConfigFileError``.
+    """
+    try:
+        text = config_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigFileError(f"--config {config_file}: cannot read the file ({why})") from e
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigFileError(f"--config {config_file}: not valid YAML ({' '.join(str(e).split())})") from e
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigFileError(f"--config {config_file}: holds a YAML {type(values).__name__}, not a mapping of "
+                              "settings (e.g. max_batch_size: 16)")
+    for key in values:
+        if str(key) not in Settings.model_fields:
+            close = difflib.get_close_matches(str(key), list(Settings.model_fields), n=1)
+            hint = f"; did you mean {close[0]}?" if close else " (settings are the flags' names with _ for -)"
+            raise ConfigFileError(f"{key} in {config_file}: not a setting of mmserve{hint}")
+    return {str(key): value for key, value in values.items()}
+
+
 def load_settings(config_file: Path | None = None, **overrides: object) -> Settings:
     """Settings from defaults, an optional YAML file, the environment and ``overrides``.
 
-    ``overrides`` are CLI flags; ``None`` values mean "not given" and are dropped.
+    ``overrides`` are CLI flags; ``None`` values mean "not given" and are dropped. The file is read and its
+    keys checked first (``read_config_file``: ``ConfigFileError``).
     """
     given = {name: value for name, value in overrides.items() if value is not None}
     if config_file is None:
         return Settings(**given)
+    file_values = read_config_file(config_file)
 
     class _WithFile(Settings):
         @classmethod
@@ -309,7 +350,6 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Setti
             dotenv_settings: PydanticBaseSettingsSource,
             file_secret_settings: PydanticBaseSettingsSource,
         ) -> tuple[PydanticBaseSettingsSource, ...]:
-            return (init_settings, env_settings,
-                    YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=file_values))
 
     return Settings.model_validate(_WithFile(**given).model_dump())

@@ -64,7 +64,8 @@ async def run_bench(config: BenchConfig) -> BenchOutcome:
         assert config.duration_s is not None  # guaranteed by BenchConfig
         window_s = config.duration_s
 
-    slots = ConnectionSlots(config.url, config.timeout_s)
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key is not None else None
+    slots = ConnectionSlots(config.url, config.timeout_s, headers)
     try:
         before = await _scrape(slots)
         progress = RunProgress(window_s, config.show_progress)

@@ -1,7 +1,10 @@
 """``mmserve bench``: flags in, a table on stdout, optional JSON report and PNG.
 
-Exit codes: 0 the run completed (whatever the server answered), 1 the run
-could not start (bad trace, contradictory flags), 2 unusable command line.
+Exit codes: 0 the run completed and most answers were successes, 1 the run
+could not start (bad trace, contradictory flags, an unreadable key file),
+2 unusable command line, 3 the run completed but more than half of its
+requests failed (``report.MOSTLY_ERRORS_SHARE``: a warning says which answers
+and what to change).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.loadgen import trace as trace_module
+from clients.api_key_file import ApiKeyFileError, read_api_key
 from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import DEFAULT_MAX_LAG_P99_MS, DEFAULT_TIMEOUT_S, BenchConfig, RunMode
 from benchmarks.loadgen.errors import ConfigError, LoadgenError
@@ -24,6 +28,7 @@ from benchmarks.loadgen.report import format_table
 from benchmarks.loadgen.workload import DEFAULT_MIX_TEXT, parse_mix, parse_text_length_range
 
 _WANTED_OPEN_FILES = 65536
+EXIT_MOSTLY_ERRORS = 3  # the run completed, but more than half of its requests failed
 _DESCRIPTION = """\
 Open-loop load generator for mmserve's POST /v1/infer.
 
@@ -34,6 +39,11 @@ each request's intended send time, so a stalled server shows its whole queue
 own lag behind schedule is reported; a run where it exceeds --max-lag-ms at p99
 is flagged as generator-bound. /metrics is scraped before and after the run
 for the server's batch sizes, queue waits and cache hit ratio.
+
+Exit status: 0 the run completed and at most half of its requests failed;
+3 more than half failed (the warnings say which answers, e.g. 401 without
+--api-key-file on a server with keys, 422 for texts over the model's limit);
+1 the run could not start; 2 a usage error.
 """
 
 
@@ -90,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--truncate", action="store_true", help='send "truncate": true, so texts over the model\'s limit are cut'
     )
+    parser.add_argument("--api-key-file", type=Path, metavar="FILE",
+                        help="send the first key in FILE as a bearer token (servers with API keys)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -125,7 +137,18 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         max_lag_p99_ms=args.max_lag_ms,
         is_truncating=args.truncate,
         show_progress=not args.no_progress,
+        api_key=_api_key(args.api_key_file),
     )
+
+
+def _api_key(path: Path | None) -> str | None:
+    """``--api-key-file``'s key, read as ``mmserve quantiles`` reads it (raises ``ConfigError``)."""
+    if path is None:
+        return None
+    try:
+        return read_api_key(path)
+    except ApiKeyFileError as e:
+        raise ConfigError(str(e)) from e
 
 
 def _raise_open_file_limit() -> None:
@@ -165,4 +188,4 @@ def main(argv: list[str]) -> int:
         from benchmarks.loadgen.plot import write_plot
 
         write_plot(outcome.result, args.plot, title=f"mmserve bench {config.url} ({config.mode.value})")
-    return 0
+    return EXIT_MOSTLY_ERRORS if outcome.report["mostly_errors"] else 0

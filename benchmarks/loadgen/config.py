@@ -51,6 +51,7 @@ class BenchConfig:
     is_truncating: bool = False
     show_progress: bool = True
     embeddings: EmbeddingsDialect | None = None  # set: OpenAI /v1/embeddings bodies instead of /v1/infer
+    api_key: str | None = field(default=None, repr=False)  # sent as a bearer token; never in the report
 
     def __post_init__(self) -> None:
         if not self.url.startswith(("http://", "https://")):
@@ -99,6 +100,7 @@ class BenchConfig:
             "timeout_s": self.timeout_s,
             "max_lag_p99_ms": self.max_lag_p99_ms,
             "truncate": self.is_truncating,
+            "api_key_sent": self.api_key is not None,
             "embeddings": None if self.embeddings is None else {
                 "model": self.embeddings.model, "image_modality_marked": self.embeddings.is_image_modality_marked},
         }

@@ -24,8 +24,9 @@ import httpx
 class ConnectionSlots:
     """A free list of single-connection ``httpx.AsyncClient``s to one base URL."""
 
-    def __init__(self, base_url: str, timeout_s: float) -> None:
+    def __init__(self, base_url: str, timeout_s: float, headers: dict[str, str] | None = None) -> None:
         self._base_url = base_url
+        self._headers = headers or {}  # on every request (the API key's Authorization)
         self._timeout = httpx.Timeout(timeout_s)
         self._ssl_context = ssl.create_default_context()
         self._idle: list[httpx.AsyncClient] = []
@@ -39,6 +40,7 @@ class ConnectionSlots:
             base_url=self._base_url,
             limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
             timeout=self._timeout,
+            headers=self._headers,
             verify=self._ssl_context,
             trust_env=False,
         )

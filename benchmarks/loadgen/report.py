@@ -57,6 +57,25 @@ def _group_json(stats: GroupStats) -> dict[str, Any]:
     return section
 
 
+MOSTLY_ERRORS_SHARE = 0.5  # more failed answers than this share of the requests sent: the run measured errors
+
+
+def mostly_errors_warning(sent: int, ok: int, errors_by_status: dict[str, int]) -> str | None:
+    """The warning of a run whose requests mostly failed (over ``MOSTLY_ERRORS_SHARE``), with what to change for
+    the usual causes; ``None`` for a run that measured answers. Its latencies are the errors', not inference's."""
+    num_failed = sent - ok
+    if sent == 0 or num_failed <= sent * MOSTLY_ERRORS_SHARE:
+        return None
+    hints = []
+    if any(outcome.startswith(("401", "403")) for outcome in errors_by_status):
+        hints.append("401/403: the server wants an API key (--api-key-file FILE)")
+    if any(outcome.startswith("422") for outcome in errors_by_status):
+        hints.append("422: the server refused the bodies, e.g. texts over the model's token limit (a shorter "
+                     "--text-chars MIN:MAX, or --truncate)")
+    return (f"{num_failed} of {sent} requests failed ({_errors_text(errors_by_status)}): the latencies are the "
+            f"errors', not inference's" + (f"; {'; '.join(hints)}" if hints else ""))
+
+
 def build_report(config: BenchConfig, result: RunResult, server: dict[str, Any]) -> dict[str, Any]:
     """Everything the run measured, as a JSON-ready dict (keys listed in the module docstring)."""
     windows = run_windows(result)
@@ -75,9 +94,13 @@ def build_report(config: BenchConfig, result: RunResult, server: dict[str, Any])
         warnings.append("no request reached the server (all failed before sending); lag is unknown")
     for error in server.get("errors", []):
         warnings.append(f"server metrics: {error}")
+    overall = group_stats(result.samples, windows)
+    mostly_errors = mostly_errors_warning(overall.sent, overall.ok, overall.errors_by_status)
+    if mostly_errors is not None:
+        warnings.append(mostly_errors)
 
     report: dict[str, Any] = {"mode": config.mode.value}
-    report.update(_group_json(group_stats(result.samples, windows)))
+    report.update(_group_json(overall))
     report.update(
         {
             "target_rate_rps": config.rate_rps if config.mode is RunMode.OPEN else None,
@@ -90,6 +113,7 @@ def build_report(config: BenchConfig, result: RunResult, server: dict[str, Any])
                 "threshold_p99": config.max_lag_p99_ms,
             },
             "generator_bottleneck": is_bottleneck,
+            "mostly_errors": mostly_errors is not None,
             "warnings": warnings,
             "routes": {route: _group_json(stats) for route, stats in stats_by_route(result.samples, windows).items()},
             "server": server,

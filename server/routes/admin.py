@@ -46,7 +46,20 @@ async def add_fault(request: Request, body: FaultRequest) -> JSONResponse:
         field = "only_encoding" if body.only_encoding is not None and body.stage in FAULT_STAGES else "stage"
         raise ApiError(422, "invalid_fault", str(e), field) from e
     injector.activate(plan)
-    return JSONResponse({"active": [vars(p) for p in injector.active()]})
+    return _active(request, injector)
+
+
+@router.get("/v1/admin/faults", summary="The fault drills in force now, each with the engine it is on.")
+async def list_faults(request: Request) -> JSONResponse:
+    return _active(request, _injector(request))
+
+
+def _active(request: Request, injector) -> JSONResponse:  # noqa: ANN001
+    """The drills in force, each naming its engine: this process (engine 0 when it is the only one), or the
+    engine answering for the API processes, which merge every engine's list
+    (``server.workers.engine_routes.merged_fault_lists``)."""
+    engine = getattr(request.app.state, "engine_index", 0)
+    return JSONResponse({"active": [{**vars(plan), "engine": engine} for plan in injector.active()]})
 
 
 @router.post("/v1/admin/faults/kill", status_code=202,
@@ -63,11 +76,11 @@ async def kill_engine(request: Request, engine: int) -> JSONResponse:
     return JSONResponse({"killed_engine": engine}, status_code=202)
 
 
-@router.delete("/v1/admin/faults", summary="End every fault drill now.")
+@router.delete("/v1/admin/faults", summary="End every fault drill now (with ?engine=N, that engine's).")
 async def clear_faults(request: Request) -> JSONResponse:
     injector = _injector(request)
     injector.clear()
-    return JSONResponse({"active": []})
+    return _active(request, injector)
 
 
 @router.delete("/v1/cache", summary="Empty the segment cache (entries being computed are kept when done).")

@@ -6,6 +6,7 @@ setting and what to do, not after the model has loaded and warmed for a
 minute, and not inside a 25-line traceback from Starlette's lifespan:
 
     check                                  when                  error names
+    --config (readable, a mapping, keys)   before anything       --config and the path, or the key and the path
     settings' own validation (pydantic)    before anything       the flag and its variable
     --device / --dtype / --decode-device   before any weight     the setting and what to use instead
     --model (a directory or a cached id)   before any weight     the path or id and how to get it
@@ -34,11 +35,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import ModelError, ModelRepositoryError
 from server.http.auth import ApiKeyConfigError, access_policy
-from server.settings import Settings
+from server.settings import ConfigFileError, Settings
 from server.workers.default_count import DeviceProbeError
 
 # Errors a user fixes by changing a setting: printed as one line, without a traceback.
-CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError, DeviceProbeError)
+CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError, DeviceProbeError,
+                                                     ConfigFileError)
 
 
 class StartupError(Exception):

@@ -127,7 +127,7 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
                 yield
         finally:
             snapshots.cancel()
-            marks.mark(False)
+            marks.leave()
             await client.close()
             decode_pool.shutdown(wait=False, cancel_futures=True)
             slots.close()

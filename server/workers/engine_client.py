@@ -86,7 +86,7 @@ from server.errors import ApiError
 from server.workers.engine_connection import EngineConnection, clear_engine_cache
 from server.workers.engine_connection import describe_engine as describe_connection
 from server.workers.engine_dispatch import EngineDispatch, NoEngineServing
-from server.workers.engine_routes import forwarded_targets
+from server.workers.engine_routes import FAULTS_PATH, forwarded_targets, is_fault_list, merged_fault_lists
 from server.workers.missing_images import MissingImages
 from server.workers.pixel_slots import PixelSlots
 from server.workers.raw_pixels_sent import raw_pixels_left_behind
@@ -213,17 +213,25 @@ class EngineClient:
     async def answer_in_engine(self, method: str, path: str, headers: list, body: bytes,
                                client: tuple) -> tuple[int, list, bytes]:
         """A whole HTTP request answered by the engines' app (``server.workers.engine_routes``): the monitor's
-        routes by engine 0, a drill change by every engine (or the one ``?engine=N`` names), engine 0's answer."""
+        routes by engine 0, a drill change by every engine (or the one ``?engine=N`` names), engine 0's answer;
+        an answer listing the drills in force lists every engine's (``merged_fault_lists``)."""
         targets = forwarded_targets(method, path, len(self.engines))
         if any(self.engines[index].fault is not None for index in targets):
             raise ApiError(503, "engine_unavailable", f"engine {targets} is not serving (it is starting again)",
                            retry_after_s=1.0)
         answers = await asyncio.gather(*(self.engines[index].send("http", method, path, headers, body, client)[1]
                                          for index in targets))
+        if is_fault_list(path):  # the drills of every engine, not only of those this request went to
+            others = [index for index, engine in enumerate(self.engines)
+                      if index not in targets and engine.fault is None]  # one starting again holds no drills
+            answers += await asyncio.gather(*(self.engines[index].send("http", "GET", FAULTS_PATH, [], b"",
+                                                                       client)[1] for index in others))
         for kind, fields in answers:
             if kind != "ok":
                 _, (status, code, message, field, retry_after_s) = fields
                 raise ApiError(status, code, message, field, retry_after_s)
+        if is_fault_list(path):
+            return merged_fault_lists([fields[0] for _, fields in answers])
         return answers[0][1][0]
 
     def clear_caches(self) -> int:

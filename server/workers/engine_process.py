@@ -53,7 +53,9 @@ its batches back to be exported here, once (``server.http.tracing``).
 
 When an API process's connection drops (it died), its calls are cancelled.
 The engine exits non-zero when a compute thread dies or hangs
-(``EXIT_COMPUTE_FAULT``), and drains its router on SIGTERM.
+(``EXIT_COMPUTE_FAULT``), and drains its router on SIGTERM. A setting this
+machine cannot meet ends its start with one line for the supervisor and exit
+status 2 (``server.workers.start_failure``), not a traceback.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ from server.runtime.device_decode import device_jpeg_decoder
 from server.workers.orphan_guard import exit_when_orphaned
 from server.runtime.lifecycle import EXIT_COMPUTE_FAULT
 from server.runtime.log_output import configure_logging
+from server.runtime.model_loading import plan_device
+from server.runtime.startup_checks import CONFIGURATION_ERRORS, StartupError
 from server.runtime.tracing_setup import TracedProcess
 from server.settings import Settings
 from server.state import ServerState
@@ -95,6 +99,7 @@ from server.workers.handoff import (
 )
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
+from server.workers.start_failure import EXIT_CONFIGURATION_ERROR, write_start_failure
 from server.workers.zero_shot_engine import ZeroShotEngine
 
 logger = logging.getLogger(__name__)
@@ -277,19 +282,29 @@ async def serve_engine(settings: Settings, socket_path: str) -> int:
 
 
 def main() -> int:
+    """Serve until stopped; a setting this machine cannot meet ends the engine with one line for the supervisor
+    (``server.workers.start_failure``): ``plan_device`` before any weight is read, the rest (``--runtime``)
+    while the model loads."""
     import os
 
     settings = settings_from_environment()
-    configure_logging(settings.log_level,
-                      f"%(asctime)s %(levelname)s engine-{engine_index_from_environment()} %(name)s: %(message)s",
+    index = engine_index_from_environment()
+    configure_logging(settings.log_level, f"%(asctime)s %(levelname)s engine-{index} %(name)s: %(message)s",
                       turn_buffered=False)
     run_directory = os.environ[RUN_DIRECTORY_VARIABLE]  # the supervisor's to remove, unless it was killed
     exit_when_orphaned(parent_pid=supervisor_pid(),
                        on_orphaned=lambda: shutil.rmtree(run_directory, ignore_errors=True))
-    # The loop an API process's uvicorn runs (uvloop where installed): its socket reads and writes are the
-    # engine's per-request work besides the batch.
-    with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
-        return runner.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
+    try:
+        plan_device(settings)  # --device, --dtype, --decode-device against this machine, as one process checks them
+        # The loop an API process's uvicorn runs (uvloop where installed): its socket reads and writes are the
+        # engine's per-request work besides the batch.
+        with asyncio.Runner(loop_factory=_event_loop_factory()) as runner:
+            return runner.run(serve_engine(settings, os.environ[ENGINE_SOCKET_VARIABLE]))
+    except (*CONFIGURATION_ERRORS, StartupError) as e:
+        if settings.log_level == "debug":
+            logger.exception("engine %d: a setting this machine cannot meet", index)
+        write_start_failure(run_directory, index, str(e))
+        return EXIT_CONFIGURATION_ERROR
 
 
 def _event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

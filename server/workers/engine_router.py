@@ -62,7 +62,7 @@ class EngineRouter:
 
     def begin_drain(self) -> None:
         self._client.is_draining = True
-        self._marks.mark(False)
+        self._marks.leave()
 
 
 class EngineCaches:

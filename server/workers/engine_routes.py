@@ -45,6 +45,8 @@ only their scoring is the engine's (``server.workers.zero_shot_client``).
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Awaitable, Callable, Sequence
 
 from fastapi import FastAPI
@@ -76,6 +78,28 @@ def forwarded_targets(method: str, path: str, num_engines: int) -> list[int]:
     if route == "/v1/admin/faults/kill":
         raise ApiError(422, "invalid_engine", "killing an engine needs the engine's number: ?engine=N", field="engine")
     return list(range(num_engines))
+
+
+FAULTS_PATH = "/v1/admin/faults"
+
+
+def is_fault_list(path: str) -> bool:
+    """Whether the answer to ``path`` lists the drills in force (``GET``/``POST``/``DELETE /v1/admin/faults``)."""
+    return path.partition("?")[0] == FAULTS_PATH
+
+
+def merged_fault_lists(answers: list[tuple[int, list[tuple[str, str]], bytes]]) -> tuple[int, list[tuple[str, str]],
+                                                                                           bytes]:
+    """One answer listing every engine's drills in force (each names its engine), from each engine's own answer
+    to the same request or to ``GET /v1/admin/faults``; the first is the answer's, its status and headers kept.
+    An error answer is passed on as it is."""
+    status, headers, body = answers[0]
+    if status != 200:
+        return answers[0]
+    active = [plan for _, _, each in answers for plan in json.loads(each)["active"]]
+    merged = json.dumps({"active": sorted(active, key=lambda plan: plan["engine"])}, separators=(",", ":")).encode()
+    headers = [(name, value) for name, value in headers if name.lower() != "content-length"]
+    return status, [*headers, ("content-length", str(len(merged)))], merged
 
 
 BODY_FRAMING_HEADERS = (b"content-length", b"transfer-encoding")  # the engine's client frames the body it sends

@@ -28,7 +28,7 @@ into the same families, series and labels as one process exports:
     *_created                                    the earliest
     mmserve_api_worker_restarts_total            the supervisor's counts (``server.workers.restarts``)
     mmserve_engine_restarts_total
-    mmserve_api_workers_live                     the API processes serving now (``server.workers.readiness``)
+    mmserve_api_workers_live                     the API processes running, not draining (``server.workers.readiness``)
     exemplars (request-duration buckets)         each bucket's most recent one, whichever process holds it
 
 and in the order OpenMetrics asks (each series' samples together, ``_created``

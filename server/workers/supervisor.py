@@ -42,8 +42,11 @@ Faults (exit statuses of the supervisor in brackets):
   ... a crash loop         the 5th death of an engine within 60 s: every process is stopped and the
                            server exits [7, EXIT_ENGINE_CRASH_LOOP], for systemd or Kubernetes to see
   ... one started with     the server stops with the engine's status ([4] when a signal killed it): its
-      the server, before   model does not load, and starting it again would only fail again
-      it ever listened
+      the server, before   model does not load, and starting it again would only fail again; for a
+      it ever listened     setting the machine cannot meet (the engine exits [2] and says which,
+                           ``server.workers.start_failure``) that one line is raised as a
+                           ``StartupError``: ``mmserve serve`` prints it last and exits [2], as one
+                           process does
   SIGTERM / SIGINT         every API process drains (readiness 503, accepted requests finish),
                            then the engine drains and stops; exit 0
 """
@@ -62,7 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.runtime.startup_checks import bind_listening_socket
+from server.runtime.startup_checks import StartupError, bind_listening_socket
 from server.settings import Settings
 from server.workers.engine_plan import EnginePlan, engine_plans
 from server.workers.handoff import (
@@ -81,6 +84,7 @@ from server.workers.readiness import forget, is_marked
 from server.workers.restart_backoff import RestartBackoff, RestartPolicy
 from server.workers.restarts import write_engine_restart_count, write_restart_count
 from server.workers.shared_rate_buckets import SharedBucketTable
+from server.workers.start_failure import EXIT_CONFIGURATION_ERROR, read_start_failure
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +193,7 @@ class Supervisor:
         def running() -> list[ApiProcess]:
             return [slot.process for slot in slots if slot.process is not None]
 
-        logger.info("serving on %s:%d with %d API processes (pids %s, each %s) and %d engines (pids %s)",
+        logger.info("listening on %s:%d; starting %d API processes (pids %s, each %s) and %d engines (pids %s)",
                     self._settings.host, self._settings.port, len(slots), [p.pid for p in running()],
                     _how_started(slots[0].process), len(self._engines), [p.pid for p in self._engine_processes()])
         ever_ready: set[int] = set()  # API processes seen ready
@@ -272,6 +276,10 @@ class Supervisor:
                 slot.has_listened = slot.has_listened or slot.listens()
                 continue
             if not slot.has_listened:
+                reason = read_start_failure(self._run_directory, index)
+                if process.returncode == EXIT_CONFIGURATION_ERROR and reason is not None:
+                    self._stop_all(running(), EXIT_CONFIGURATION_ERROR)
+                    raise StartupError(self._in_context(slot.plan, reason))
                 logger.critical("engine %d exited with status %d before its model was loaded: stopping the server",
                                 index, process.returncode)
                 return self._stop_all(running(), process.returncode if process.returncode > 0 else EXIT_ENGINE_DIED)
@@ -286,6 +294,15 @@ class Supervisor:
             Path(slot.socket_path).unlink(missing_ok=True)
             slot.process, slot.restart_at = None, restart_at
         return None
+
+    def _in_context(self, plan: EnginePlan, reason: str) -> str:
+        """An engine's start-up refusal, prefixed with the ``--devices`` entry it ran on when that was given
+        (the engine sees only ``--device cuda``, a flag the user did not pass)."""
+        if self._settings.devices is None:
+            return reason
+        devices = ",".join(self._settings.devices)
+        return (f"--devices {devices} (MMSERVE_DEVICES): engine {plan.index} on "
+                f"{self._settings.devices[plan.index]}: {reason}")
 
     def _stop_all(self, api_processes: list[ApiProcess], exit_code: int) -> int:
         self._stop(api_processes, signal.SIGKILL)

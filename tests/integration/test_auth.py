@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hmac
+import json
 import logging
 import re
 import socket
@@ -172,6 +173,30 @@ def test_an_empty_key_file_stops_the_server_rather_than_leaving_it_open(tmp_path
     monkeypatch.setenv("MMSERVE_API_KEY_FILE", str(key_file))
     assert mmserve_main(["serve", "--preset", "tiny", "--port", str(_free_port())]) == 2
     assert "holds no key" in capsys.readouterr().err
+
+
+def test_bench_sends_its_key_file_and_a_run_of_refusals_exits_nonzero(live_server_factory, tmp_path, capsys):
+    """``mmserve bench --api-key-file`` reads the file as ``mmserve quantiles`` does; a run whose answers are
+    mostly errors (401 without the key, 422 for texts over the model's limit) says so and exits 3."""
+    key_file = tmp_path / "bench-key"
+    key_file.write_text(f"# the bench's key\n{KEYS[1]}\n")
+    load = ["--rate", "20", "--duration", "1", "--mix", "text:1", "--no-progress"]
+
+    def bench(name: str, *flags: str) -> tuple[int, dict]:
+        code = mmserve_main(["bench", server.url, *load, *flags, "--output", str(tmp_path / f"{name}.json")])
+        return code, json.loads((tmp_path / f"{name}.json").read_text())
+
+    with live_server_factory(api_keys=",".join(KEYS)) as server:
+        keyless_code, keyless = bench("keyless", "--text-chars", "8:24")
+        keyed_code, keyed = bench("keyed", "--text-chars", "8:24", "--api-key-file", str(key_file))
+        long_code, too_long = bench("too-long", "--text-chars", "3000:4000", "--api-key-file", str(key_file))
+    assert keyless_code == 3 and keyless["ok"] == 0 and set(keyless["errors_by_status"]) == {"401"}, keyless
+    assert any("401" in warning and "--api-key-file" in warning for warning in keyless["warnings"]), keyless
+    assert keyed_code == 0 and keyed["ok"] == keyed["sent"] > 0 and not keyed["mostly_errors"], keyed
+    assert keyed["config"]["api_key_sent"] is True and KEYS[1] not in json.dumps(keyed)
+    assert long_code == 3 and set(too_long["errors_by_status"]) == {"422"}, too_long
+    assert any("--truncate" in warning for warning in too_long["warnings"]), too_long
+    assert "WARNING: " in capsys.readouterr().out  # the table says it too
 
 
 def test_cors_is_off_unless_origins_are_configured(live_server_factory):

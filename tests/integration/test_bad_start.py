@@ -6,6 +6,10 @@ checked before the model loads, fail before it loads. The device refusals
 (a dtype, a decode device or a device the machine lacks) say what to use
 instead. The servers start in
 parallel: each is a process importing torch, and none loads a model for long.
+
+With the process split (``--api-workers 2``, ``--engines 2``, ``--devices``)
+the settings only an engine can judge end the same way: the same last line,
+exit status 2 as in one process, no traceback, no restart.
 """
 
 from __future__ import annotations
@@ -39,7 +43,12 @@ class BadStart:
 def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
     empty = tmp_path / "empty-model"
     empty.mkdir()
+    misspelt = tmp_path / "misspelt.yaml"
+    misspelt.write_text("preset: tiny\nmax_batch_sise: 4\n")
     cases = [
+        BadStart("config file missing", ("--config", "/nonexistent/mmserve.yaml"),
+                 ("--config /nonexistent/mmserve.yaml",)),
+        BadStart("config key misspelt", ("--config", str(misspelt)), (f"max_batch_sise in {misspelt}", "max_batch_size")),
         BadStart("model path missing", ("--model", "/nonexistent/dir"), ("--model", "/nonexistent/dir")),
         BadStart("model directory not loadable", ("--model", str(empty)), (str(empty),),
                  fails_before_loading=False),
@@ -57,12 +66,51 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
         BadStart("host not an address", ("--preset", "tiny", "--host", "999.0.0.1", "--port", "0"), ("--host",)),
         BadStart("key file unreadable", ("--preset", "tiny", "--port", "0"), ("MMSERVE_API_KEY_FILE",),
                  env=(("MMSERVE_API_KEY_FILE", str(tmp_path / "no-such-keys")),)),
+        BadStart("no engines", ("--preset", "tiny", "--engines", "0"), ("--engines (MMSERVE_ENGINES)", "between 1 and 64")),
+        BadStart("no API processes", ("--preset", "tiny", "--api-workers", "0"), ("--api-workers (MMSERVE_API_WORKERS)",)),
         BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
     ]
     if not torch.cuda.is_available():  # the no-CUDA message needs a machine without CUDA
         cases.append(BadStart("no CUDA", ("--preset", "tiny", "--device", "cuda"),
                               ("--device cuda", "no CUDA device is visible")))
     return cases
+
+
+def _split_bad_starts() -> list[BadStart]:
+    """Settings only the engine can judge (it holds torch and the model), with the process split."""
+    cases = [
+        BadStart("dtype the CPU lacks, two API processes",
+                 ("--preset", "tiny", "--device", "cpu", "--dtype", "float16", "--api-workers", "2"),
+                 ("--dtype float16", "needs a CUDA device", "--dtype float32")),
+        BadStart("decode device the CPU lacks, two engines",
+                 ("--preset", "tiny", "--device", "cpu", "--decode-device", "cuda", "--engines", "2"),
+                 ("--decode-device cuda", "--decode-device cpu")),
+        BadStart("runtime the synthetic preset cannot run on, two API processes",
+                 ("--preset", "synthetic", "--runtime", "onnxruntime", "--api-workers", "2"),
+                 ("--runtime onnxruntime", "synthetic", "--runtime torch"), fails_before_loading=False),
+    ]
+    if not torch.cuda.is_available():
+        cases += [BadStart("no CUDA, two API processes", ("--preset", "tiny", "--device", "cuda", "--api-workers", "2"),
+                           ("--device cuda", "no CUDA device is visible")),
+                  BadStart("devices this machine lacks", ("--preset", "tiny", "--devices", "cuda:0,cuda:1"),
+                           ("--devices cuda:0,cuda:1", "engine ", "no CUDA device is visible"))]  # either may be first
+    return cases
+
+
+def _problems(case: BadStart, output: str, returncode: int, expected_returncode: int | None = None) -> list[str]:
+    lines = [line for line in output.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    problems = []
+    if returncode == 0:
+        problems.append("exited 0")
+    if expected_returncode is not None and returncode != expected_returncode:
+        problems.append(f"exited {returncode}, not {expected_returncode}")
+    if "Traceback" in output:
+        problems.append("printed a traceback")
+    problems += [f"last line does not name {name!r}" for name in case.names_in_last_line if name not in last]
+    if case.fails_before_loading and MODEL_LOADED in output:
+        problems.append("loaded the model before failing")
+    return problems
 
 
 def _start(case: BadStart, extra_env: dict[str, str]) -> subprocess.Popen:
@@ -83,16 +131,23 @@ def test_every_bad_configuration_ends_in_one_line_naming_its_setting(tmp_path: P
             outputs += [(case, *process.communicate(timeout=300), process.returncode) for case, process in running]
     failures = []
     for case, output, _, returncode in outputs:
-        lines = [line for line in output.splitlines() if line.strip()]
-        last = lines[-1] if lines else ""
-        problems = []
-        if returncode == 0:
-            problems.append("exited 0")
-        if "Traceback" in output:
-            problems.append("printed a traceback")
-        problems += [f"last line does not name {name!r}" for name in case.names_in_last_line if name not in last]
-        if case.fails_before_loading and MODEL_LOADED in output:
-            problems.append("loaded the model before failing")
+        if problems := _problems(case, output, returncode):
+            failures.append(f"{case.name}: {', '.join(problems)}\n{output[-1500:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_settings_only_an_engine_can_judge_end_as_in_one_process():
+    """Exit 2 with the single process's line, however many engines refused; no engine is started again."""
+    cases = _split_bad_starts()
+    outputs = []
+    for first in range(0, len(cases), PARALLEL_STARTS // 2):  # each starts an engine or two and API processes
+        running = [(case, _start(case, {})) for case in cases[first:first + PARALLEL_STARTS // 2]]
+        outputs += [(case, *process.communicate(timeout=300), process.returncode) for case, process in running]
+    failures = []
+    for case, output, _, returncode in outputs:
+        problems = _problems(case, output, returncode, expected_returncode=2)
+        if "started engine" in output:
+            problems.append("started an engine again")
         if problems:
             failures.append(f"{case.name}: {', '.join(problems)}\n{output[-1500:]}")
     assert not failures, "\n\n".join(failures)

@@ -32,13 +32,17 @@ def _init_repo(directory: Path) -> None:
 
 
 def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny_server, serve_process):
+    """Served as ``--model DIR``, the repository answers under the directory's name (README: the served name
+    defaults to the directory name of --model), with the preset's fingerprint and outputs."""
     repo = tmp_path / "tiny-repo"
     _init_repo(repo)
-    with serve_process(["--model-repo", str(repo), "--device", "cpu"]) as served:
+    with serve_process(["--model", str(repo), "--device", "cpu"]) as served:
         body = {"text": "a lighthouse at dusk", "image": {"b64": encoded_image_b64(9, (36, 24))}}
         from_repo = httpx.post(f"{served.url}/v1/infer", json=body, timeout=30).json()
         in_memory = httpx.post(f"{tiny_server.url}/v1/infer", json=body, timeout=30).json()
-    assert from_repo["model"] == in_memory["model"]
+        listed = httpx.get(f"{served.url}/v1/models", timeout=30).json()
+    assert from_repo["model"]["name"] == "tiny-repo" and [model["id"] for model in listed["data"]] == ["tiny-repo"]
+    assert {**from_repo["model"], "name": "tiny"} == in_memory["model"]
     for key in ("image_embedding", "text_embedding", "fused_embedding"):
         np.testing.assert_allclose(from_repo[key], in_memory[key], rtol=0, atol=1e-5)
 
@@ -69,3 +73,14 @@ def test_help_names_every_command():
 def test_bad_arguments_exit_with_usage(bad):
     done = subprocess.run([*MMSERVE, *bad], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["serve", "export"])
+def test_a_missing_config_file_is_refused_naming_config_and_the_path(command: str):
+    """Not served (or exported) on defaults as if the file were empty."""
+    done = subprocess.run([*MMSERVE, command, "--preset", "tiny", "--config", "/nonexistent/mmserve.yaml",
+                           *(("--port", str(_free_port())) if command == "serve" else ())],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("mmserve: --config /nonexistent/mmserve.yaml: cannot read")
+    assert "Traceback" not in done.stderr

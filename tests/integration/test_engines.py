@@ -220,6 +220,30 @@ def test_a_drill_names_an_engine_that_exists(engines):
     assert answer.json()["error"]["code"] == "invalid_engine" and answer.json()["error"]["field"] == "engine"
 
 
+def test_the_faults_view_lists_every_engines_drills_naming_each_engine(engines):
+    """A drill on engine 1 stays in the list whichever request answers it: a plain GET or POST, or a DELETE
+    that ends engine 0's drills only."""
+    url = engines.url
+    on_one = {"stage": "text", "delay_ms": 1.0, "fraction": 1.0, "duration_s": 60.0, "only_encoding": None}
+    on_both = {**on_one, "stage": "fusion"}
+
+    def listed(answer: httpx.Response) -> list[tuple[int, str]]:
+        assert answer.status_code == 200, answer.text
+        return sorted((plan["engine"], plan["stage"]) for plan in answer.json()["active"])
+
+    try:
+        assert listed(httpx.post(f"{url}/v1/admin/faults?engine=1", json=on_one, timeout=30)) == [(1, "text")]
+        assert listed(httpx.get(f"{url}/v1/admin/faults", timeout=30)) == [(1, "text")]
+        both = httpx.post(f"{url}/v1/admin/faults", json=on_both, timeout=30)
+        assert listed(both) == [(0, "fusion"), (1, "fusion"), (1, "text")]
+        plans = [plan for plan in both.json()["active"] if plan["stage"] == "text"]
+        assert [{name: plan[name] for name in on_one} for plan in plans] == [on_one]
+        assert listed(httpx.delete(f"{url}/v1/admin/faults?engine=0", timeout=30)) == [(1, "fusion"), (1, "text")]
+    finally:
+        end_drills(url)
+    assert listed(httpx.get(f"{url}/v1/admin/faults", timeout=30)) == []
+
+
 def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engines):
     """Images whose owner is engine 1 (found first, then the caches emptied), sent one every 50 ms while engine
     1's vision batches sleep 3 s: once the owner's estimated wait exceeds engine 0's by more than

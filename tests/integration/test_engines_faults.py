@@ -37,7 +37,7 @@ from server.workers.supervisor import EXIT_ENGINE_CRASH_LOOP
 from tests.conftest import ServeProcess, run_serve_processes
 from tests.integration.same_answers import assert_same
 from tests.integration.test_api_workers import lifetime_count
-from tests.integration.test_api_workers_faults import children_of, command_line, is_gone
+from tests.integration.test_api_workers_faults import children_of, command_line, is_gone, live_api_processes
 from tests.integration.test_engines import comparable, drill, end_drills, engine_of, image, owned_images, post
 
 pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
@@ -212,6 +212,7 @@ def test_the_only_engine_killed_is_503_and_not_ready_until_it_is_back(one_engine
     os.kill(old_pid, signal.SIGKILL)
     seen_while_gone: set[tuple[int, str]] = set()
     ready_while_gone: set[int | str] = set()
+    live_while_gone: set[float] = set()  # both API processes run all along: the engine's outage is not theirs
     deadline = time.monotonic() + RESTART_WITHIN_S
     while True:
         answer = httpx.post(f"{url}/v1/infer", json={"text": "while gone"}, headers={"Connection": "close"},
@@ -220,10 +221,12 @@ def test_the_only_engine_killed_is_503_and_not_ready_until_it_is_back(one_engine
             break
         seen_while_gone.add(failure(answer)[:2])
         ready_while_gone.add(ready_status(url))
+        live_while_gone.add(live_api_processes(url))
         assert time.monotonic() < deadline, "the engine never served again"
         time.sleep(0.1)
     assert seen_while_gone == {(503, "engine_unavailable")}
     assert ready_while_gone <= {503, 200} and 503 in ready_while_gone, ready_while_gone
+    assert live_while_gone == {2.0}, live_while_gone
     time.sleep(1.0)  # both API processes have polled the engine started again
     for _ in range(6):  # new connections: either API process answers
         assert ready_status(url) == 200
@@ -270,11 +273,13 @@ def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_
     try:
         answer = httpx.post(f"{url}/v1/admin/faults", json={"stage": "text", "delay_ms": 1, "duration_s": 30},
                             timeout=30)
-        assert answer.status_code == 200 and [plan["stage"] for plan in answer.json()["active"]] == ["text"]
-        for engine in (0, 1):  # each engine holds it (a drill set again on one engine answers with its own list)
+        assert answer.status_code == 200, answer.text
+        assert sorted((plan["engine"], plan["stage"]) for plan in answer.json()["active"]) == [(0, "text"), (1, "text")]
+        for engine in (0, 1):  # each engine holds it (the answer lists every engine's drills, each naming its own)
             again = httpx.post(f"{url}/v1/admin/faults?engine={engine}",
                                json={"stage": "decode", "delay_ms": 1, "duration_s": 30}, timeout=30)
-            assert sorted(plan["stage"] for plan in again.json()["active"]) == ["decode", "text"], again.text
+            assert sorted(plan["stage"] for plan in again.json()["active"]
+                          if plan["engine"] == engine) == ["decode", "text"], again.text
     finally:
         end_drills(url)
 

@@ -88,6 +88,16 @@ def test_runtime_onnxruntime_refuses_what_it_cannot_serve_naming_why(tmp_path: P
         choose_runtime(build_preset("synthetic"), Settings(runtime="onnxruntime", export_cache_dir=tmp_path))
 
 
+def test_export_of_a_model_onnx_runtime_cannot_serve_says_what_export_needs():
+    """Not as ``--runtime onnxruntime (MMSERVE_RUNTIME)``: the user gave no --runtime."""
+    done = subprocess.run([sys.executable, "-m", "server.cli", "export", "--preset", "synthetic"],
+                          capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert last.startswith("mmserve: mmserve export writes ONNX Runtime graphs") and "synthetic" in last, last
+    assert "MMSERVE_RUNTIME" not in last and "--runtime" not in last, last
+
+
 def _stage_ms(client: httpx.Client, body: dict, stage: str) -> float:
     answer = client.post("/v1/infer", json={**body, "use_cache": False})
     assert answer.status_code == 200, answer.text

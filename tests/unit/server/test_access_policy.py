@@ -80,8 +80,9 @@ def test_admin_routes_are_the_cache_the_admin_tree_and_every_monitoring_write(ti
     app = create_app(Settings(preset="tiny", device="cpu"), tiny_bundle)
     routes = {(method, path) for path, item in app.openapi()["paths"].items() for method in map(str.upper, item)}
     admin = {route for route in routes if is_admin_route(*route)}
-    assert admin == {("DELETE", "/v1/cache"), ("POST", "/v1/admin/faults"), ("DELETE", "/v1/admin/faults"),
-                     ("POST", "/v1/admin/faults/kill"), ("POST", "/v1/monitoring/baseline")}
+    assert admin == {("DELETE", "/v1/cache"), ("GET", "/v1/admin/faults"), ("POST", "/v1/admin/faults"),
+                     ("DELETE", "/v1/admin/faults"), ("POST", "/v1/admin/faults/kill"),
+                     ("POST", "/v1/monitoring/baseline")}
     monitoring_writes = {(m, p) for m, p in routes if p.startswith("/v1/monitoring/") and m != "GET"}
     assert monitoring_writes and monitoring_writes <= admin
     assert not any(is_admin_route(m, p) for m, p in routes if p in ("/v1/infer", "/v1/embeddings", "/v1/models"))
