@@ -99,8 +99,10 @@ def test_over_the_rate_limit_grpc_is_resource_exhausted_and_shares_http_bucket(g
     error = raised.value
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert over_http.status_code == 429
-    assert json.loads(error.details()) == over_http.json()
-    assert over_http.json()["error"]["code"] == "rate_limited"
+    # One refusal, each protocol's shape: gRPC's details are mmserve's JSON error, HTTP /v2 Triton's string.
+    refused = json.loads(error.details())["error"]
+    assert refused["code"] == "rate_limited"
+    assert over_http.json() == {"error": f"{refused['code']}: {refused['message']}"}
     trailing = dict(error.trailing_metadata())
     assert trailing["retry-after"] == over_http.headers["retry-after"]
     assert int(trailing["grpc-retry-pushback-ms"]) == int(over_http.headers["retry-after"]) * 1000 >= 1000
