@@ -240,6 +240,28 @@ def _adapter_rules() -> list[dict[str, Any]]:
     return yaml.safe_load(config_map.doc["data"]["config.yaml"])["rules"]
 
 
+# The label KServe puts on every pod of an InferenceService (KServe's InferenceServicePodLabelKey).
+KSERVE_POD_LABEL = "serving.kserve.io/inferenceservice"
+
+
+def test_on_kserve_a_podmonitor_scrapes_the_predictor_pods_on_the_server_port(tiny_server):
+    """KServe's generated Service lacks the label the ServiceMonitor selects: the PodMonitor must reach the pods."""
+    (monitor,) = manifests_of_kind("PodMonitor")
+    assert monitor.path.parent.name == "kserve"
+    selector = monitor.doc["spec"]["selector"]["matchLabels"]
+    services = manifests_of_kind("InferenceService")
+    assert services and selector == {KSERVE_POD_LABEL: services[0].name}
+    assert {service.name for service in services} == {services[0].name}  # both forms: one name, one selector
+    kserve_containers = [container for manifest in WORKLOADS if manifest.path.parent.name == "kserve"
+                         for container in containers(manifest.doc)]
+    assert kserve_containers
+    for endpoint in monitor.doc["spec"]["podMetricsEndpoints"]:
+        for container in kserve_containers:
+            assert _container_port(container, endpoint["targetPort"]) == settings_from_env(
+                container_env(container)).port
+        assert endpoint["path"] in route_paths(tiny_server.app)
+
+
 @pytest.mark.parametrize("hpa", manifests_of_kind("HorizontalPodAutoscaler"), ids=lambda m: m.label)
 def test_hpa_scales_on_a_per_pod_metric_the_server_exports(hpa: Manifest, metric_names: set[str]):
     (metric,) = hpa.doc["spec"]["metrics"]
