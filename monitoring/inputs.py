@@ -14,15 +14,16 @@ ones were the 4K PNGs" while memory stays bounded by construction::
     images           0  1  2  3  4+
     priority         high  normal  low  other
     protocol         native  kserve_v2  kserve_v2_grpc  openai  other
+    engine           0  1  2  3  4  5  6  7  other
 
 ``none`` means the request carried no image (or no text). A request's
 pixel bucket is its *largest* image's W x H (the one that costs most to
 decode and resize). A label outside the table (a new encoding, a new
 protocol) becomes ``other`` (``unknown`` for pixels) when the inputs are
-built, never a new value: 35 values in all, whatever the clients send.
+built, never a new value: 44 values in all, whatever the clients send.
 
 Bucketing happens when the server builds the inputs, once per request;
-each distinct combination (at most 7 * 8 * 6 * 5 * 4 * 5 = 33 600) is one
+each distinct combination (at most 7 * 8 * 6 * 5 * 4 * 5 * 9 = 302 400) is one
 interned object with a precomputed ``code``, so the folder reads one int per
 record and never hashes labels.
 """

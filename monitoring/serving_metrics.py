@@ -23,6 +23,11 @@ BATCH_SIZE_BUCKETS: tuple[float, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 6
 # Joint sequence lengths: a text alone (tens of tokens) up to several images of ViT-L/16 at 256 px (4 x 256 + 64).
 JOINT_TOKENS_BUCKETS: tuple[float, ...] = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 2048, 4096)
 
+# ``mmserve_rejected_total``'s lane for refusals made before a request has a lane: the decode queue
+# (``MMSERVE_MAX_DECODE_QUEUE``) and, with API processes, the pixel slots. One fixed value, so the
+# label's values stay the three lanes and this one.
+INTAKE_LANE = "intake"
+
 
 class ServingMetrics:
     """Every plain series the server, router and cache update.
@@ -86,10 +91,14 @@ class ServingMetrics:
         )
         self.rejected_total = Counter(
             "mmserve_rejected_total",
-            "Requests refused by admission control, by lane and reason.",
+            "Requests refused as overload (503 overloaded), by lane and reason: a lane's admission control "
+            "(queue_full, deadline), or before a lane, lane intake (decode_queue_full, pixel_slots_full).",
             ("lane", "reason"),
             registry=registry,
         )
+        # Exported from the start (at 0), so a rate over them exists before the first refusal.
+        self.decode_queue_refused = self.rejected_total.labels(lane=INTAKE_LANE, reason="decode_queue_full")
+        self.pixel_slots_refused = self.rejected_total.labels(lane=INTAKE_LANE, reason="pixel_slots_full")
         self.cache_events_total = Counter(
             "mmserve_cache_events_total",
             "Segment cache events (hit, miss, coalesced, eviction, insert).",

@@ -14,7 +14,10 @@ So the pool refuses a submission once ``max_queued`` items wait for a thread:
 ``Retry-After`` is the time the waiting items take at the pool's recent pace.
 The server builds the pool from its settings (``MMSERVE_DECODE_THREADS``,
 ``MMSERVE_MAX_DECODE_QUEUE``) and hands it to the intake; the refusal is the
-router's typed ``DecodeQueueFullError``, which the server answers 503.
+router's typed ``DecodeQueueFullError``, which the server answers 503. Each
+refusal also calls ``on_refused`` (the server counts it in
+``mmserve_rejected_total{lane="intake", reason="decode_queue_full"}``, the
+load-shedding signal the lanes' refusals feed too).
 """
 
 from __future__ import annotations
@@ -32,9 +35,11 @@ _PACE_SMOOTHING = 0.1
 
 class BoundedDecodePool(ThreadPoolExecutor):
     def __init__(self, max_workers: int, max_queued: int, thread_name_prefix: str = "mmserve-decode",
-                 initializer: Callable[[], object] | None = None) -> None:
+                 initializer: Callable[[], object] | None = None,
+                 on_refused: Callable[[], object] | None = None) -> None:
         super().__init__(max_workers, thread_name_prefix=thread_name_prefix, initializer=initializer)
         self.max_queued = max_queued
+        self._on_refused = on_refused
         self._num_workers = max_workers
         self._num_pending = 0  # submitted, not finished (running or waiting)
         self._mean_task_s = 0.005
@@ -48,6 +53,8 @@ class BoundedDecodePool(ThreadPoolExecutor):
         with self._count_lock:
             num_waiting = self._num_pending - self._num_workers
             if num_waiting >= self.max_queued:
+                if self._on_refused is not None:
+                    self._on_refused()
                 raise DecodeQueueFullError(num_waiting, (num_waiting + 1) * self._mean_task_s / self._num_workers)
             self._num_pending += 1
 

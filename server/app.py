@@ -143,7 +143,8 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         # Decoding is image work too: it yields the cores to text requests like the image executor does.
         decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
                                         initializer=functools.partial(lower_current_thread_priority,
-                                                                      settings.image_work_nice))
+                                                                      settings.image_work_nice),
+                                        on_refused=metrics.decode_queue_refused.inc)
         device_decoder = device_jpeg_decoder(settings, model)
         register_device_decode_metrics(registry, device_decoder)
         intake = RequestIntake(router, IntakeTools.of(model, budget), image_decoder(settings, model.config.preprocess),

@@ -92,9 +92,11 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         facts, tokenizer_files = await describe_engine(socket_paths, ENGINE_CONNECT_TIMEOUT_S)
         tokenizer = await asyncio.to_thread(unpack_tokenizer, tokenizer_files)
-        decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue)
+        decode_pool = BoundedDecodePool(settings.decode_threads, settings.max_decode_queue,
+                                        on_refused=metrics.decode_queue_refused.inc)
         preprocess = facts.config.preprocess
-        slots = PixelSlots((preprocess.input_size, preprocess.input_size, 3), pixel_slots_of(settings))
+        slots = PixelSlots((preprocess.input_size, preprocess.input_size, 3), pixel_slots_of(settings),
+                           on_full=metrics.pixel_slots_refused.inc)
         texts = ItemTextFitter(tokenizer, joint_token_budget(settings, facts), decode_pool)
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         keys = SegmentCatalog(None, facts.fingerprint, facts.preprocess_id)  # type: ignore[arg-type]  # keys only

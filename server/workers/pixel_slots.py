@@ -21,7 +21,9 @@ the engine stores "copied" after its copy: the owner never sees a slot free
 whose pixels the engine still reads. ``perf_counter_ns`` is CLOCK_MONOTONIC
 on Linux, one clock for every process, so each copy also measures how long
 its slot was held; that pace sets ``Retry-After`` when every slot is held
-(503 ``overloaded``), as the decode pool and the lanes pace theirs.
+(503 ``overloaded``), as the decode pool and the lanes pace theirs, and counts
+in ``mmserve_rejected_total{lane="intake", reason="pixel_slots_full"}`` as
+theirs do (``on_full``).
 
 How many: ``MMSERVE_PIXEL_SLOTS`` (``pixel_slots_of``), by default as many
 images as the image lanes' largest queue bound holds requests of the most
@@ -33,7 +35,7 @@ block is sparse until written).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
@@ -63,12 +65,14 @@ def _layout(num_slots: int) -> int:
 class PixelSlots:
     """The API process's side: owns the block, writes images into free slots (on the event loop's thread)."""
 
-    def __init__(self, slot_shape: tuple[int, int, int], num_slots: int) -> None:
+    def __init__(self, slot_shape: tuple[int, int, int], num_slots: int,
+                 on_full: Callable[[], object] | None = None) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.slot_shape = slot_shape
         self.slot_bytes = int(np.prod(slot_shape))
         self.num_slots = num_slots
+        self._on_full = on_full
         self._offset = _layout(num_slots)
         self._memory = shared_memory.SharedMemory(create=True, size=self._offset + self.slot_bytes * num_slots)
         header = np.ndarray((1 + num_slots,), np.int64, self._memory.buf[:8 * (1 + num_slots)])
@@ -106,6 +110,8 @@ class PixelSlots:
         free = np.flatnonzero(self._states == 0)
         if len(images) > len(free):
             shortfall = len(images) - len(free)
+            if self._on_full is not None:
+                self._on_full()
             raise ApiError(503, "overloaded",
                            f"all {self.num_slots} shared-memory pixel slots of this API process hold images on "
                            "their way to the engine", retry_after_s=shortfall * self._mean_hold_s / self.num_slots)

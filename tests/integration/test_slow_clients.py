@@ -176,3 +176,7 @@ def test_a_flood_beyond_the_decode_queue_is_refused_before_decoding(live_server_
             assert answer.json()["error"]["code"] == "overloaded" and int(answer.headers["Retry-After"]) >= 1
             assert answer.elapsed.total_seconds() < 0.3  # refused at once, not after a decode
         assert server.app.state.mmserve.decode_pool.num_waiting == 0
+        # Load shedding on /metrics as a full lane's is: each refusal once, under the intake's own reason.
+        text = client.get("/metrics").text
+        assert re.findall(r'^mmserve_rejected_total\{lane="intake",reason="decode_queue_full"\} (\S+)$', text,
+                          re.M) == [f"{float(len(refused))}"]

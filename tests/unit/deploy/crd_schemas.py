@@ -1,9 +1,9 @@
 """JSON schemas for the custom resources mmserve ships, built on Kubernetes' own schemas.
 
 The Kubernetes schemas that `kubernetes-validate` ships cover core kinds only;
-ServiceMonitor (Prometheus Operator) and InferenceService / ServingRuntime
+ServiceMonitor and PodMonitor (Prometheus Operator) and InferenceService / ServingRuntime
 (KServe) are CRDs. Their schemas here are written from the CRDs' documented
-fields (the Prometheus Operator's `monitoring.coreos.com_servicemonitors.yaml`
+fields (the Prometheus Operator's `monitoring.coreos.com_servicemonitors.yaml` and `_podmonitors.yaml`
 and KServe's v1beta1 / v1alpha1 API reference): apiVersion and kind fixed,
 required fields required, unknown fields refused. Wherever a CRD embeds a
 core type (Container, Volume, LabelSelector, PodSpec fields) the schema refers
@@ -118,6 +118,31 @@ def service_monitor() -> Schema:
     return _resource("monitoring.coreos.com/v1", "ServiceMonitor", spec)
 
 
+def pod_monitor() -> Schema:
+    """Prometheus Operator PodMonitor: pods by label, and how to scrape each (monitoring.coreos.com_podmonitors)."""
+    endpoint = _closed({
+        "port": _STRING, "portNumber": _INTEGER, "targetPort": {"type": ["integer", "string"]},
+        "path": {"type": "string", "pattern": "^/"}, "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+        "interval": _DURATION, "scrapeTimeout": _DURATION, "params": _OBJECT,
+        "honorLabels": _BOOLEAN, "honorTimestamps": _BOOLEAN, "trackTimestampsStaleness": _BOOLEAN,
+        "relabelings": {"type": "array", "items": _OBJECT},
+        "metricRelabelings": {"type": "array", "items": _OBJECT},
+        "tlsConfig": _OBJECT, "authorization": _OBJECT, "basicAuth": _OBJECT, "oauth2": _OBJECT,
+        "bearerTokenSecret": _OBJECT, "proxyUrl": _STRING,
+        "followRedirects": _BOOLEAN, "enableHttp2": _BOOLEAN, "filterRunning": _BOOLEAN,
+    })
+    spec = _closed({
+        "selector": core("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"),
+        "namespaceSelector": _closed({"any": _BOOLEAN, "matchNames": {"type": "array", "items": _STRING}}),
+        "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": endpoint},
+        "jobLabel": _STRING,
+        "podTargetLabels": {"type": "array", "items": _STRING},
+        "sampleLimit": _INTEGER, "targetLimit": _INTEGER, "labelLimit": _INTEGER,
+        "attachMetadata": _OBJECT, "scrapeClass": _STRING,
+    }, required=["selector", "podMetricsEndpoints"])
+    return _resource("monitoring.coreos.com/v1", "PodMonitor", spec)
+
+
 def _model_spec() -> Schema:
     """KServe ModelSpec: a Container's fields plus the model's format, runtime and protocol."""
     properties = _core_properties("io.k8s.api.core.v1.Container")
@@ -180,6 +205,7 @@ def serving_runtime() -> Schema:
 
 CUSTOM_RESOURCE_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): service_monitor,
+    ("monitoring.coreos.com/v1", "PodMonitor"): pod_monitor,
     ("serving.kserve.io/v1beta1", "InferenceService"): inference_service,
     ("serving.kserve.io/v1alpha1", "ServingRuntime"): serving_runtime,
 }

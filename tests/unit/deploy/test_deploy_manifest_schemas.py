@@ -47,7 +47,7 @@ def test_custom_resource_is_valid_for_its_crd(manifest: Manifest):
 
 def test_both_crd_families_are_covered():
     kinds = {manifest.kind for manifest in CUSTOM}
-    assert {"ServiceMonitor", "InferenceService", "ServingRuntime"} <= kinds
+    assert {"ServiceMonitor", "PodMonitor", "InferenceService", "ServingRuntime"} <= kinds
 
 
 def _misspell_first_probe_field(doc: dict) -> dict:

@@ -87,6 +87,34 @@ def test_every_mmserve_variable_is_a_setting_with_a_valid_value(label: str, env:
         assert settings.host in {"0.0.0.0", "::"}, f"{label}: a container must bind every interface"
 
 
+# Variables that size a library's thread pool. None of them reaches ONNX Runtime, the CPU's default runtime
+# (its intra_op_num_threads 0 is every core of the node): only MMSERVE_COMPUTE_THREADS sizes the runtime that
+# computes, so a place that sizes threads and leaves it out sizes the wrong pool.
+THREAD_POOL_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@pytest.mark.parametrize(("label", "env"), ENV_SOURCES, ids=[label for label, _ in ENV_SOURCES])
+def test_a_place_that_sizes_threads_sizes_the_runtime_that_computes(label: str, env: dict[str, str]):
+    for name in THREAD_POOL_VARIABLES:
+        if name in env:
+            assert f"{ENV_PREFIX}COMPUTE_THREADS" in env, f"{label}: {name} without MMSERVE_COMPUTE_THREADS"
+            assert settings_from_env(env).compute_threads == int(env[name]), f"{label}: two sizes for one pool"
+
+
+def _cpu_cores(quantity: str) -> float:
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+@pytest.mark.parametrize(("label", "container"), CONTAINERS, ids=[label for label, _ in CONTAINERS])
+def test_each_engines_compute_pool_is_sized_within_the_cpu_request(label: str, container: dict[str, Any]):
+    """Left unset, the runtime sizes its pool from the node's cores, not the pod's share of them."""
+    settings = settings_from_env(container_env(container))
+    assert settings.compute_threads is not None, f"{label}: MMSERVE_COMPUTE_THREADS unset"
+    num_engines = int(settings.engines) if settings.engines != "auto" else \
+        int(container["resources"].get("limits", {}).get("nvidia.com/gpu", 1))
+    assert settings.compute_threads * num_engines <= _cpu_cores(str(container["resources"]["requests"]["cpu"]))
+
+
 def test_a_misspelt_setting_is_caught():
     assert unknown_setting_names({"MMSERVE_MAX_BATCHSIZE": "4", "MMSERVE_PORT": "1"}) == {"MMSERVE_MAX_BATCHSIZE"}
 
@@ -210,6 +238,28 @@ def test_service_pdb_hpa_and_servicemonitor_select_the_deployment(tiny_server):
 def _adapter_rules() -> list[dict[str, Any]]:
     (config_map,) = [m for m in manifests_of_kind("ConfigMap") if "config.yaml" in m.doc["data"]]
     return yaml.safe_load(config_map.doc["data"]["config.yaml"])["rules"]
+
+
+# The label KServe puts on every pod of an InferenceService (KServe's InferenceServicePodLabelKey).
+KSERVE_POD_LABEL = "serving.kserve.io/inferenceservice"
+
+
+def test_on_kserve_a_podmonitor_scrapes_the_predictor_pods_on_the_server_port(tiny_server):
+    """KServe's generated Service lacks the label the ServiceMonitor selects: the PodMonitor must reach the pods."""
+    (monitor,) = manifests_of_kind("PodMonitor")
+    assert monitor.path.parent.name == "kserve"
+    selector = monitor.doc["spec"]["selector"]["matchLabels"]
+    services = manifests_of_kind("InferenceService")
+    assert services and selector == {KSERVE_POD_LABEL: services[0].name}
+    assert {service.name for service in services} == {services[0].name}  # both forms: one name, one selector
+    kserve_containers = [container for manifest in WORKLOADS if manifest.path.parent.name == "kserve"
+                         for container in containers(manifest.doc)]
+    assert kserve_containers
+    for endpoint in monitor.doc["spec"]["podMetricsEndpoints"]:
+        for container in kserve_containers:
+            assert _container_port(container, endpoint["targetPort"]) == settings_from_env(
+                container_env(container)).port
+        assert endpoint["path"] in route_paths(tiny_server.app)
 
 
 @pytest.mark.parametrize("hpa", manifests_of_kind("HorizontalPodAutoscaler"), ids=lambda m: m.label)
