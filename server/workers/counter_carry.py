@@ -92,10 +92,19 @@ class CarriedCounts:
     engines: dict[int, tuple[int, Series]] = field(default_factory=dict)  # index -> (pid, last-seen series)
 
     def saw_engine(self, index: int, pid: int, series: Series) -> None:
-        """Engine ``index`` answered as ``pid`` with ``series``; a new pid under that index folds the old one."""
+        """Engine ``index`` answered as ``pid`` with ``series``; a new pid under that index folds the old one.
+
+        The same pid keeps, series by series, the larger of what it was seen with and ``series``: two
+        scrapes at once (two Prometheus replicas) may ask the engine in one order and get here in the
+        other, and the last-seen set must not fall behind what either scrape showed."""
         known = self.engines.get(index)
         if known is not None and known[0] != pid:
             add_into(self.departed, known[1])
+        elif known is not None:
+            series = dict(series)
+            for key, info in known[1].items():
+                if key not in series or series[key][3] < info[3]:
+                    series[key] = info
         self.engines[index] = (pid, series)
 
     def carried(self, missing_engines: Iterable[int]) -> Series:

@@ -109,6 +109,14 @@ def test_an_engine_seen_again_under_its_pid_is_not_folded_and_a_new_pid_folds_th
     assert CarriedCounts.from_json(json.loads(json.dumps(state.to_json()))) == state
 
 
+def test_an_engines_last_seen_set_keeps_the_larger_value_when_two_scrapes_arrive_out_of_order() -> None:
+    state = CarriedCounts()
+    state.saw_engine(0, 100, {("x_total", ()): ("x", "counter", "", 10.0)})
+    state.saw_engine(0, 100, {("x_total", ()): ("x", "counter", "", 9.0)})  # asked earlier, arrived later
+    state.saw_engine(0, 101, {})
+    assert state.departed == {("x_total", ()): ("x", "counter", "", 10.0)}, "not below what a scrape showed"
+
+
 def test_departed_stays_one_set_of_series_however_many_restarts() -> None:
     state = CarriedCounts()
     series = engine_series(generate_latest(_metrics(2, batches=1).registry).decode(), 0)
