@@ -9,7 +9,8 @@ socket (``server.workers.frames``):
     ("cancel", id)                         the client went away: the call's task is cancelled (-> "cancelled")
     ("status", id)                         -> ("ok", id, (ready, alive, draining))
     ("clear_cache", id)                    -> ("ok", id, segments dropped)
-    ("metrics", id)                        -> ("ok", id, (the engine registry's exposition, its digests))
+    ("metrics", id)                        -> ("ok", id, (the engine registry's exposition, its digests,
+                                               its exemplars, its pid))
     ("zero_shot", id, work, arrival_ns, block, slots) -> ("ok", id, ZeroShotScores) | ("error", id, None, fields)
                                            /v1/classify or /v1/rank, tokenized and decoded by the API process
                                            (server.workers.zero_shot_engine)
@@ -62,6 +63,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -195,7 +197,8 @@ class Engine:
                     elif kind == "metrics":
                         reply("ok", call_id, (generate_latest(self._state.registry).decode(),
                                               self._state.monitor.digests_view(),
-                                              exemplars_of(self._state.metrics.request_duration_seconds)))
+                                              exemplars_of(self._state.metrics.request_duration_seconds),
+                                              os.getpid()))  # who counted them (server.workers.counter_carry)
                     elif kind == "clear_cache":
                         reply("ok", call_id, self._state.router.cache.clear())
         finally:

@@ -20,8 +20,13 @@ socket of its own, and a scrape connects to it:
                                                          as it last wrote
 
 A process writes one snapshot as it starts listening, so there is always one
-to read; the files of a process that is no longer running are left out (and
-the supervisor removes them when it reaps the process, ``remove_snapshot_files``).
+to read, and the API process that answers a scrape writes its own from the very
+text it sums: so a process's snapshot always holds at least what any scrape
+showed of it. The snapshot of a process that is no longer running is not
+deleted with it (the supervisor and the process itself remove only the request
+socket): the next scrape folds its counters into the carried counts
+(``server.workers.counter_carry``) and then removes it, so the server's
+counters do not go down when an API process dies or is restarted.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,10 +43,12 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
+from server.workers.counter_carry import CarriedCounts, add_into, monotonic_series
 
 SNAPSHOT_DIRECTORY = "metrics"
 WAIT_S = 2.0  # how long a scrape waits for the others' answers
 _WRITTEN = b"w"
+_writing = threading.Lock()  # a scrape's own snapshot and an asked one: the later text is the one on disk
 
 ExemplarRow = list  # [sample name, sample labels, exemplar labels, value, timestamp]: JSON and frames carry it
 
@@ -54,8 +62,13 @@ def request_socket_path(run_directory: str, pid: int) -> Path:
 
 
 def remove_snapshot_files(run_directory: str, pid: int) -> None:
-    """The snapshot and request socket of ``pid`` removed (it stopped, or it is gone)."""
+    """The snapshot and request socket of ``pid`` removed (its counters were folded into the carried counts)."""
     snapshot_path(run_directory, pid).unlink(missing_ok=True)
+    request_socket_path(run_directory, pid).unlink(missing_ok=True)
+
+
+def remove_request_socket(run_directory: str, pid: int) -> None:
+    """``pid`` stopped or is gone: no scrape asks it any more; its snapshot stays until a scrape folds it."""
     request_socket_path(run_directory, pid).unlink(missing_ok=True)
 
 
@@ -66,14 +79,17 @@ def exemplars_of(histogram: Collector) -> list[ExemplarRow]:
             for family in histogram.collect() for sample in family.samples if sample.exemplar is not None]
 
 
-def write_snapshot(run_directory: str, registry: CollectorRegistry, exemplars_from: Collector) -> None:
-    """This process's snapshot, written whole and renamed into place (a reader never sees half of one)."""
+def write_snapshot(run_directory: str, registry: CollectorRegistry, exemplars_from: Collector) -> dict:
+    """This process's snapshot, written whole and renamed into place (a reader never sees half of one);
+    returned, so a scrape this process answers sums exactly what it wrote."""
     path = snapshot_path(run_directory, os.getpid())
     path.parent.mkdir(exist_ok=True)
     staging = path.with_suffix(".writing")
-    staging.write_text(json.dumps({"text": generate_latest(registry).decode(),
-                                   "exemplars": exemplars_of(exemplars_from)}, allow_nan=False))
-    os.replace(staging, path)
+    with _writing:  # read and written in one step: an older text never replaces a newer one
+        snapshot = {"text": generate_latest(registry).decode(), "exemplars": exemplars_of(exemplars_from)}
+        staging.write_text(json.dumps(snapshot, allow_nan=False))
+        os.replace(staging, path)
+    return snapshot
 
 
 async def answer_snapshot_requests(run_directory: str, registry: CollectorRegistry,
@@ -103,7 +119,7 @@ async def answer_snapshot_requests(run_directory: str, registry: CollectorRegist
         await asyncio.Future()  # until cancelled
     finally:
         server.close()
-        remove_snapshot_files(run_directory, pid)
+        remove_request_socket(run_directory, pid)  # the snapshot is folded by a scrape once this process is gone
 
 
 def _is_running(pid: int) -> bool:
@@ -114,6 +130,43 @@ def fresh_snapshots(run_directory: str, wait_s: float = WAIT_S,
                     clock: Callable[[], float] = time.monotonic) -> dict[int, dict]:
     """Every other running API process's snapshot, written after this call began (or, past ``wait_s``, the
     latest one it wrote), by pid. Blocking: call it off the event loop."""
+    asked = ask_for_snapshots(run_directory, wait_s, clock)
+    snapshots = {}
+    for pid in asked:
+        if not _is_running(pid):
+            continue
+        try:
+            snapshots[pid] = json.loads(snapshot_path(run_directory, pid).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue  # the process stopped meanwhile
+    return snapshots
+
+
+def snapshots_folding_departed(run_directory: str, carried: CarriedCounts) -> dict[int, dict]:
+    """Every other running API process's latest snapshot, by pid; the snapshot of each process no longer
+    running is folded into ``carried.departed`` and removed (call it holding ``carried``'s lock, after
+    ``ask_for_snapshots``: a snapshot is either read here as live or folded, never both)."""
+    snapshots = {}
+    for path in (Path(run_directory) / SNAPSHOT_DIRECTORY).glob("*.json"):
+        if not path.stem.isdigit() or int(path.stem) == os.getpid():
+            continue
+        pid = int(path.stem)
+        try:
+            snapshot = json.loads(path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            continue
+        if _is_running(pid):
+            snapshots[pid] = snapshot
+        else:
+            add_into(carried.departed, monotonic_series(snapshot["text"]))
+            remove_snapshot_files(run_directory, pid)
+    return snapshots
+
+
+def ask_for_snapshots(run_directory: str, wait_s: float = WAIT_S,
+                      clock: Callable[[], float] = time.monotonic) -> list[int]:
+    """Every other API process asked to write its snapshot now, waited for ``wait_s`` at most in all; the
+    pids that accepted the request. Blocking: call it off the event loop."""
     directory = Path(run_directory) / SNAPSHOT_DIRECTORY
     deadline = clock() + wait_s
     asked: dict[int, socket.socket] = {}
@@ -139,12 +192,4 @@ def fresh_snapshots(run_directory: str, wait_s: float = WAIT_S,
     finally:
         for connection in asked.values():
             connection.close()
-    snapshots = {}
-    for pid in asked:
-        if not _is_running(pid):
-            continue
-        try:
-            snapshots[pid] = json.loads(snapshot_path(run_directory, pid).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            continue  # the process stopped meanwhile
-    return snapshots
+    return list(asked)

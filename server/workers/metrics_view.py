@@ -17,7 +17,9 @@ into the same families, series and labels as one process exports:
 
     counters, histograms, summary _count/_sum   summed over the processes, API processes and engines
                                                 alike (a request count over two engines is the
-                                                requests both served)
+                                                requests both served), plus the carried counts of
+                                                processes that are gone or did not answer this scrape
+                                                (``server.workers.counter_carry``): they never go down
     ENGINE_LABELLED_FAMILIES                    each engine's samples a series of their own, labelled
                                                 ``engine="<i>"`` (one engine: ``engine="0"``), never
                                                 summed or maxed across engines
@@ -39,12 +41,15 @@ read from each process's request-duration histogram (``exemplars_of``) beside
 its exposition and put back on the merged buckets, so the OpenMetrics scrape
 shows them as one process does; the classic text format drops them, as always.
 
-A snapshot of a process that is no longer running is left out; one that does
-not answer within ``metrics_snapshots.WAIT_S`` is read as it last wrote. An
-engine whose socket is missing, refuses or breaks the connection, or does not
-answer within ``ENGINE_ANSWER_TIMEOUT_S`` (it is starting again) is left out of
-that scrape: its series are absent until it is back, the scrape still answers;
-without engine 0 the stage quantiles are absent too.
+A process that no longer runs is left out but for its counters: its last
+snapshot is folded into the carried counts. An API process that does not answer
+within ``metrics_snapshots.WAIT_S`` is read as it last wrote. An engine whose
+socket is missing, refuses or breaks the connection, or does not answer within
+``ENGINE_ANSWER_TIMEOUT_S`` (it is starting again) is left out of that scrape
+but for its counters, which it adds as last seen: its gauges are absent until
+it is back, the scrape still answers; without engine 0 the stage quantiles are
+absent too. An engine is known by the pid it answers with: a new pid under its
+index (a restart) folds the old one's last-seen counters into the carried ones.
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ import math
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -63,8 +69,10 @@ from prometheus_client.samples import Exemplar, Sample
 from monitoring.collector import STAGE_LATENCY, SUMMARY_QUANTILES
 from monitoring.digest import quantiles_of
 from monitoring.fleet import DigestSource, merge_documents
+from server.workers.counter_carry import Series, carried_counts, monotonic_series
 from server.workers.frames import encode_frame, read_frame_blocking
-from server.workers.metrics_snapshots import ExemplarRow, exemplars_of, fresh_snapshots
+from server.workers.metrics_snapshots import (SNAPSHOT_DIRECTORY, ExemplarRow, ask_for_snapshots,
+                                              snapshots_folding_departed, write_snapshot)
 from server.workers.readiness import LIVE_GAUGE, register_live_workers
 from server.workers.restarts import (API_WORKER_RESTARTS, ENGINE_RESTARTS, register_engine_restart_count,
                                      register_restart_count)
@@ -103,11 +111,12 @@ ENGINE_ANSWER_TIMEOUT_S = 10.0
 SUPERVISOR_FAMILIES = frozenset({API_WORKER_RESTARTS, ENGINE_RESTARTS, LIVE_GAUGE})
 """Families the view reads from the run directory; a process's own copy (a single-process registry's 0) is left out."""
 
-EngineAnswer = tuple[str, dict, list[ExemplarRow]]
+EngineAnswer = tuple[str, dict, list[ExemplarRow], int]  # exposition, digests, exemplars, the engine's pid
 
 
 def engine_metrics(socket_path: str) -> EngineAnswer | None:
-    """The engine registry's exposition, its monitor's digests and its exemplars (zero-shot routes record there).
+    """The engine registry's exposition, its monitor's digests, its exemplars (zero-shot routes record there)
+    and its pid.
 
     None when the engine cannot answer now: no socket file, a refused or broken connection, or no answer
     within ``ENGINE_ANSWER_TIMEOUT_S`` (all ``OSError``s: the engine is starting again, or stuck).
@@ -147,13 +156,25 @@ def _is_engine_labelled(family_name: str) -> bool:
     return family_name in ENGINE_LABELLED_FAMILIES or family_name.removesuffix("_created") in ENGINE_LABELLED_FAMILIES
 
 
+def engine_series(text: str, engine: int) -> Series:
+    """An engine's monotonic series, labelled as the merged view labels them."""
+    return monotonic_series(text, {ENGINE_LABEL: str(engine)}, ENGINE_LABELLED_FAMILIES)
+
+
 def merge_expositions(texts: list[str], digests_documents: list[dict],
                       exemplar_rows: Sequence[ExemplarRow] = (),
-                      engine_texts: Mapping[int, str] | None = None) -> list[Metric]:
+                      engine_texts: Mapping[int, str] | None = None,
+                      carried: Series | None = None) -> list[Metric]:
     """The families of ``texts`` (API processes) and ``engine_texts`` (engine index -> its exposition) merged
-    by the rules in this module's docstring; ``digests_documents`` give the stage quantiles."""
+    by the rules in this module's docstring, ``carried`` added to the sums; ``digests_documents`` give the
+    stage quantiles."""
     families: dict[str, Metric] = {}
     values: dict[str, dict[tuple, float]] = {}
+    for key, (family_name, kind, documentation, value) in (carried or {}).items():
+        if family_name not in families:
+            families[family_name] = Metric(family_name, documentation, kind)
+            values[family_name] = {}
+        values[family_name][key] = value
     engine_texts = engine_texts or {}
     sources = [(text, None) for text in texts] + [(engine_texts[index], index) for index in sorted(engine_texts)]
     for text, engine in sources:
@@ -233,16 +254,23 @@ class MergedMetrics:
         self._engines = engines  # engine i's answer at [i], None where it did not answer
 
     def collect(self) -> Iterator[Metric]:
-        others = list(fresh_snapshots(self._run_directory).values())
+        ask_for_snapshots(self._run_directory)
         answers = self._engines()
-        texts = [generate_latest(self._own).decode(), *(other["text"] for other in others)]
+        own = write_snapshot(self._run_directory, self._own, self._exemplars_from)  # what a fold would carry
+        with carried_counts(Path(self._run_directory) / SNAPSHOT_DIRECTORY) as state:
+            others = list(snapshots_folding_departed(self._run_directory, state).values())
+            for index, answer in enumerate(answers):
+                if answer is not None:
+                    state.saw_engine(index, answer[3], engine_series(answer[0], index))
+            carried = state.carried(index for index, answer in enumerate(answers) if answer is None)
+        texts = [own["text"], *(other["text"] for other in others)]
         engine_texts = {index: answer[0] for index, answer in enumerate(answers) if answer is not None}
         # The one monitor is engine 0's (server.workers.engine_monitor); the others' digests hold nothing.
         documents = [answers[0][1]] if answers and answers[0] is not None else []
-        exemplar_rows = [*exemplars_of(self._exemplars_from),
+        exemplar_rows = [*own["exemplars"],
                          *(row for answer in answers if answer is not None for row in answer[2]),
                          *(row for other in others for row in other.get("exemplars", ()))]
-        for family in merge_expositions(texts, documents, exemplar_rows, engine_texts):
+        for family in merge_expositions(texts, documents, exemplar_rows, engine_texts, carried):
             if family.name not in SUPERVISOR_FAMILIES:  # registered beside this collector, from the run directory
                 yield family
 

@@ -79,7 +79,7 @@ from server.workers.handoff import (
     settings_json,
 )
 from server.workers.forked_process import ForkedProcess, ForkFailed, ForkServer, reap_strays
-from server.workers.metrics_snapshots import remove_snapshot_files
+from server.workers.metrics_snapshots import remove_request_socket
 from server.workers.readiness import forget, is_marked
 from server.workers.restart_backoff import RestartBackoff, RestartPolicy
 from server.workers.restarts import write_engine_restart_count, write_restart_count
@@ -311,9 +311,10 @@ class Supervisor:
 
     def _forget(self, pid: int) -> None:
         """What a dead API process left in the run directory: its ready mark (it no longer counts as serving),
-        its metrics snapshot and request socket (no scrape waits for it)."""
+        its metrics request socket (no scrape waits for it); its snapshot stays for the next scrape to fold into
+        the carried counts (``server.workers.counter_carry``: the server's counters do not go down)."""
         forget(self._run_directory, pid)
-        remove_snapshot_files(self._run_directory, pid)
+        remove_request_socket(self._run_directory, pid)
 
     def _stop(self, processes: list[ApiProcess], sig: int) -> None:
         for process in processes:

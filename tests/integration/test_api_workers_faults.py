@@ -16,11 +16,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from encoded_images import b64, encoded_image
 from server.workers.handoff import RATE_BUCKETS_VARIABLE, RUN_DIRECTORY_VARIABLE
+from server.workers.metrics_snapshots import fresh_snapshots
 from server.workers.supervisor import EXIT_API_CRASH_LOOP, EXIT_API_PROCESS_START_FAILED
 from tests.conftest import ServeProcess, run_serve_process
+from tests.integration.counter_series import counter_series, text_requests, went_down
 
 pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
 
@@ -221,6 +224,47 @@ def test_a_killed_api_process_is_forked_again_by_the_fork_server_and_answers(tin
     assert command_line(successor).split()[1:] == ["-m", "server.workers.api_process", listening_fd]
     assert environment_block(successor) == environment_block(fork_server) != environment_block(engine)
     assert parent_of(fork_server) == supervisor  # the same fork server, still there for the next one
+
+
+def test_no_counter_goes_down_when_an_api_process_is_killed_and_started_again(tiny_workers):
+    """/metrics sums every API process's counters; the killed one's last counts stay in the sum (Prometheus
+    reads a decrease as a counter reset: a false spike in every rate()), and the requests answered after the
+    restart are counted on top of them. Every counter series of the scrape is compared, not a chosen one."""
+    url, supervisor = tiny_workers.url, tiny_workers.process.pid
+    api_pids = api_processes_of(supervisor)
+    for number in range(12):  # new connections: both API processes answer some
+        answer = httpx.post(f"{url}/v1/infer", json={"text": f"counted {number}"}, headers={"Connection": "close"},
+                            timeout=60)
+        assert answer.status_code == 200, answer.text
+    before = counter_series(url)
+    run_directory = environment_entry(api_pids[0], RUN_DIRECTORY_VARIABLE)
+    counted = {pid: text_requests(series_of(snapshot["text"]))
+               for pid, snapshot in fresh_snapshots(run_directory).items()}
+    killed = max(api_pids, key=lambda pid: counted.get(pid, 0.0))
+    assert counted[killed] > 0, counted  # the kill takes counts away from a plain sum of the live processes
+    restarts_before = restarts(url)
+    os.kill(killed, signal.SIGKILL)
+    deadline = time.monotonic() + 180  # a successor imports for seconds, more on a loaded machine
+    while not (live_api_processes(url) == 2 and restarts(url) == restarts_before + 1
+               and killed not in api_processes_of(supervisor)):
+        assert time.monotonic() < deadline, "the killed API process was not started again"
+        time.sleep(0.1)
+    after = [counter_series(url) for _ in range(4)]  # new connections: the successor answers some
+    for scrape in after:
+        assert went_down(before, scrape) == {}
+        assert text_requests(scrape) == text_requests(before)
+    for number in range(6):
+        answer = httpx.post(f"{url}/v1/infer", json={"text": f"after {number}"}, headers={"Connection": "close"},
+                            timeout=60)
+        assert answer.status_code == 200, answer.text
+    later = counter_series(url)
+    assert went_down(after[-1], later) == {}
+    assert text_requests(later) == text_requests(before) + 6, "the answers after the restart counted on top"
+
+
+def series_of(text: str) -> dict:
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def test_with_spawn_a_killed_api_process_is_a_new_interpreter_and_answers(serve_process):

@@ -35,6 +35,7 @@ import pytest
 from server.workers.handoff import ENGINE_INDEX_VARIABLE
 from server.workers.supervisor import EXIT_ENGINE_CRASH_LOOP
 from tests.conftest import ServeProcess, run_serve_processes
+from tests.integration.counter_series import counter_series, text_requests, went_down
 from tests.integration.same_answers import assert_same
 from tests.integration.test_api_workers import lifetime_count
 from tests.integration.test_api_workers_faults import children_of, command_line, is_gone, live_api_processes
@@ -282,6 +283,50 @@ def test_engine_0_killed_leaves_engine_1_serving_and_its_monitor_comes_back(two_
                           if plan["engine"] == engine) == ["decode", "text"], again.text
     finally:
         end_drills(url)
+
+
+def test_no_counter_goes_down_when_an_engine_is_killed_misses_scrapes_and_comes_back(two_engines):
+    """/metrics sums the engines' counters (cache events, batches); engine 1, killed by the drill, keeps its
+    last counts in the sum while it is gone (each scrape meanwhile misses it) and after it is back with a
+    new pid, and what it counts from then on is added on top. Every counter series of every scrape is
+    compared with the scrape before it, not a chosen one."""
+    url, supervisor = two_engines.url, two_engines.process
+    send_text = text_sender(url, "counted before the kill")
+    served = [send_text() for _ in range(16)]
+    assert {status for status, _ in served} == {200} and {engine for _, engine in served} == {"0", "1"}, served
+    before = counter_series(url)
+    assert engine_batches(before, "1") > 0
+    old_pid = engine_pids(supervisor.pid)[1]
+    kill = httpx.post(f"{url}/v1/admin/faults/kill?engine=1", timeout=30)  # the drill: SIGKILL 0.2 s after
+    assert kill.status_code == 202, kill.text
+    scrapes, answered_meanwhile = [before], 0
+    send_meanwhile = text_sender(url, "while engine 1 is away")
+    deadline = time.monotonic() + RESTART_WITHIN_S
+    while True:  # scraped all along: while engine 1 is gone, starting, and back
+        scrapes.append(counter_series(url))
+        status, engine = send_meanwhile()
+        answered_meanwhile += status == 200
+        if engine == "1" and engine_pids(supervisor.pid).get(1) not in (None, old_pid):
+            break  # the new engine 1 serves
+        assert time.monotonic() < deadline, "engine 1 never served again"
+        time.sleep(0.2)
+    scrapes.extend(counter_series(url) for _ in range(3))
+    for earlier, later in zip(scrapes, scrapes[1:]):
+        assert went_down(earlier, later) == {}
+    assert text_requests(scrapes[-1]) == text_requests(before) + answered_meanwhile
+    send_after = text_sender(url, "counted after the restart")
+    served_after = [send_after() for _ in range(16)]
+    assert {status for status, _ in served_after} == {200} and "1" in {engine for _, engine in served_after}, \
+        served_after
+    finally_seen = counter_series(url)
+    assert went_down(scrapes[-1], finally_seen) == {}
+    assert text_requests(finally_seen) == text_requests(before) + answered_meanwhile + 16
+    assert engine_batches(finally_seen, "1") > engine_batches(before, "1"), "the new engine's batches on top"
+
+
+def engine_batches(values: dict, engine: str) -> float:
+    return sum(value for (name, labels), value in values.items()
+               if name == "mmserve_batch_size_count" and ("engine", engine) in labels)
 
 
 def test_engines_dying_at_every_start_stop_the_server_with_their_own_exit_status(one_engine):

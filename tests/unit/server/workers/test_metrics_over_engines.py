@@ -1,4 +1,4 @@
-"""One /metrics over several engines: counts summed, per-engine series labelled, a missing engine left out.
+"""One /metrics over several engines: counts summed, per-engine series labelled, a missing engine's gauges left out.
 
 Each engine's exposition is what a real engine registry writes (``ServingMetrics``, a registered
 ``Monitor``, the device collector), and the sockets test asks real Unix-socket servers that answer
@@ -67,10 +67,10 @@ class _Engine:
         self.metrics.cache_entries.labels(modality="image").set(cache_bytes // 1000)
         self.metrics.cache_events_total.labels(modality="image", event="hit").inc(hits)
 
-    def answer(self) -> tuple[str, dict, list]:
+    def answer(self) -> tuple[str, dict, list, int]:
         """What the engine answers ``("metrics", id)`` with."""
         return (generate_latest(self.registry).decode(), self.monitor.digests_view(),
-                exemplars_of(self.metrics.request_duration_seconds))
+                exemplars_of(self.metrics.request_duration_seconds), id(self))
 
 
 def _engines() -> list[_Engine]:
@@ -150,15 +150,19 @@ def test_one_engine_is_labelled_engine_0(tmp_path: Path) -> None:
     assert _of(values, "mmserve_queue_depth") == {(("engine", "0"), ("lane", "vision")): 2}
 
 
-def test_an_engine_that_does_not_answer_is_left_out_of_the_scrape(tmp_path: Path) -> None:
+def test_an_engine_that_does_not_answer_keeps_only_its_last_seen_counts_in_the_scrape(tmp_path: Path) -> None:
     engines = _engines()
-    without_1 = _values(_view(_api_process(1), [engines[0].answer(), None], tmp_path))
-    assert _of(without_1, "mmserve_requests_total")[(("code", "200"), ("route", "classify"))] == 3
-    assert _of(without_1, "mmserve_queue_depth") == {(("engine", "0"), ("lane", "vision")): 2}
-    assert _of(without_1, "mmserve_stage_latency_seconds"), "engine 0 answered: its quantiles are there"
+    never_seen = _values(_view(_api_process(1), [engines[0].answer(), None], tmp_path))
+    assert _of(never_seen, "mmserve_requests_total")[(("code", "200"), ("route", "classify"))] == 3
+    assert _of(never_seen, "mmserve_queue_depth") == {(("engine", "0"), ("lane", "vision")): 2}
+    assert _of(never_seen, "mmserve_stage_latency_seconds"), "engine 0 answered: its quantiles are there"
     without_0 = _values(_view(_api_process(1), [None, engines[1].answer()], tmp_path))
-    assert _of(without_0, "mmserve_requests_total")[(("code", "200"), ("route", "classify"))] == 5
-    assert _of(without_0, "mmserve_queue_depth") == {(("engine", "1"), ("lane", "vision")): 9}
+    assert _of(without_0, "mmserve_requests_total")[(("code", "200"), ("route", "classify"))] == 3 + 5, \
+        "engine 0's 3 as last seen: a counter does not dip for the scrape it misses"
+    assert _of(without_0, "mmserve_device_batches_total") == {(("engine", "0"), ("stage", "vision")): 2,
+                                                              (("engine", "1"), ("stage", "vision")): 4}
+    assert _of(without_0, "mmserve_queue_depth") == {(("engine", "1"), ("lane", "vision")): 9}, \
+        "a missing engine's gauges are absent"
     assert _of(without_0, "mmserve_stage_latency_seconds") == {}, "quantiles come from engine 0's monitor only"
 
 
