@@ -93,52 +93,45 @@ def _closed(properties: dict[str, Schema], required: list[str] | None = None) ->
             "required": required or []}
 
 
+# What a ServiceMonitor's endpoint and a PodMonitor's podMetricsEndpoint both take (the CRDs' shared fields).
+_SCRAPE_ENDPOINT: dict[str, Schema] = {
+    "port": _STRING, "targetPort": {"type": ["integer", "string"]},
+    "path": {"type": "string", "pattern": "^/"}, "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+    "interval": _DURATION, "scrapeTimeout": _DURATION, "params": _OBJECT,
+    "honorLabels": _BOOLEAN, "honorTimestamps": _BOOLEAN, "trackTimestampsStaleness": _BOOLEAN,
+    "relabelings": {"type": "array", "items": _OBJECT},
+    "metricRelabelings": {"type": "array", "items": _OBJECT},
+    "tlsConfig": _OBJECT, "authorization": _OBJECT, "basicAuth": _OBJECT, "oauth2": _OBJECT,
+    "bearerTokenSecret": _OBJECT, "proxyUrl": _STRING,
+    "followRedirects": _BOOLEAN, "enableHttp2": _BOOLEAN, "filterRunning": _BOOLEAN,
+}
+# And what both specs take besides their endpoints.
+_MONITOR_SPEC: dict[str, Schema] = {
+    "selector": core("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"),
+    "namespaceSelector": _closed({"any": _BOOLEAN, "matchNames": {"type": "array", "items": _STRING}}),
+    "jobLabel": _STRING,
+    "podTargetLabels": {"type": "array", "items": _STRING},
+    "sampleLimit": _INTEGER, "targetLimit": _INTEGER, "labelLimit": _INTEGER,
+    "attachMetadata": _OBJECT, "scrapeClass": _STRING,
+}
+
+
 def service_monitor() -> Schema:
-    endpoint = _closed({
-        "port": _STRING, "targetPort": {"type": ["integer", "string"]},
-        "path": {"type": "string", "pattern": "^/"}, "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
-        "interval": _DURATION, "scrapeTimeout": _DURATION, "params": _OBJECT,
-        "honorLabels": _BOOLEAN, "honorTimestamps": _BOOLEAN, "trackTimestampsStaleness": _BOOLEAN,
-        "relabelings": {"type": "array", "items": _OBJECT},
-        "metricRelabelings": {"type": "array", "items": _OBJECT},
-        "tlsConfig": _OBJECT, "authorization": _OBJECT, "basicAuth": _OBJECT, "oauth2": _OBJECT,
-        "bearerTokenSecret": _OBJECT, "bearerTokenFile": _STRING, "proxyUrl": _STRING,
-        "followRedirects": _BOOLEAN, "enableHttp2": _BOOLEAN, "filterRunning": _BOOLEAN,
-    })
+    endpoint = _closed({**_SCRAPE_ENDPOINT, "bearerTokenFile": _STRING})
     spec = _closed({
-        "selector": core("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"),
-        "namespaceSelector": _closed({"any": _BOOLEAN, "matchNames": {"type": "array", "items": _STRING}}),
+        **_MONITOR_SPEC,
         "endpoints": {"type": "array", "minItems": 1, "items": endpoint},
-        "jobLabel": _STRING,
         "targetLabels": {"type": "array", "items": _STRING},
-        "podTargetLabels": {"type": "array", "items": _STRING},
-        "sampleLimit": _INTEGER, "targetLimit": _INTEGER, "labelLimit": _INTEGER,
-        "attachMetadata": _OBJECT, "scrapeClass": _STRING,
     }, required=["selector", "endpoints"])
     return _resource("monitoring.coreos.com/v1", "ServiceMonitor", spec)
 
 
 def pod_monitor() -> Schema:
     """Prometheus Operator PodMonitor: pods by label, and how to scrape each (monitoring.coreos.com_podmonitors)."""
-    endpoint = _closed({
-        "port": _STRING, "portNumber": _INTEGER, "targetPort": {"type": ["integer", "string"]},
-        "path": {"type": "string", "pattern": "^/"}, "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
-        "interval": _DURATION, "scrapeTimeout": _DURATION, "params": _OBJECT,
-        "honorLabels": _BOOLEAN, "honorTimestamps": _BOOLEAN, "trackTimestampsStaleness": _BOOLEAN,
-        "relabelings": {"type": "array", "items": _OBJECT},
-        "metricRelabelings": {"type": "array", "items": _OBJECT},
-        "tlsConfig": _OBJECT, "authorization": _OBJECT, "basicAuth": _OBJECT, "oauth2": _OBJECT,
-        "bearerTokenSecret": _OBJECT, "proxyUrl": _STRING,
-        "followRedirects": _BOOLEAN, "enableHttp2": _BOOLEAN, "filterRunning": _BOOLEAN,
-    })
+    endpoint = _closed({**_SCRAPE_ENDPOINT, "portNumber": _INTEGER})
     spec = _closed({
-        "selector": core("io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"),
-        "namespaceSelector": _closed({"any": _BOOLEAN, "matchNames": {"type": "array", "items": _STRING}}),
+        **_MONITOR_SPEC,
         "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": endpoint},
-        "jobLabel": _STRING,
-        "podTargetLabels": {"type": "array", "items": _STRING},
-        "sampleLimit": _INTEGER, "targetLimit": _INTEGER, "labelLimit": _INTEGER,
-        "attachMetadata": _OBJECT, "scrapeClass": _STRING,
     }, required=["selector", "podMetricsEndpoints"])
     return _resource("monitoring.coreos.com/v1", "PodMonitor", spec)
 
