@@ -21,7 +21,6 @@ from fastapi.responses import JSONResponse
 
 from server.errors import ApiError
 from server.protocols import kserve_v2_model, openai_embeddings
-from server.protocols.option_names import KSERVE_V2, in_terms_of
 
 KSERVE_V2_ROOT = "/v2"
 OPENAI_PATHS = frozenset({"/v1/embeddings"})
@@ -30,7 +29,6 @@ OPENAI_PATHS = frozenset({"/v1/embeddings"})
 def error_response(error: ApiError, path: str) -> JSONResponse:
     """``error``'s answer (its status and headers) in the shape of ``path``'s protocol."""
     if path == KSERVE_V2_ROOT or path.startswith(KSERVE_V2_ROOT + "/"):
-        error = in_terms_of(error, KSERVE_V2)
         return error.response(kserve_v2_model.error_body(error))
     if path in OPENAI_PATHS:
         return error.response(openai_embeddings.error_body(error, error.field))

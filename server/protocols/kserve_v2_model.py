@@ -43,6 +43,7 @@ from server.errors import ApiError
 from server.ingest.inputs import ParsedInput, image_content, parsed_input
 from server.protocols.errors import RowFailedError
 from server.protocols.kserve_v2_codec import BYTES, RequestedOutput, Tensor, V2InferRequest
+from server.protocols.option_names import KSERVE_V2, in_terms_of
 from server.settings import Settings
 
 MODEL_VERSION = "1"
@@ -139,7 +140,9 @@ def _config_data_type(datatype: str) -> str:
 
 def error_body(error: ApiError, row_index: int | None = None) -> dict:
     """Triton's error shape, ``{"error": "<code>: <message>"}``: tritonclient reads ``error`` as a string (an
-    object there breaks its exception's text). A row's failure names its row."""
+    object there breaks its exception's text). A row's failure names its row; hints name v2's own parameters
+    (``parameters.truncate``, ``parameters.timeout``: ``server.protocols.option_names``)."""
+    error = in_terms_of(error, KSERVE_V2)
     where = f"row {row_index}: " if row_index is not None else ""
     return {"error": f"{error.code}: {where}{error.message}"}
 

@@ -44,7 +44,6 @@ from server.protocols.kserve_v2_model import (
     output_tensors,
     rows_from_request,
 )
-from server.protocols.option_names import KSERVE_V2, in_terms_of
 from server.protocols.rows import Failure, max_rows_per_request
 from server.request_layer import Answered, Endpoint, Parsed, serve
 from server.state import ServerState
@@ -69,8 +68,7 @@ _INFER_BODY = {
 
 
 def _error_response(failure: Failure) -> JSONResponse:
-    error = in_terms_of(failure.error, KSERVE_V2)  # hints name parameters.truncate, parameters.timeout
-    return error.response(error_body(error, failure.row_index))
+    return failure.error.response(error_body(failure.error, failure.row_index))
 
 
 def check_model(state: ServerState, model_name: str, model_version: str | None) -> None:
