@@ -11,10 +11,14 @@ answer a scrape, and each must carry the same counts):
     departed       one accumulated set of monotonic series: every departed process's last-seen values,
                    added together (bounded: a process is folded into it once, and it is never a list)
     engines        per engine index, the pid it last answered with and its last-seen monotonic series
+    published      per monotonic series, the largest value a scrape has shown
 
 and a scrape adds ``departed`` to the live sum, plus, for an engine that did not
 answer this scrape, its last-seen series (so a slow engine does not dip and
-come back). A process is known by its pid, never by its slot: a restarted
+come back). What the scrape then shows is never below ``published``: floats
+summed in another order (another API process answers, or a process is folded
+into ``departed``) can land one rounding step lower, 10.780651473 after
+10.780651473000002, and Prometheus reads even that as a reset. A process is known by its pid, never by its slot: a restarted
 engine answers under the same index with a new pid, and only then is the old
 pid's last-seen set folded into ``departed``; an API process's snapshot file
 (``metrics/PID.json``, ``server.workers.metrics_snapshots``) is folded once
@@ -55,10 +59,8 @@ def monotonic_series(text: str, extra_labels: Mapping[str, str] | None = None,
     (an engine's ``engine="<i>"``, as the merged view labels them)."""
     series: Series = {}
     for family in text_string_to_metric_families(text):
-        if family.type not in MONOTONIC_TYPES:
-            continue
         for sample in family.samples:
-            if "quantile" in sample.labels or sample.name.endswith("_created"):
+            if not is_monotonic_sample(family.type, sample.name, sample.labels):
                 continue
             labels = dict(sample.labels)
             if extra_labels and family.name in extra_labelled:
@@ -90,6 +92,7 @@ class CarriedCounts:
 
     departed: Series = field(default_factory=dict)
     engines: dict[int, tuple[int, Series]] = field(default_factory=dict)  # index -> (pid, last-seen series)
+    published: dict[SeriesKey, float] = field(default_factory=dict)  # the largest value each series was shown with
 
     def saw_engine(self, index: int, pid: int, series: Series) -> None:
         """Engine ``index`` answered as ``pid`` with ``series``; a new pid under that index folds the old one.
@@ -115,16 +118,32 @@ class CarriedCounts:
                 add_into(total, self.engines[index][1])
         return total
 
+    def not_below_published(self, key: SeriesKey, value: float) -> float:
+        """``value`` for monotonic series ``key``, raised to the largest value a scrape has shown it with
+        (and remembered as that from now on)."""
+        shown = max(value, self.published.get(key, value))
+        self.published[key] = shown
+        return shown
+
     def to_json(self) -> dict:
         return {"departed": _rows(self.departed),
                 "engines": {str(index): {"pid": pid, "series": _rows(series)}
-                            for index, (pid, series) in self.engines.items()}}
+                            for index, (pid, series) in self.engines.items()},
+                "published": [[name, [list(pair) for pair in labels], value]
+                              for (name, labels), value in self.published.items()]}
 
     @classmethod
     def from_json(cls, document: dict) -> CarriedCounts:
         return cls(_series(document.get("departed", ())),
                    {int(index): (int(record["pid"]), _series(record["series"]))
-                    for index, record in document.get("engines", {}).items()})
+                    for index, record in document.get("engines", {}).items()},
+                   {(name, tuple((key, value) for key, value in labels)): float(shown)
+                    for name, labels, shown in document.get("published", ())})
+
+
+def is_monotonic_sample(family_type: str, sample_name: str, labels: Mapping[str, str]) -> bool:
+    """A sample ``monotonic_series`` carries: of a counter, histogram or summary, not a quantile nor ``_created``."""
+    return family_type in MONOTONIC_TYPES and "quantile" not in labels and not sample_name.endswith("_created")
 
 
 @contextmanager

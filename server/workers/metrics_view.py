@@ -19,7 +19,8 @@ into the same families, series and labels as one process exports:
                                                 alike (a request count over two engines is the
                                                 requests both served), plus the carried counts of
                                                 processes that are gone or did not answer this scrape
-                                                (``server.workers.counter_carry``): they never go down
+                                                (``server.workers.counter_carry``): they never go down,
+                                                not even by a rounding step of a sum in another order
     ENGINE_LABELLED_FAMILIES                    each engine's samples a series of their own, labelled
                                                 ``engine="<i>"`` (one engine: ``engine="0"``), never
                                                 summed or maxed across engines
@@ -69,7 +70,8 @@ from prometheus_client.samples import Exemplar, Sample
 from monitoring.collector import STAGE_LATENCY, SUMMARY_QUANTILES
 from monitoring.digest import quantiles_of
 from monitoring.fleet import DigestSource, merge_documents
-from server.workers.counter_carry import Series, carried_counts, monotonic_series
+from server.workers.counter_carry import (CarriedCounts, Series, carried_counts, is_monotonic_sample,
+                                          monotonic_series)
 from server.workers.frames import encode_frame, read_frame_blocking
 from server.workers.metrics_snapshots import (SNAPSHOT_DIRECTORY, ExemplarRow, ask_for_snapshots,
                                               snapshots_folding_departed, write_snapshot)
@@ -243,6 +245,17 @@ def _grouped(samples: list[Sample]) -> list[Sample]:
     return sorted(samples, key=group)
 
 
+def _never_below_published(families: Sequence[Metric], state: CarriedCounts) -> None:
+    """Each monotonic sample of ``families`` raised to the largest value a scrape has shown it with
+    (``CarriedCounts.published``: a sum in another order may round one step lower)."""
+    for family in families:
+        family.samples = [
+            sample._replace(value=state.not_below_published((sample.name, tuple(sorted(sample.labels.items()))),
+                                                            sample.value))
+            if is_monotonic_sample(family.type, sample.name, sample.labels) else sample
+            for sample in family.samples]
+
+
 class MergedMetrics:
     """The collector of the answering API process's ``/metrics`` registry."""
 
@@ -263,14 +276,16 @@ class MergedMetrics:
                 if answer is not None:
                     state.saw_engine(index, answer[3], engine_series(answer[0], index))
             carried = state.carried(index for index, answer in enumerate(answers) if answer is None)
-        texts = [own["text"], *(other["text"] for other in others)]
-        engine_texts = {index: answer[0] for index, answer in enumerate(answers) if answer is not None}
-        # The one monitor is engine 0's (server.workers.engine_monitor); the others' digests hold nothing.
-        documents = [answers[0][1]] if answers and answers[0] is not None else []
-        exemplar_rows = [*own["exemplars"],
-                         *(row for answer in answers if answer is not None for row in answer[2]),
-                         *(row for other in others for row in other.get("exemplars", ()))]
-        for family in merge_expositions(texts, documents, exemplar_rows, engine_texts, carried):
+            texts = [own["text"], *(other["text"] for other in others)]
+            engine_texts = {index: answer[0] for index, answer in enumerate(answers) if answer is not None}
+            # The one monitor is engine 0's (server.workers.engine_monitor); the others' digests hold nothing.
+            documents = [answers[0][1]] if answers and answers[0] is not None else []
+            exemplar_rows = [*own["exemplars"],
+                             *(row for answer in answers if answer is not None for row in answer[2]),
+                             *(row for other in others for row in other.get("exemplars", ()))]
+            merged = merge_expositions(texts, documents, exemplar_rows, engine_texts, carried)
+            _never_below_published(merged, state)  # under the lock: two scrapes at once are shown in turn
+        for family in merged:
             if family.name not in SUPERVISOR_FAMILIES:  # registered beside this collector, from the run directory
                 yield family
 
