@@ -17,6 +17,13 @@ the 0.9 quantile for it to be tried, where the growth is larger. The
 wait bound is a minute, so each request stays with the engine that owns its
 key however slow that engine is: the drill slows engine 1 to hold its
 requests in it, not to move them.
+
+One client sends, one request at a time. With three, the closed loop
+gathered them on the slow engine (each of its requests takes 70 ms, the
+other's 10), where they waited behind each other's 70-ms batches: the
+queue stage grew as much as vision did, and CI once saw queue named as the
+stage (2026-12-06). One at a time, nothing waits, and the stall shows in
+the stage it is in.
 """
 
 from __future__ import annotations
@@ -65,7 +72,7 @@ def test_drift_for_a_stall_on_one_engine_names_that_engine(two_engines):
     (about half, by their keys) fill the slow tail, and drift names ``engine`` = 1 (as test_drift_inputs_drill
     names a PNG-only stall)."""
     with (httpx.Client(base_url=two_engines.url, timeout=30) as client,
-          JpegLoad(two_engines.url, num_clients=3, max_duration_s=90) as load):
+          JpegLoad(two_engines.url, num_clients=1, max_duration_s=90) as load):
         try:
             load.wait_for(50, 30.0)
             assert client.post("/v1/monitoring/baseline").status_code == 200
