@@ -11,6 +11,16 @@ class RouterError(Exception):
     """Base class for the router's deliberate failures."""
 
 
+class ServerRefusalError(RouterError):
+    """A refusal for the server's state, whichever item met it first: never an item's error.
+
+    A many-item call raises it as it is, not inside ``IntakeItemError``, so no
+    answer blames a row for it ("row 0: the server is shutting down"), and
+    one process answers as API processes in front of an engine do, which
+    refuse such a call before any item is looked at.
+    """
+
+
 class DecodeQueueFullError(RouterError):
     """The decode pool's queue is full: nothing was decoded; ``retry_after_s`` is its backlog at its pace."""
 
@@ -35,7 +45,7 @@ class DeadlineExceededError(RouterError):
     """The request's deadline passed before it could be computed."""
 
 
-class ShuttingDownError(RouterError):
+class ShuttingDownError(ServerRefusalError):
     """The server is draining and takes no new requests (the message is the client's: never empty)."""
 
     def __init__(self, message: str = "the server is shutting down") -> None:
@@ -53,7 +63,7 @@ class ItemFailedError(RouterError):
         self.error_id = error_id
 
 
-class ComputeUnavailableError(RouterError):
+class ComputeUnavailableError(ServerRefusalError):
     """The compute thread is not running (died or never started)."""
 
 

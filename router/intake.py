@@ -65,7 +65,7 @@ from PIL import Image
 from models.loading.config import PreprocessConfig
 from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
 from router.device_decode_round import DeviceDecodeRound
-from router.errors import IntakeItemError
+from router.errors import IntakeItemError, ServerRefusalError
 from router.faults import FaultInjector
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
 from router.item_facts import ItemFacts
@@ -234,6 +234,8 @@ class RequestIntake:
         if len(items) == 1:  # most requests: awaited in the caller's task, no task of its own to start
             try:
                 return [await self._run_item(items[0], sents[0], arrival_ns, gate, device_round, images_inline)]
+            except ServerRefusalError:
+                raise
             except Exception as e:
                 raise IntakeItemError(0, e) from e
         outcomes = await asyncio.gather(*(self._run_item(item, sent, arrival_ns, gate, device_round, images_inline)
@@ -241,6 +243,8 @@ class RequestIntake:
         for item_index, outcome in enumerate(outcomes):
             if isinstance(outcome, _NeighbourRefusedError):
                 continue
+            if isinstance(outcome, ServerRefusalError):
+                raise outcome
             if isinstance(outcome, Exception):
                 raise IntakeItemError(item_index, outcome) from outcome
             if isinstance(outcome, BaseException):

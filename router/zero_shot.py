@@ -40,7 +40,7 @@ import numpy as np
 
 from cache import SegmentKey
 from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
-from router.errors import IntakeItemError
+from router.errors import IntakeItemError, ServerRefusalError
 from router.intake import IntakeItem, IntakeOutcome, RequestIntake
 from router.request import InferenceRequest, Priority, Route
 from router.segments import ImageContent, SegmentCatalog, SegmentPlan, SlotStatus
@@ -298,7 +298,7 @@ class ZeroShotEncoder:
                 result = await self._router.submit(request, plan)
             assert result.text_segment is not None  # a text request always returns its segment
             return result.text_segment
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ServerRefusalError):
             raise
         except Exception as e:
             raise IntakeItemError(index, e) from e

@@ -162,6 +162,20 @@ def test_a_draining_router_refuses_and_the_plan_is_settled(make_router, pool):
     assert router.cache.num_in_flight == 0
 
 
+@pytest.mark.parametrize("num_items", [1, 3])
+def test_a_draining_router_refuses_a_call_for_the_server_not_for_its_first_item(make_router, pool, num_items):
+    """Not ``IntakeItemError(0, ...)``: an answer would say "row 0: the server is shutting down", blaming a row,
+    where API processes in front of an engine refuse the call before looking at any item."""
+    router = make_router()
+    router.begin_drain()
+    intake = _intake(router, FakeDecoder(), pool)
+    items = [_item(f"r-{index}", text=f"too late {index}") for index in range(num_items)]
+    with pytest.raises(ShuttingDownError) as raised:
+        asyncio.run(intake.run(items, _now()))
+    assert str(raised.value) == "the server is shutting down"
+    assert router.cache.num_in_flight == 0
+
+
 def test_a_model_error_reaches_the_owner_and_its_waiter(make_router, pool, tiny_bundle, monkeypatch):
     router, decoder = make_router(), FakeDecoder(is_held=True)
     intake = _intake(router, decoder, pool)
