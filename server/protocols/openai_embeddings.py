@@ -15,7 +15,9 @@ accepted only when it equals every item's native size: these embeddings are
 not trained to be truncated. ``truncate`` is mmserve's own field, as on
 ``/v1/infer``: ``true`` cuts a text over the model's token limit to the limit
 instead of refusing it (OpenAI's API has no such field; without it a long text
-could not be embedded here at all).
+could not be embedded here at all). ``timeout_ms`` is mmserve's too: the
+request's deadline from arrival, as on ``/v1/infer``; a 504 names it, so a
+client told to set it can.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from server.errors import ApiError
 from server.ingest.inputs import ParsedInput, image_content, parsed_input
 from server.protocols.errors import RowFailedError
 from server.protocols.rows import RowOutcome
+from server.schemas import TIMEOUT_MS_LIMIT, WholeInt
 from server.settings import Settings
 
 _DATA_URI = re.compile(r"data:(?P<media_type>[^;,]*)(?P<parameters>(?:;[^;,]*)*),(?P<payload>.*)", re.DOTALL)
@@ -55,6 +58,8 @@ class EmbeddingsRequest(BaseModel):
     user: str | None = None
     truncate: bool = Field(False, description="mmserve's extension: cut a text over the model's token limit to "
                                               "the limit instead of refusing it, as on /v1/infer.")
+    timeout_ms: WholeInt | None = Field(None, ge=1, le=TIMEOUT_MS_LIMIT,
+                                        description="mmserve's extension: the deadline from arrival, as on /v1/infer.")
 
 
 def _validation_error(error: ValidationError) -> ApiError:
@@ -103,19 +108,20 @@ def _image_from_data_uri(value: str) -> bytes:
     return decode_base64(match["payload"], "input")
 
 
-def item_from_string(value: str, settings: Settings, truncate: bool = False) -> ParsedInput:
+def item_from_string(value: str, settings: Settings, truncate: bool = False,
+                     timeout_ms: int | None = None) -> ParsedInput:
     """A data URI is an image, an http(s) URL is refused, anything else is text.
 
     Only a string that starts like a data URI (``data:type/subtype,`` or ``;``)
     is read as one, so a text such as "data: see table 2" stays a text.
     """
     if _DATA_URI_START.match(value):
-        return parsed_input(None, image_content(_image_from_data_uri(value), None), settings)
+        return parsed_input(None, image_content(_image_from_data_uri(value), None), settings, timeout_ms=timeout_ms)
     if _REMOTE_URL.fullmatch(value.strip()):
         raise ApiError(400, "remote_image_refused",
                        "this server does not fetch URLs; send the image inline as data:image/...;base64,<data>",
                        "input")
-    return parsed_input(value, (), settings, truncate=truncate)
+    return parsed_input(value, (), settings, truncate=truncate, timeout_ms=timeout_ms)
 
 
 def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[ParsedInput]:
@@ -124,7 +130,7 @@ def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[P
     items = []
     for row_index, value in enumerate(values):
         try:
-            items.append(item_from_string(value, settings, request.truncate))
+            items.append(item_from_string(value, settings, request.truncate, request.timeout_ms))
         except ApiError as e:
             raise RowFailedError(row_index, e) from e
     return items

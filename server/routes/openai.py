@@ -32,11 +32,14 @@ from server.state import ServerState
 router = APIRouter(tags=["OpenAI-compatible"])
 
 METRICS_ROUTE = "openai"
+_REQUEST_FIELDS = frozenset(EmbeddingsRequest.model_fields) - {"input"}  # the body's fields but the items
 
 
 def _error_response(failure: Failure, is_single_input: bool) -> JSONResponse:
+    """OpenAI's error; ``param`` names the item for an item's error, and the request's own field (its
+    ``timeout_ms`` for a passed deadline, met by whichever item) for an error about that field."""
     error = failure.error
-    if failure.row_index is not None:
+    if failure.row_index is not None and error.field not in _REQUEST_FIELDS:
         param = "input" if is_single_input else f"input[{failure.row_index}]"
     else:
         param = error.field

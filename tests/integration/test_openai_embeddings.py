@@ -150,3 +150,19 @@ def test_embeddings_are_counted_under_their_own_route(client, tiny_server):
     metrics = httpx.get(f"{tiny_server.url}/metrics").text
     assert count(metrics, "200") == before + 1
     assert 'mmserve_request_duration_seconds_count{route="openai"}' in metrics
+
+
+def test_timeout_ms_is_an_extension_field_whose_504_names_it(client, tiny_server):
+    """A 504 tells the client that ``timeout_ms`` sets the deadline: /v1/embeddings takes it (as ``truncate``),
+    so the client can act on it; 1 ms is shorter than any text's own compute."""
+    generous = client.embeddings.create(model="tiny", input="on time", encoding_format="float",
+                                        extra_body={"timeout_ms": 60_000})
+    np.testing.assert_allclose(generous.data[0].embedding, native(tiny_server, {"text": "on time"})["text_embedding"],
+                               rtol=0, atol=TOLERANCE)
+    with pytest.raises(openai.APIStatusError) as late:
+        client.embeddings.create(model="tiny", input="too late", extra_body={"timeout_ms": 1})
+    assert late.value.status_code == 504
+    assert (late.value.code, late.value.param) == ("deadline_exceeded", "timeout_ms")
+    with tiny_server.client() as http:
+        zero = http.post("/v1/embeddings", json={"input": "x", "timeout_ms": 0})
+    assert zero.status_code == 422 and zero.json()["error"]["param"] == "timeout_ms"
