@@ -10,10 +10,8 @@ weights (``server.workers``), so both paths answer from one code path.
 
     fact                  read from the loaded model        read by
     num_image_tokens      model.vision.num_tokens           the joint-token budget (router.joint_budget)
-    image_embedding_dim   model.vision.embedding_dim        KServe v2 output shapes
-    image_token_width     model.vision.embed_dim            OpenAI ``dimensions`` of an image item
-    text_embedding_dim    model.text.embedding_dim          KServe v2 output shapes
-    text_hidden_size      model.text.hidden_size            OpenAI ``dimensions`` of a text item
+    image_embedding_dim   model.vision.embedding_dim        KServe v2 output shapes, OpenAI ``dimensions``
+    text_embedding_dim    model.text.embedding_dim          of an image item and of a text item
     max_text_tokens       tokenizer.max_tokens              the joint-token budget's default
     device                model.device                      batch spans' device attribute
 """
@@ -39,9 +37,7 @@ class ServedModelFacts:
     preprocess_id: str  # ``config.preprocess.identity()``: part of every image segment's cache key
     num_image_tokens: int
     image_embedding_dim: int
-    image_token_width: int
     text_embedding_dim: int
-    text_hidden_size: int
     max_text_tokens: int
     device: str  # "cpu", "cuda:0"
 
@@ -60,7 +56,6 @@ def served_model_facts(bundle: ModelBundle) -> ServedModelFacts:
     return ServedModelFacts(
         config=bundle.config, description=bundle.describe(), preprocess_id=bundle.config.preprocess.identity(),
         num_image_tokens=int(model.vision.num_tokens), image_embedding_dim=int(model.vision.embedding_dim),
-        image_token_width=int(model.vision.embed_dim), text_embedding_dim=int(model.text.embedding_dim),
-        text_hidden_size=int(model.text.hidden_size), max_text_tokens=int(bundle.tokenizer.max_tokens),
+        text_embedding_dim=int(model.text.embedding_dim), max_text_tokens=int(bundle.tokenizer.max_tokens),
         device=str(model.device),
     )

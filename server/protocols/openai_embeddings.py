@@ -139,7 +139,7 @@ def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[P
 def check_dimensions(request: EmbeddingsRequest, items: Sequence[ParsedInput], model: ServedModelFacts) -> None:
     if request.dimensions is None:
         return
-    sizes = {model.text_hidden_size if item.route == "text" else model.image_token_width
+    sizes = {model.text_embedding_dim if item.route == "text" else model.image_embedding_dim
              for item in items}
     if sizes != {request.dimensions}:
         raise ApiError(422, "unsupported_dimensions",

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import tritonclient.http as triton_http
 from openai import OpenAI
 from PIL import Image
-from transformers import AutoModel, AutoTokenizer, CLIPImageProcessorPil, SiglipImageProcessorPil
+from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPImageProcessorPil, SiglipImageProcessorPil
 
 from benchmarks.random_pretrained import write_clip, write_hub_cache, write_siglip
 from server.settings import Settings
@@ -128,6 +128,15 @@ def test_clip_from_a_directory_answers_as_transformers_on_each_route(tmp_path: P
         pairs = [client.post("/v1/infer", json={"text": t, "image": {"b64": base64.b64encode(png).decode()},
                                                 "truncate": True}).json()
                  for t, png in zip(CLIP_TEXTS, images, strict=True)]
+        # OpenAI's dimensions: the embeddings' own size (CLIP's projection), not the towers' hidden width
+        both = [CLIP_TEXTS[0], _data_uri(images[0])]
+        projected = client.post("/v1/embeddings", json={"input": both, "dimensions": len(want["text_embedding"])})
+        hidden = client.post("/v1/embeddings", json={"input": both, "dimensions": AutoConfig.from_pretrained(
+            str(directory)).text_config.hidden_size})
+    assert len(want["text_embedding"]) != AutoConfig.from_pretrained(str(directory)).text_config.hidden_size
+    assert projected.status_code == 200, projected.text
+    assert [len(item["embedding"]) for item in projected.json()["data"]] == [len(want["text_embedding"])] * 2
+    assert hidden.status_code == 422 and hidden.json()["error"]["code"] == "unsupported_dimensions"
     assert fused["model"]["family"] == "clip" and fused["model"]["score"] == "clip_logit"
     assert fused["model"]["runtime"] == runtime
     assert batched.status_code == 200, batched.text

@@ -141,7 +141,7 @@ MESSAGES = {
         ModelConfig("tiny", VisionConfig("vit_tiny", {"img_size": 32, "patch_size": 8}), TextConfig(hidden_size=32),
                     FusionConfig(rank=4), PreprocessConfig(input_size=32, resize_size=36, mean=(0.48, 0.46, 0.41))),
         ModelDescription("tiny", "ab12", "mmserve", None, True, "untrained"), "size=32;resize=36",
-        num_image_tokens=17, image_embedding_dim=64, image_token_width=64, text_embedding_dim=32, text_hidden_size=32,
+        num_image_tokens=17, image_embedding_dim=64, text_embedding_dim=32,
         max_text_tokens=16, device="cpu"),
         TokenizerFiles("transformers", {"tokenizer.json": b"{}", "tokenizer_config.json": b"{}"}, "{}", 16, False))),
 }

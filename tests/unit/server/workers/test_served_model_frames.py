@@ -50,8 +50,8 @@ def test_the_facts_arrive_equal_to_the_engines(name, request):
     assert facts == sent and type(facts.config.preprocess.mean) is tuple
     assert (facts.name, facts.fingerprint, facts.preprocess_id) == (
         bundle.config.name, bundle.fingerprint, bundle.config.preprocess.identity())
-    assert (facts.num_image_tokens, facts.text_hidden_size, facts.image_token_width) == (
-        bundle.model.vision.num_tokens, bundle.model.text.hidden_size, bundle.model.vision.embed_dim)
+    assert (facts.num_image_tokens, facts.text_embedding_dim, facts.image_embedding_dim) == (
+        bundle.model.vision.num_tokens, bundle.model.text.embedding_dim, bundle.model.vision.embedding_dim)
     assert JointTokenBudget.for_model(facts, max_images_per_request=2) == JointTokenBudget(
         bundle.model.vision.num_tokens, 2, 2 * bundle.model.vision.num_tokens + bundle.tokenizer.max_tokens)
 
