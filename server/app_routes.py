@@ -73,6 +73,9 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
     ``rate_buckets``: the rate limit's store when not this process's memory (API processes share one).
     """
     app.state.created_unix_s = int(time.time())  # OpenAI's model "created"
+    # A path no route serves is 404 route_not_found, trailing slash or not: Starlette's default answered
+    # POST /v1/embeddings/ with an empty 307 to the path without it, which no API client follows with its body.
+    app.router.redirect_slashes = False
     app.add_exception_handler(ApiError, lambda request, error: error_response(error, request.url.path))
 
     def count_early_rejection(path: str, code: str) -> None:

@@ -30,6 +30,6 @@ def error_response(error: ApiError, path: str) -> JSONResponse:
     """``error``'s answer (its status and headers) in the shape of ``path``'s protocol."""
     if path == KSERVE_V2_ROOT or path.startswith(KSERVE_V2_ROOT + "/"):
         return error.response(kserve_v2_model.error_body(error))
-    if path in OPENAI_PATHS:
+    if path.rstrip("/") in OPENAI_PATHS:  # an OpenAI client's typo gets the error its client reads
         return error.response(openai_embeddings.error_body(error, error.field))
     return error.response()

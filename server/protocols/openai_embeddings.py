@@ -41,7 +41,8 @@ from server.protocols.rows import RowOutcome
 from server.schemas import TIMEOUT_MS_LIMIT, WholeInt
 from server.settings import Settings
 
-_DATA_URI = re.compile(r"data:(?P<media_type>[^;,]*)(?P<parameters>(?:;[^;,]*)*),(?P<payload>.*)", re.DOTALL)
+_DATA_URI = re.compile(r"data:(?P<media_type>[^;,]*)(?P<parameters>(?:;[^;,]*)*),(?P<payload>.*)",
+                       re.DOTALL | re.IGNORECASE)  # the scheme, type and "base64" in any case (RFC 2397, 2045)
 _DATA_URI_START = re.compile(r"data:[\w.+-]+/[\w.+-]+[;,]", re.IGNORECASE)
 _REMOTE_URL = re.compile(r"https?://\S+", re.IGNORECASE)
 OWNER = "mmserve"
@@ -126,9 +127,13 @@ def item_from_string(value: str, settings: Settings, truncate: bool = False,
 
 def items_from_request(request: EmbeddingsRequest, settings: Settings) -> list[ParsedInput]:
     """One ``ParsedInput`` per item, checked like ``/v1/infer``; ``RowFailedError`` names a bad item."""
-    values = [request.input] if isinstance(request.input, str) else request.input
+    if isinstance(request.input, str):  # one item: its errors name "input" itself, as the intake's do
+        try:
+            return [item_from_string(request.input, settings, request.truncate, request.timeout_ms)]
+        except ApiError as e:
+            raise ApiError(e.status, e.code, e.message, "input", e.retry_after_s) from e
     items = []
-    for row_index, value in enumerate(values):
+    for row_index, value in enumerate(request.input):
         try:
             items.append(item_from_string(value, settings, request.truncate, request.timeout_ms))
         except ApiError as e:

@@ -168,3 +168,31 @@ def test_timeout_ms_is_an_extension_field_whose_504_names_it(client, tiny_server
     with tiny_server.client() as http:
         zero = http.post("/v1/embeddings", json={"input": "x", "timeout_ms": 0})
     assert zero.status_code == 422 and zero.json()["error"]["param"] == "timeout_ms"
+
+
+@pytest.mark.parametrize("value, code", [("", "empty_text"), ("https://example.com/a.png", "remote_image_refused"),
+                                         ("data:image/png;base64,!!", "invalid_base64")])
+def test_a_single_string_inputs_error_names_input_whichever_check_refuses_it(client, value, code):
+    """As a long single text's 422 does (the intake's check): one string is ``input``, not ``input[0]``."""
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.embeddings.create(model="tiny", input=value)
+    assert (refused.value.code, refused.value.param) == (code, "input")
+    with pytest.raises(openai.APIStatusError) as in_a_list:
+        client.embeddings.create(model="tiny", input=["fine", value])
+    assert (in_a_list.value.code, in_a_list.value.param) == (code, "input[1]")
+
+
+def test_a_data_uri_in_upper_case_is_the_same_image(client):
+    image = b64(encoded_image(2))
+    lower, upper = client.embeddings.create(model="tiny", encoding_format="float", input=[
+        f"data:image/png;base64,{image}", f"DATA:IMAGE/PNG;BASE64,{image}"]).data
+    np.testing.assert_array_equal(upper.embedding, lower.embedding)
+
+
+def test_a_trailing_slash_is_a_404_in_the_paths_shape_not_a_redirect(tiny_server):
+    with tiny_server.client() as http:
+        embeddings = http.post("/v1/embeddings/", json={"input": "x"})
+        infer = http.post("/v1/infer/", json={"text": "x"})
+    assert embeddings.status_code == 404 and embeddings.json()["error"]["code"] == "route_not_found"
+    assert set(embeddings.json()["error"]) == {"message", "type", "param", "code"}, "OpenAI's shape"
+    assert infer.status_code == 404 and infer.json()["error"]["code"] == "route_not_found"
