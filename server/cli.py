@@ -192,8 +192,8 @@ def _serve(args: argparse.Namespace) -> int:
     """Settings, then every check that needs no weights (``server.runtime.startup_checks``), then the server."""
     from pydantic import ValidationError
 
-    from server.runtime.startup_checks import (OneLineStartupFailure, bind_listening_socket, check_without_torch,
-                                               settings_error)
+    from server.runtime.startup_checks import (CONFIGURATION_ERRORS, OneLineStartupFailure, StartupError,
+                                               bind_listening_socket, check_without_torch, settings_error)
     from server.settings import load_settings
 
     try:
@@ -225,10 +225,25 @@ def _serve(args: argparse.Namespace) -> int:
         from server.workers.supervisor import run_supervised
 
         return run_supervised(settings.model_copy(update={"engines": engines}), settings.api_workers)  # no torch here
+    named_device = None
+    if settings.devices is not None:  # one device: this process is its one engine, set up as engine_plans sets one
+        import os
+
+        from server.workers.engine_plan import engine_plans
+
+        named_device = f"--devices {settings.devices[0]} (MMSERVE_DEVICES)"
+        (plan,) = engine_plans(settings, 1)
+        settings = plan.settings
+        os.environ.update(plan.environment)  # the GPU it names, alone visible: torch is not imported yet
     listening = bind_listening_socket(settings.host, settings.port)  # a bad address fails before the model loads
     from server.runtime.model_loading import plan_device  # torch: this process loads the model anyway
 
-    plan_device(settings)  # --device, --dtype, --decode-device against this machine, before any weight is read
+    try:
+        plan_device(settings)  # --device, --dtype, --decode-device against this machine, before any weight is read
+    except CONFIGURATION_ERRORS as e:
+        if named_device is None:
+            raise
+        raise StartupError(f"{named_device}: {e}") from e  # the setting the user gave, as several engines name it
     from server.app import create_app
     from server.runtime.lifecycle import DrainingServer, uvicorn_config
 

@@ -267,6 +267,18 @@ class Settings(BaseSettings):
                              f"({self.max_images_per_request})")
         return self
 
+    @model_validator(mode="after")
+    def _devices_set_the_engine_count(self) -> Settings:
+        """``--devices`` runs one engine per device: an ``--engines`` given beside it must say the same, or one of
+        the two would be dropped without a word."""
+        if (self.devices is not None and "engines" in self.model_fields_set
+                and self.engines != len(self.devices)):
+            devices = ",".join(self.devices)
+            raise ValueError(f"--engines {self.engines} (MMSERVE_ENGINES) and --devices {devices} (MMSERVE_DEVICES, "
+                             f"{len(self.devices)} engine{'s' if len(self.devices) > 1 else ''}) disagree: --devices "
+                             "sets the engine count, leave --engines out")
+        return self
+
     @field_validator("engines")
     @classmethod
     def _engines_in_range(cls, value: int | str) -> int | str:

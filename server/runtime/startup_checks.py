@@ -48,12 +48,22 @@ class StartupError(Exception):
 
 
 def settings_error(error: ValidationError) -> StartupError:
-    """Pydantic's report on ``Settings`` as one line per field: ``--port (MMSERVE_PORT): ... (got 99999)``."""
+    """Pydantic's report on ``Settings`` as one line: per field ``--port (MMSERVE_PORT): ... (got 99999)``.
+
+    A validator's own message is given as it was raised (not pydantic's "Value error, ..."), with the value
+    only where it does not already say it; a check across settings (no field) is its message alone, which
+    names the settings itself, instead of a made-up ``--settings`` and every value the server was given.
+    """
     problems = []
     for detail in error.errors():
-        name = ".".join(str(part) for part in detail["loc"]) or "settings"
+        message = str(detail["ctx"]["error"]) if detail["type"] == "value_error" else detail["msg"]
+        name = ".".join(str(part) for part in detail["loc"])
+        if not name:
+            problems.append(message)
+            continue
         flag = f"--{name.replace('_', '-')} (MMSERVE_{name.upper()})"
-        problems.append(f"{flag}: {detail['msg']} (got {detail.get('input')!r})")
+        value = repr(detail.get("input"))
+        problems.append(f"{flag}: {message}" + ("" if value in message else f" (got {value})"))
     return StartupError("; ".join(problems))
 
 

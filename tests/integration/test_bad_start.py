@@ -69,10 +69,15 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
         BadStart("no engines", ("--preset", "tiny", "--engines", "0"), ("--engines (MMSERVE_ENGINES)", "between 1 and 64")),
         BadStart("no API processes", ("--preset", "tiny", "--api-workers", "0"), ("--api-workers (MMSERVE_API_WORKERS)",)),
         BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
+        BadStart("engines and devices disagree", ("--preset", "tiny", "--engines", "3", "--devices", "cpu"),
+                 ("--engines 3", "--devices cpu", "leave --engines out")),
     ]
     if not torch.cuda.is_available():  # the no-CUDA message needs a machine without CUDA
         cases.append(BadStart("no CUDA", ("--preset", "tiny", "--device", "cuda"),
                               ("--device cuda", "no CUDA device is visible")))
+        # One listed device: one process, which used to serve on --device (the CPU here) without a word.
+        cases.append(BadStart("the one device of --devices is missing", ("--preset", "tiny", "--devices", "cuda:0"),
+                              ("--devices cuda:0 (MMSERVE_DEVICES)", "no CUDA device is visible")))
     return cases
 
 
