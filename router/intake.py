@@ -154,12 +154,19 @@ class _NeighbourRefusedError(Exception):
 
 
 class _AllPrepared:
-    """Holds each item of one call after preparing until every item is prepared or one is refused."""
+    """Holds each item of one call after preparing until every item is prepared or one is refused.
 
-    def __init__(self, num_items: int) -> None:
+    ``signal``, when given, is set once every item is prepared (never on a refusal): work the caller
+    runs beside the call waits on it before computing anything (``router.zero_shot``).
+    """
+
+    def __init__(self, num_items: int, signal: asyncio.Event | None = None) -> None:
         self._num_unprepared = num_items
         self._is_refused = False
         self._done = asyncio.Event()
+        self._signal = signal
+        if num_items == 0 and signal is not None:
+            signal.set()  # nothing to prepare: nothing to wait for
 
     def refuse(self) -> None:
         self._is_refused = True
@@ -170,6 +177,8 @@ class _AllPrepared:
         self._num_unprepared -= 1
         if self._num_unprepared == 0:
             self._done.set()
+            if self._signal is not None and not self._is_refused:
+                self._signal.set()
         await self._done.wait()
         if self._is_refused:
             raise _NeighbourRefusedError()
@@ -219,15 +228,18 @@ class RequestIntake:
         return await self._run_item(item, sent, arrival_ns, _AllPrepared(1), self._device_round(1),
                                     self._images_decode_inline((item,), (sent,)))
 
-    async def run(self, items: Sequence[IntakeItem], arrival_ns: int) -> list[IntakeOutcome]:
+    async def run(self, items: Sequence[IntakeItem], arrival_ns: int,
+                  all_prepared: asyncio.Event | None = None) -> list[IntakeOutcome]:
         """Every item's result, in order; all items share ``arrival_ns`` (and so their deadline).
 
         Every item is prepared before any is submitted, so one bad item costs
         its neighbours no compute, and then all are submitted at once, so the
         batcher can batch them. Raises ``IntakeItemError`` for the first
-        failed item (by index).
+        failed item (by index). ``all_prepared`` is set once every item is
+        prepared, for work beside the call that must not compute for a call
+        one of whose items is refused.
         """
-        gate = _AllPrepared(len(items))
+        gate = _AllPrepared(len(items), all_prepared)
         device_round = self._device_round(len(items))
         sents = [ItemFacts.sent(item) for item in items]
         images_inline = self._images_decode_inline(items, sents)

@@ -214,17 +214,22 @@ class ZeroShotEncoder:
 
     # -- texts ------------------------------------------------------------------
 
-    async def encode_texts(self, texts: Sequence[str], options: ZeroShotOptions, arrival_ns: int) -> EncodedTexts:
-        """Every text's segment: from the cache, from another request, or computed in the text lane."""
-        return await self._encode_planned(self._plan_texts, tuple(texts), options, arrival_ns)
+    async def encode_texts(self, texts: Sequence[str], options: ZeroShotOptions, arrival_ns: int,
+                           after: asyncio.Event | None = None) -> EncodedTexts:
+        """Every text's segment: from the cache, from another request, or computed in the text lane.
+
+        ``after``: computed only once it is set (the call's images all prepared, ``encode_images``), so a call
+        refused for an image computes no text, as API processes, which decode first, never send one."""
+        return await self._encode_planned(self._plan_texts, tuple(texts), options, arrival_ns, after)
 
     async def encode_tokenized(self, tokenized: TokenizedTexts, options: ZeroShotOptions,
-                               arrival_ns: int) -> EncodedTexts:
+                               arrival_ns: int, after: asyncio.Event | None = None) -> EncodedTexts:
         """``encode_texts`` for texts tokenized and keyed already (``tokenize_texts`` in an API process)."""
-        return await self._encode_planned(self._plan_tokenized, tokenized, options, arrival_ns)
+        return await self._encode_planned(self._plan_tokenized, tokenized, options, arrival_ns, after)
 
     async def _encode_planned(self, plan: Callable[[Any, ZeroShotOptions], _PlannedTexts], texts: Any,
-                              options: ZeroShotOptions, arrival_ns: int) -> EncodedTexts:
+                              options: ZeroShotOptions, arrival_ns: int,
+                              after: asyncio.Event | None = None) -> EncodedTexts:
         started_ns = self._clock_ns()
         future = self._executor.submit(plan, texts, options)
         try:
@@ -239,6 +244,8 @@ class ZeroShotEncoder:
         try:
             window = asyncio.Semaphore(self._window)
             pending = [j for j, value in enumerate(distinct) if value is None]  # a warm call has none: no task
+            if pending and after is not None:
+                await after.wait()
             tasks = [asyncio.ensure_future(self._segment(planned, j, options, arrival_ns, window, first_submit_ns))
                      for j in pending]
             try:
@@ -306,8 +313,9 @@ class ZeroShotEncoder:
     # -- images -----------------------------------------------------------------
 
     async def encode_images(self, images: Sequence[ImageContent], options: ZeroShotOptions,
-                            arrival_ns: int) -> EncodedImages:
-        """Every image as its own vision item, all prepared before any is submitted (``RequestIntake.run``).
+                            arrival_ns: int, all_prepared: asyncio.Event | None = None) -> EncodedImages:
+        """Every image as its own vision item, all prepared before any is submitted (``RequestIntake.run``);
+        ``all_prepared`` is set then.
 
         Raises ``IntakeItemError`` naming the failed image.
         """
@@ -315,7 +323,7 @@ class ZeroShotEncoder:
                             priority=options.priority, timeout_ms=options.timeout_ms, use_cache=options.use_cache,
                             trace=options.trace)
                  for index, content in enumerate(images)]
-        outcomes = await self._intake.run(items, arrival_ns)
+        outcomes = await self._intake.run(items, arrival_ns, all_prepared)
         return EncodedImages(tuple(outcome.result.image_segments[0] for outcome in outcomes), tuple(outcomes))
 
     # -- a model whose only image-text score is its trained fusion head ----------------

@@ -48,12 +48,18 @@ class LocalZeroShot:
             max(len(tokens.token_ids) for tokens in texts.tokens), stage_ns)
 
     async def _encode(self, work: ZeroShotWork, arrival_ns: int) -> tuple[EncodedImages, EncodedTexts]:
-        """Images and texts at once; a failure names its item; the other side is cancelled."""
+        """Images and texts at once; a failure names its item; the other side is cancelled.
+
+        The texts are tokenized and planned while the images decode, and computed once every image is
+        prepared: a call refused for an image computes (and caches) no text, as with API processes, which
+        decode a call's images before the engine sees it.
+        """
         encoder, options = self.encoder, work.options
-        image_task = asyncio.ensure_future(encoder.encode_images(work.images, options, arrival_ns))
+        images_prepared = asyncio.Event()
+        image_task = asyncio.ensure_future(encoder.encode_images(work.images, options, arrival_ns, images_prepared))
         text_task = asyncio.ensure_future(
-            encoder.encode_texts(work.texts, options, arrival_ns) if work.tokenized is None
-            else encoder.encode_tokenized(work.tokenized, options, arrival_ns))
+            encoder.encode_texts(work.texts, options, arrival_ns, images_prepared) if work.tokenized is None
+            else encoder.encode_tokenized(work.tokenized, options, arrival_ns, images_prepared))
         tasks = {image_task: work.image_field, text_task: work.text_field}
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)

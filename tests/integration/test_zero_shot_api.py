@@ -274,6 +274,24 @@ def test_a_trained_fusion_head_answers_with_the_match_score_infer_gives(tmp_path
     assert [r["score"] for r in ranked.json()["results"]] == pytest.approx(sorted(plain, reverse=True), abs=TOLERANCE)
 
 
+def test_a_classify_refused_for_an_image_computes_no_label(servers):
+    """The labels wait for the images to be prepared: a call refused for its second image encodes none of
+    them, so the next call with those labels misses, as with API processes, which decode first."""
+    server = servers["clip"]
+    router = server.app.state.mmserve.router
+    labels = ["a label refused with its image", "another label refused with its image"]
+    with server.client() as client:
+        before = router.num_texts_encoded
+        refused = client.post("/v1/classify", json={"images": [_b64(encoded_image(71)), {"b64": "bm90IGFuIGltYWdl"}],
+                                                    "labels": labels})
+        assert refused.status_code == 415 and refused.json()["error"]["field"] == "images[1]"
+        _wait_for_no_claims(server)
+        assert router.num_texts_encoded == before
+        answered = client.post("/v1/classify", json={"image": _b64(encoded_image(71)), "labels": labels})
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["cache"]["texts"]["miss"] == 2 and router.num_texts_encoded == before + 2
+
+
 def _wait_for_no_claims(server) -> None:
     import time
 
