@@ -152,6 +152,8 @@ class Engine:
                     messages = await read_messages(reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     break
+                except asyncio.CancelledError:
+                    return  # the engine is stopping (its loop cancels what is left): no error, finally closes
                 for message in messages:  # one frame holds a turn of the API process's messages
                     kind, call_id = message[0], message[1]
                     if kind == "run":
