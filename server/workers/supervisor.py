@@ -245,7 +245,7 @@ class Supervisor:
             self._stop(running(), signal.SIGTERM)
             engines = self._engine_processes()
             self._stop(engines, signal.SIGTERM)
-            return next((engine.returncode for engine in engines if engine.returncode not in (0, None)), 0)
+            return drained_exit_status([engine.returncode for engine in engines], signal.SIGTERM)
         finally:
             if self._fork_server is not None:
                 self._fork_server.close()
@@ -327,6 +327,18 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def drained_exit_status(engine_returncodes: list[int | None], sent: int) -> int:
+    """The server's exit status once its engines were stopped with signal ``sent``: 0, or the first engine's
+    failure. An engine killed by ``sent`` itself was stopped, not failed (its handler gone as it exited);
+    one killed by another signal failed, ``EXIT_ENGINE_DIED``: a negative return code is no exit status
+    (-15 would read as 241)."""
+    for code in engine_returncodes:
+        if code in (0, None, -sent):
+            continue
+        return code if code > 0 else EXIT_ENGINE_DIED
+    return 0
 
 
 def _how_started(process: ApiProcess | None) -> str:
