@@ -180,19 +180,22 @@ ServeSpec = tuple[list[str], "dict[str, str] | None"]  # (mmserve serve ARGS, ex
 
 @contextmanager
 def run_serve_process(args: list[str], env: dict[str, str] | None = None,
-                      ready_timeout_s: float = 120.0) -> Iterator[ServeProcess]:
+                      ready_timeout_s: float = 120.0, start_new_session: bool = False) -> Iterator[ServeProcess]:
     """``mmserve serve ARGS`` as its own process on a free port, once ready; killed at the end if alive.
 
     With ``--api-workers N`` ready means one API process serves, so this waits
     until all N do (``mmserve_api_workers_live``), and a test finds them all.
     Output (stdout and stderr together) stays readable from ``process.stdout``.
+    ``start_new_session``: the server leads its own session and process group (its pid is the group's id),
+    as a terminal's foreground job, which Ctrl+C signals as a whole (``os.killpg``).
     """
-    with run_serve_processes([(args, env)], ready_timeout_s) as (served,):
+    with run_serve_processes([(args, env)], ready_timeout_s, start_new_session) as (served,):
         yield served
 
 
 @contextmanager
-def run_serve_processes(specs: list[ServeSpec], ready_timeout_s: float = 120.0) -> Iterator[list[ServeProcess]]:
+def run_serve_processes(specs: list[ServeSpec], ready_timeout_s: float = 120.0,
+                        start_new_session: bool = False) -> Iterator[list[ServeProcess]]:
     """Several ``mmserve serve`` processes started side by side, each once ready (see ``run_serve_process``).
 
     A test that compares two servers (``--api-workers 2`` against one process)
@@ -211,7 +214,7 @@ def run_serve_processes(specs: list[ServeSpec], ready_timeout_s: float = 120.0) 
             process = subprocess.Popen(
                 [sys.executable, "-m", "server.cli", "serve", *args, "--port", str(port)],
                 env={**os.environ, "MMSERVE_LOG_LEVEL": "warning", **(env or {})},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=start_new_session,
             )
             started.append((args, process, f"http://127.0.0.1:{port}"))
         deadline = time.monotonic() + ready_timeout_s * len(started)  # what the starts had one after another

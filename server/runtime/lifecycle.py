@@ -13,6 +13,11 @@ already accepted finishes. So the first SIGTERM (or SIGINT) starts a drain:
 A second signal skips the wait (uvicorn's own handling: it stops at once and
 re-raises the signal).
 
+An API process behind the supervisor (``stopped_by_supervisor``) ignores
+SIGINT: Ctrl+C in a terminal signals the whole foreground process group, and
+the supervisor, which gets it too, stops its children itself, API processes
+first (SIGTERM), then the engines they answer from.
+
 A compute thread that dies or hangs (the watchdog keeps the fault on the
 router) ends the process too, with ``EXIT_COMPUTE_FAULT``: it cannot serve
 again, and an orchestrator restarts a process that exits non-zero even when
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from types import FrameType
 
@@ -48,11 +54,13 @@ def uvicorn_config(app: FastAPI, settings: Settings) -> uvicorn.Config:
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: FastAPI, drain_timeout_s: float, *,
-                 announce_address: bool = False) -> None:
+                 announce_address: bool = False, stopped_by_supervisor: bool = False) -> None:
         """``announce_address``: log the address served on a socket bound beforehand, as uvicorn does for its own
-        (uvicorn stays silent for sockets it is handed, since a supervisor of several processes logs it once)."""
+        (uvicorn stays silent for sockets it is handed, since a supervisor of several processes logs it once).
+        ``stopped_by_supervisor``: SIGINT is ignored (the module's docstring)."""
         super().__init__(config)
         self._announce_address = announce_address
+        self._stopped_by_supervisor = stopped_by_supervisor
         self._app = app
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -78,6 +86,8 @@ class DrainingServer(uvicorn.Server):
             logger.info("serving on http://%s:%d (Press CTRL+C to quit)", f"[{host}]" if ":" in host else host, port)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGINT and self._stopped_by_supervisor:
+            return  # the terminal's Ctrl+C: the supervisor got it too and sends SIGTERM in its order
         state = getattr(self._app.state, "mmserve", None)
         if self._is_draining or self._loop is None or state is None:
             super().handle_exit(sig, frame)

@@ -182,7 +182,7 @@ def main(listening_fd: int | None = None) -> int:
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path)
-    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s)
+    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s, stopped_by_supervisor=True)
     server.run(sockets=[listening])
     return server.exit_code if server.started else 1
 

@@ -266,8 +266,10 @@ async def serve_engine(settings: Settings, socket_path: str) -> int:
     app.state.engine_index = engine_index_from_environment()  # POST /v1/admin/faults/kill names it
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)  # the supervisor's, once the API processes have drained
+    # Ctrl+C in a terminal signals the whole foreground process group: the supervisor gets it too and stops the
+    # API processes before this engine, whose answers they wait for.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     exit_code = 0
     async with app.router.lifespan_context(app):
         state: ServerState = app.state.mmserve

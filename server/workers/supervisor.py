@@ -49,6 +49,9 @@ Faults (exit statuses of the supervisor in brackets):
                            process does
   SIGTERM / SIGINT         every API process drains (readiness 503, accepted requests finish),
                            then the engine drains and stops; exit 0
+  SIGINT to the group      the same (Ctrl+C in a terminal signals the whole foreground group): the
+                           API processes and engines ignore SIGINT and are stopped by the supervisor,
+                           in the order above, with SIGTERM
 """
 
 from __future__ import annotations

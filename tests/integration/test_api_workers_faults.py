@@ -380,6 +380,33 @@ def test_sigterm_drains_every_process_and_loses_no_accepted_request():
         assert not run_directory.exists()  # the socket, snapshots and restart count go with the server
 
 
+def test_ctrl_c_to_the_whole_process_group_drains_as_one_signal_to_the_supervisor():
+    """Ctrl+C in a terminal signals the foreground process group, every process of the server at once. The
+    children are the supervisor's to stop, in its order (API processes drain, then the engines): the group's
+    signal is the same drain as one to the supervisor alone, exit 0, no ERROR and no traceback. It used to
+    exit 241 (an engine's -15) with ERROR lines from engines and API processes stopping on their own."""
+    args = [*TINY, "--engines", "2", "--enable-fault-injection"]
+    with run_serve_process(args, {"MMSERVE_DRAIN_TIMEOUT_S": "30"}, start_new_session=True) as served:
+        url, process = served.url, served.process
+        deadline = time.monotonic() + 120  # ready is one engine serving: the drill waits for both
+        while (drill := httpx.post(f"{url}/v1/admin/faults", json={"stage": "text", "delay_ms": 1500,
+                                                                     "duration_s": 60}, timeout=30)).status_code == 503:
+            assert time.monotonic() < deadline, drill.text
+            time.sleep(0.2)
+        assert drill.status_code == 200, drill.text  # on every engine: the request is in flight at the signal
+        answers: list[httpx.Response] = []
+        in_flight = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{url}/v1/infer", json={"text": "in flight at ctrl+c"}, timeout=60)))
+        in_flight.start()
+        time.sleep(0.5)
+        os.killpg(process.pid, signal.SIGINT)
+        in_flight.join(60)
+        assert process.wait(timeout=60) == 0, process.stdout.read()[-5000:]
+        output = process.stdout.read()
+    assert [answer.status_code for answer in answers] == [200]
+    assert "ERROR" not in output and "Traceback" not in output, output[-5000:]
+
+
 def test_an_api_process_whose_start_up_fails_stops_the_server(tmp_path):
     """Not a restart loop behind a port that looks up: the server exits non-zero, saying why."""
     hooks = str(Path(__file__).parent / "api_workers_hooks")
