@@ -34,8 +34,11 @@ def _entries(root: Path) -> list[str]:
 def test_mmserve_export_fills_the_cache_and_the_next_start_exports_nothing(tmp_path: Path, live_server_runner,
                                                                            caplog):
     root = tmp_path / "cache"
+    # A dtype meant for `mmserve serve` in the environment: export has no --dtype and exports float32 regardless,
+    # under the key the float32 server below reads.
     done = subprocess.run([sys.executable, "-m", "server.cli", "export", "--preset", "tiny",
-                           "--export-cache-dir", str(root)], capture_output=True, text=True, timeout=600)
+                           "--export-cache-dir", str(root)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MMSERVE_DTYPE": "bfloat16"})
     assert done.returncode == 0, done.stderr
     assert "ONNX graphs of tiny" in done.stdout and str(root) in done.stdout
     (entry,) = _entries(root)
