@@ -1,7 +1,8 @@
 """``mmserve export``: fill the export cache ahead of time, so a container or pod starts without exporting.
 
 Loads the model exactly as ``mmserve serve`` with the same model settings would, on the CPU
-(same fingerprint, so the same cache key), puts its towers on ONNX Runtime
+in float32 (same fingerprint, so the same cache key; a ``device`` or ``dtype`` from
+MMSERVE_* or a config file is overridden, as export has neither flag), puts its towers on ONNX Runtime
 (export, probe check against torch) and prints where the graphs are. A
 later ``mmserve serve`` with the same model, settings and ``export_cache_dir``
 reads them instead of exporting.
@@ -20,7 +21,9 @@ def run_export(settings: Settings) -> int:
     if settings.runtime == "torch":
         raise DeviceSettingError("mmserve export --runtime torch: torch runs the modules themselves and has nothing "
                                  "to export; use --runtime onnxruntime (or auto)")
-    settings = settings.model_copy(update={"runtime": "onnxruntime", "device": "cpu"})
+    # ONNX Runtime serves the CPU in float32 only: a device or dtype from the environment or a config file
+    # (meant for `mmserve serve`) would refuse the export naming a flag export does not have.
+    settings = settings.model_copy(update={"runtime": "onnxruntime", "device": "cpu", "dtype": "float32"})
     bundle = load_model(settings)
     reason = onnx_unavailable_reason(bundle)  # said as export's need, not as a --runtime flag the user never gave
     if reason is not None:

@@ -18,6 +18,17 @@ fails (a disk error, a copy cut short, a key written by another version) is
 moved aside and deleted, and the caller exports again. What the graph
 computes is checked after this, against the torch forward
 (``models.onnx.towers``).
+
+An entry gets the modes any directory and file of the process get under its
+umask (not ``mkdtemp``'s 0700), so a cache filled by one user (``mmserve
+export`` as root while building an image) can be read by the server's user.
+A cache this process cannot write, or an entry it cannot read or remove (a
+directory of another user, a file where the directory should be), raises
+``OnnxExportError`` naming the directory, the OS's reason and
+``--export-cache-dir``: ``--runtime auto`` serves torch and logs it, ``--runtime
+onnxruntime`` and ``mmserve export`` stop with it. An entry that cannot be
+read for its permissions is left where it is: it is whole, only not this
+user's.
 """
 
 from __future__ import annotations
@@ -28,12 +39,14 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from models.errors import OnnxExportError
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +70,12 @@ class ExportKey:
 
     def digest(self) -> str:
         return hashlib.blake2b(json.dumps(asdict(self), sort_keys=True).encode(), digest_size=32).hexdigest()
+
+
+def cache_error(doing: str, path: Path, error: OSError) -> OnnxExportError:
+    """One line for an export cache the OS refuses us: what, where, why, and the setting that moves it."""
+    return OnnxExportError(f"the export cache cannot {doing} {path} ({error.strerror or error}): give "
+                           "--export-cache-dir (MMSERVE_EXPORT_CACHE_DIR) a directory this user can read and write")
 
 
 def _file_digest(path: Path) -> str:
@@ -84,9 +103,12 @@ class ExportCache:
     def lookup(self, key: ExportKey) -> CacheLookup:
         """The entry for ``key`` if it is whole and was written for ``key``; a broken one is removed."""
         directory = self.entry_dir(key)
-        if not directory.exists():
-            return CacheLookup(None, "absent")
-        problem = self._problem(directory, key)
+        try:
+            if not directory.exists():
+                return CacheLookup(None, "absent")
+            problem = self._problem(directory, key)
+        except PermissionError as e:  # whole, perhaps, but another user's: not ours to judge or remove
+            raise cache_error("read", directory, e) from e
         if problem is None:
             return CacheLookup(directory)
         logger.warning("the cached ONNX graphs in %s are unusable (%s): removing them and exporting again",
@@ -97,6 +119,8 @@ class ExportCache:
     def _problem(self, directory: Path, key: ExportKey) -> str | None:
         try:
             manifest = json.loads((directory / MANIFEST_FILE).read_text())
+        except PermissionError:
+            raise
         except (OSError, ValueError) as e:
             return f"no readable {MANIFEST_FILE}: {e}"
         if manifest.get("key") != asdict(key):
@@ -129,40 +153,64 @@ class ExportCache:
         """Run ``write(tmp_dir)`` and publish what it wrote as ``key``'s entry; returns the entry's directory.
 
         If another process published the key meanwhile, its entry is kept and
-        this one dropped (both hold the same graphs).
+        this one dropped (both hold the same graphs). Raises ``OnnxExportError``
+        (``cache_error``) when the OS refuses the cache directory.
         """
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._remove_abandoned()
-        tmp = Path(tempfile.mkdtemp(prefix=_TMP_PREFIX, dir=self.root))
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._remove_abandoned()
+            tmp = self._new_tmp()
+        except OSError as e:
+            raise cache_error("write into", self.root, e) from e
         try:
             write(tmp)
-            files = {path.name: {"size_bytes": path.stat().st_size, "blake2b": _file_digest(path)}
-                     for path in sorted(tmp.iterdir()) if path.is_file()}
-            manifest = tmp / MANIFEST_FILE
-            manifest.write_text(json.dumps({"key": asdict(key), "files": files}, indent=1, sort_keys=True))
-            for name in [*files, MANIFEST_FILE]:  # on disk before the move that makes the entry visible
-                with (tmp / name).open("rb") as f:
-                    os.fsync(f.fileno())
-            final = self.entry_dir(key)
-            try:
-                os.replace(tmp, final)
-            except OSError:  # another process published it first: the same key, the same graphs
-                if not final.is_dir():
-                    raise
-                logger.info("another process exported %s first; using its copy", final)
-            return final
+            return self._publish(key, tmp)
+        except OSError as e:
+            raise cache_error("write into", self.root, e) from e
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
+    def _new_tmp(self) -> Path:
+        """An empty directory for an export in progress, made as ``mkdir`` makes one (the umask's mode, not 0700)."""
+        tmp = self.root / f"{_TMP_PREFIX}{secrets.token_hex(8)}"
+        tmp.mkdir()
+        return tmp
+
+    def _publish(self, key: ExportKey, tmp: Path) -> Path:
+        """Write ``tmp``'s manifest, give its files the umask's mode and move it to ``key``'s entry."""
+        file_mode = tmp.stat().st_mode & 0o666  # what open() gives a new file here: 0o666 less the umask
+        files = {path.name: {"size_bytes": path.stat().st_size, "blake2b": _file_digest(path)}
+                 for path in sorted(tmp.iterdir()) if path.is_file()}
+        manifest = tmp / MANIFEST_FILE
+        manifest.write_text(json.dumps({"key": asdict(key), "files": files}, indent=1, sort_keys=True))
+        for name in [*files, MANIFEST_FILE]:  # on disk before the move that makes the entry visible
+            (tmp / name).chmod(file_mode)  # a writer's mkstemp (the int8 graphs) made it 0600
+            with (tmp / name).open("rb") as f:
+                os.fsync(f.fileno())
+        final = self.entry_dir(key)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # another process published it first: the same key, the same graphs
+            if not final.is_dir():
+                raise
+            logger.info("another process exported %s first; using its copy", final)
+        return final
+
     def remove(self, key: ExportKey) -> None:
-        """Delete ``key``'s entry: moved aside first, so no reader sees it half-deleted."""
+        """Delete ``key``'s entry: moved aside first, so no reader sees it half-deleted.
+
+        Raises ``OnnxExportError`` (``cache_error``) when the OS refuses: an
+        unusable entry this user cannot remove would be found again at every start.
+        """
         directory = self.entry_dir(key)
         trash = self.root / f"{_TRASH_PREFIX}{directory.name}-{os.getpid()}-{time.monotonic_ns()}"
         try:
             os.replace(directory, trash)
         except FileNotFoundError:
             return
+        except OSError as e:
+            raise cache_error("remove the unusable entry", directory, e) from e
         shutil.rmtree(trash, ignore_errors=True)
 
     def _remove_abandoned(self) -> None:

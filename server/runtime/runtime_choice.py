@@ -2,7 +2,8 @@
 
     --runtime      CPU, float32, a real model or the tiny/ViT presets    CUDA, another dtype, the synthetic preset
     auto           ONNX Runtime; torch (logged why) if a graph           torch (logged why)
-                   cannot be exported or disagrees with torch
+                   cannot be exported or disagrees with torch,
+                   or the export cache cannot be written or read
     torch          torch (TorchScript graphs or eager; CUDA graphs on CUDA)
     onnxruntime    ONNX Runtime, or exit naming why                       exit naming why
 
@@ -60,7 +61,8 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
     """Put ``bundle``'s towers on the runtime ``settings.runtime`` asks for (the module's table).
 
     Returns the bundle as served (its ``runtime`` and fingerprint); raises
-    ``OnnxExportError`` or ``DeviceSettingError`` when ``--runtime onnxruntime``
+    ``OnnxExportError`` (the export cache's OS errors included, naming
+    ``--export-cache-dir``) or ``DeviceSettingError`` when ``--runtime onnxruntime``
     cannot be met, ``QuantizationError`` when ``--quantize`` cannot (under
     either runtime setting: int8 is never silently dropped). Torch's graphs (TorchScript, CUDA graphs) are the caller's
     to set up after, when this returns torch.

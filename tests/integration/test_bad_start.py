@@ -43,6 +43,7 @@ class BadStart:
 def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
     empty = tmp_path / "empty-model"
     empty.mkdir()
+    unwritable = _unwritable_cache_dir(tmp_path)
     misspelt = tmp_path / "misspelt.yaml"
     misspelt.write_text("preset: tiny\nmax_batch_sise: 4\n")
     cases = [
@@ -68,6 +69,9 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
                  env=(("MMSERVE_API_KEY_FILE", str(tmp_path / "no-such-keys")),)),
         BadStart("no engines", ("--preset", "tiny", "--engines", "0"), ("--engines (MMSERVE_ENGINES)", "between 1 and 64")),
         BadStart("no API processes", ("--preset", "tiny", "--api-workers", "0"), ("--api-workers (MMSERVE_API_WORKERS)",)),
+        BadStart("export cache directory not writable",
+                 ("--preset", "tiny", "--runtime", "onnxruntime", "--export-cache-dir", str(unwritable)),
+                 ("--export-cache-dir", str(unwritable.parent), "Not a directory"), fails_before_loading=False),
         BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
         BadStart("engines and devices disagree", ("--preset", "tiny", "--engines", "3", "--devices", "cpu"),
                  ("--engines 3", "--devices cpu", "leave --engines out")),
@@ -81,9 +85,21 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
     return cases
 
 
-def _split_bad_starts() -> list[BadStart]:
+def _unwritable_cache_dir(tmp_path: Path) -> Path:
+    """An ``--export-cache-dir`` under a regular file: refused with ENOTDIR, to root too (unlike a chmod)."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    return blocker / "onnx"
+
+
+def _split_bad_starts(tmp_path: Path) -> list[BadStart]:
     """Settings only the engine can judge (it holds torch and the model), with the process split."""
+    unwritable = _unwritable_cache_dir(tmp_path)
     cases = [
+        BadStart("export cache directory not writable, two engines",
+                 ("--preset", "tiny", "--runtime", "onnxruntime", "--export-cache-dir", str(unwritable),
+                  "--engines", "2"),
+                 ("--export-cache-dir", str(unwritable.parent), "Not a directory"), fails_before_loading=False),
         BadStart("dtype the CPU lacks, two API processes",
                  ("--preset", "tiny", "--device", "cpu", "--dtype", "float16", "--api-workers", "2"),
                  ("--dtype float16", "needs a CUDA device", "--dtype float32")),
@@ -141,9 +157,9 @@ def test_every_bad_configuration_ends_in_one_line_naming_its_setting(tmp_path: P
     assert not failures, "\n\n".join(failures)
 
 
-def test_settings_only_an_engine_can_judge_end_as_in_one_process():
+def test_settings_only_an_engine_can_judge_end_as_in_one_process(tmp_path: Path):
     """Exit 2 with the single process's line, however many engines refused; no engine is started again."""
-    cases = _split_bad_starts()
+    cases = _split_bad_starts(tmp_path)
     outputs = []
     for first in range(0, len(cases), PARALLEL_STARTS // 2):  # each starts an engine or two and API processes
         running = [(case, _start(case, {})) for case in cases[first:first + PARALLEL_STARTS // 2]]

@@ -34,8 +34,11 @@ def _entries(root: Path) -> list[str]:
 def test_mmserve_export_fills_the_cache_and_the_next_start_exports_nothing(tmp_path: Path, live_server_runner,
                                                                            caplog):
     root = tmp_path / "cache"
+    # A dtype meant for `mmserve serve` in the environment: export has no --dtype and exports float32 regardless,
+    # under the key the float32 server below reads.
     done = subprocess.run([sys.executable, "-m", "server.cli", "export", "--preset", "tiny",
-                           "--export-cache-dir", str(root)], capture_output=True, text=True, timeout=600)
+                           "--export-cache-dir", str(root)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "MMSERVE_DTYPE": "bfloat16"})
     assert done.returncode == 0, done.stderr
     assert "ONNX graphs of tiny" in done.stdout and str(root) in done.stdout
     (entry,) = _entries(root)
@@ -96,6 +99,45 @@ def test_export_of_a_model_onnx_runtime_cannot_serve_says_what_export_needs():
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert last.startswith("mmserve: mmserve export writes ONNX Runtime graphs") and "synthetic" in last, last
     assert "MMSERVE_RUNTIME" not in last and "--runtime" not in last, last
+
+
+def _unwritable_cache_dir(tmp_path: Path) -> Path:
+    """A cache directory under a regular file: refused with ENOTDIR, to root as well (the suite runs as root)."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    return blocker / "onnx"
+
+
+def test_auto_serves_torch_and_says_why_when_the_export_cache_cannot_be_written(tmp_path: Path, caplog):
+    from models.loading.repository import build_preset
+
+    root = _unwritable_cache_dir(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        bundle = choose_runtime(build_preset("tiny"), Settings(runtime="auto", export_cache_dir=root))
+    assert bundle.runtime == "torch" and bundle.model.runtime == "torch"
+    (warning,) = [record for record in caplog.records if record.levelno >= logging.WARNING]
+    line = warning.getMessage()
+    assert line.startswith("--runtime auto: torch runs the towers")
+    assert str(root.parent) in line and "Not a directory" in line and "--export-cache-dir" in line, line
+
+
+def test_runtime_onnxruntime_stops_naming_the_export_cache_it_cannot_write(tmp_path: Path):
+    from models.loading.repository import build_preset
+
+    with pytest.raises(OnnxExportError, match=r"Not a directory.*--export-cache-dir"):
+        choose_runtime(build_preset("tiny"), Settings(runtime="onnxruntime",
+                                                      export_cache_dir=_unwritable_cache_dir(tmp_path)))
+
+
+@pytest.mark.parametrize("where", ["a regular file", "under a regular file"])
+def test_export_into_a_cache_directory_it_cannot_write_ends_in_one_line(tmp_path: Path, where: str):
+    root = _unwritable_cache_dir(tmp_path)
+    root = root.parent if where == "a regular file" else root
+    done = subprocess.run([sys.executable, "-m", "server.cli", "export", "--preset", "tiny",
+                           "--export-cache-dir", str(root)], capture_output=True, text=True, timeout=300)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert last.startswith("mmserve: ") and str(root) in last and "--export-cache-dir" in last, last
 
 
 def _stage_ms(client: httpx.Client, body: dict, stage: str) -> float:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ import torch
 
 from models.errors import OnnxExportError
 from models.loading.repository import build_preset
+from models.onnx import export_cache
 from models.onnx.export_cache import MANIFEST_FILE, ExportCache, ExportKey
 from models.onnx.session import OnnxForward
 from models.onnx.towers import OnnxPlan, export_key, serve_towers_from_onnx
@@ -141,3 +144,74 @@ def test_processes_exporting_one_key_take_turns_so_it_is_exported_once(tmp_path:
         cache.store(key, lambda directory: (directory / "vision.onnx").write_bytes(b"graph"))
     second.join(10)
     assert exports == ["first"]
+
+
+_KEY = ExportKey(fingerprint="fp", runtime="onnxruntime", exporter="torch 2", onnxruntime="1", opset=18,
+                 quantization="none")
+
+
+def _write_graph(directory: Path) -> None:
+    (directory / "vision.onnx").write_bytes(b"graph")
+
+
+@pytest.mark.parametrize("where", ["a regular file", "under a regular file"])
+def test_a_cache_directory_the_os_refuses_raises_one_line_naming_the_setting(tmp_path: Path, where: str):
+    """A file where the directory should be: root cannot write there either (ENOTDIR / EEXIST), unlike a chmod."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    root = blocker if where == "a regular file" else blocker / "onnx"
+    with pytest.raises(OnnxExportError) as raised:
+        ExportCache(root).store(_KEY, _write_graph)
+    message = str(raised.value)
+    assert str(root) in message and "--export-cache-dir" in message and "\n" not in message
+    assert ("File exists" if where == "a regular file" else "Not a directory") in message
+    with pytest.raises(OnnxExportError, match="--export-cache-dir"):  # /proc: read-only to root as well
+        ExportCache(Path("/proc/mmserve-export-cache")).store(_KEY, _write_graph)
+
+
+def test_a_published_entry_has_the_modes_the_umask_gives_not_0700(tmp_path: Path):
+    """Filled by root at image build, read by the server's user: the entry and its files as mkdir and open make them,
+    even a file its writer made with mkstemp (0600, as the int8 quantizer does)."""
+    import tempfile
+
+    def write(directory: Path) -> None:
+        _write_graph(directory)
+        handle, name = tempfile.mkstemp(dir=directory)
+        os.close(handle)
+        os.replace(name, directory / "text.onnx")
+
+    previous = os.umask(0o022)
+    try:
+        entry = ExportCache(tmp_path / "cache").store(_KEY, write)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(entry.stat().st_mode) == 0o755
+    assert {path.name: stat.S_IMODE(path.stat().st_mode) for path in entry.iterdir()} == {
+        "vision.onnx": 0o644, "text.onnx": 0o644, MANIFEST_FILE: 0o644}
+
+
+def test_an_entry_this_user_cannot_read_is_reported_and_left_in_place(tmp_path: Path, monkeypatch):
+    """Another user's 0700 entry: a PermissionError (simulated: the suite runs as root) is one line, not a removal."""
+    cache = ExportCache(tmp_path / "cache")
+    entry = cache.store(_KEY, _write_graph)
+
+    def refused(path: Path) -> str:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(export_cache, "_file_digest", refused)
+    with pytest.raises(OnnxExportError, match=r"cannot read .*\(Permission denied\).*--export-cache-dir"):
+        cache.lookup(_KEY)
+    assert entry.is_dir()
+
+
+def test_an_unusable_entry_this_user_cannot_remove_is_reported_in_one_line(tmp_path: Path, monkeypatch):
+    cache = ExportCache(tmp_path / "cache")
+    entry = cache.store(_KEY, _write_graph)
+    (entry / "vision.onnx").write_bytes(b"other")  # fails its digest: to be removed
+
+    def refused(src, dst) -> None:
+        raise PermissionError(13, "Permission denied", str(src))
+
+    monkeypatch.setattr(export_cache.os, "replace", refused)
+    with pytest.raises(OnnxExportError, match=r"cannot remove the unusable entry .*\(Permission denied\)"):
+        cache.lookup(_KEY)
