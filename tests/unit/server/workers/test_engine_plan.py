@@ -42,7 +42,7 @@ def gpus(monkeypatch: pytest.MonkeyPatch):
     ({"engines": 1, "device": "cuda"}, 1),
     ({"devices": ["cuda:0", "cuda:1"]}, 2),
     ({"devices": "cuda:0,cuda:2,cuda:5"}, 3),   # the flag's or the environment's form
-    ({"devices": ["cpu"], "engines": 4}, 1),      # the devices listed set the count
+    ({"devices": ["cpu"], "engines": 1}, 1),      # an --engines beside them must agree (tests/unit/server/test_settings_error.py)
     ({"engines": "auto", "device": "cpu"}, 1),   # one on the CPU: no probe
 ])
 def test_the_count_follows_engines_or_the_devices_listed(values, expected, gpus):
