@@ -10,9 +10,10 @@ A graph serves only after it computed what torch computes on inputs other than
 the export's example (other batch sizes, other lengths, padded and unpadded
 texts): each probe row's tokens (the real ones) and embedding within
 ``PROBE_MAX_RELATIVE_ERROR`` of torch's in L2 norm (cosine >= 1 - e**2 / 2).
-A cached graph that fails is removed, so the next start exports again; the
-caller decides whether torch serves instead (``--runtime auto``) or the
-server stops (``--runtime onnxruntime``).
+A cached graph that fails (it cannot load or run, or computes something
+else) is removed and exported again in the same start; a graph exported now
+that fails is removed too, and the caller decides whether torch serves
+instead (``--runtime auto``) or the server stops (``--runtime onnxruntime``).
 """
 
 from __future__ import annotations
@@ -106,7 +107,12 @@ def _export_int8(model: MultimodalModel, directory: Path) -> None:
 
 
 def serve_towers_from_onnx(model: MultimodalModel, fingerprint: str, plan: OnnxPlan) -> OnnxTowers:
-    """Run both towers from ONNX Runtime sessions from now on (the module docstring); raises ``OnnxExportError``."""
+    """Run both towers from ONNX Runtime sessions from now on (the module docstring); raises ``OnnxExportError``.
+
+    Graphs read from the cache that ONNX Runtime cannot load or run, or that do not compute what torch
+    computes (a manifest that passed its checks over graphs of other weights or shapes), are removed and
+    exported again, once, in this start: only graphs exported now and still wrong end it.
+    """
     started = time.perf_counter()
     cache = ExportCache(plan.cache_dir)
     key = export_key(fingerprint, plan.quantization)
@@ -114,26 +120,46 @@ def serve_towers_from_onnx(model: MultimodalModel, fingerprint: str, plan: OnnxP
         return OnnxTowers(model.vision.graph.path.parent, key, False, 0.0)
     directory, is_exported = ensure_exported(model, cache, key)
     try:
+        vision, text, int8_cosine = _checked_graphs(model, directory, key, plan)
+    except OnnxExportError as e:
+        cache.remove(key)
+        if is_exported:
+            raise
+        logger.warning("%s: removed, exporting them again", e)
+        directory, is_exported = ensure_exported(model, cache, key)
+        try:
+            vision, text, int8_cosine = _checked_graphs(model, directory, key, plan)
+        except OnnxExportError:
+            cache.remove(key)
+            raise
+    model.vision.graph, model.text.graph = vision, text
+    return OnnxTowers(directory, key, is_exported, time.perf_counter() - started, int8_cosine)
+
+
+def _checked_graphs(model: MultimodalModel, directory: Path, key: ExportKey,
+                    plan: OnnxPlan) -> tuple[OnnxForward, OnnxForward, float | None]:
+    """The graphs in ``directory`` loaded and checked against torch: ``OnnxExportError`` if they cannot load or
+    run or compute something else; ``QuantizationError`` below the int8 floor. The cosine for int8, else None."""
+    try:
         vision = OnnxForward("vision", directory / VISION_GRAPH, plan.intra_op_threads, key.digest())
         text = OnnxForward("text", directory / TEXT_GRAPH, plan.intra_op_threads, key.digest())
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own untyped errors for a graph it cannot load
-        cache.remove(key)
         raise OnnxExportError(f"ONNX Runtime cannot load the graphs in {directory}: {e}") from e
-    int8_cosine = None
     if key.quantization == "none":
         mismatch = probe_mismatch(model, vision, text)
         if mismatch is not None:
-            cache.remove(key)
             raise OnnxExportError(f"the ONNX graphs in {directory} do not compute what torch computes: {mismatch}")
-    else:
+        return vision, text, None
+    try:
         int8_cosine = probe_cosine(model, vision, text)
-        if int8_cosine < plan.min_cosine:
-            raise QuantizationError(
-                f"--quantize {key.quantization}: the quantized towers' outputs reach cosine {int8_cosine:.5f} to "
-                f"float32's on the probe set, below quantize_min_cosine {plan.min_cosine}; serve float32 "
-                "(no --quantize) or lower the floor knowingly")
-    model.vision.graph, model.text.graph = vision, text
-    return OnnxTowers(directory, key, is_exported, time.perf_counter() - started, int8_cosine)
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors: a graph for other input shapes
+        raise OnnxExportError(f"ONNX Runtime cannot run the graphs in {directory}: {e}") from e
+    if int8_cosine < plan.min_cosine:
+        raise QuantizationError(
+            f"--quantize {key.quantization}: the quantized towers' outputs reach cosine {int8_cosine:.5f} to "
+            f"float32's on the probe set, below quantize_min_cosine {plan.min_cosine}; serve float32 "
+            "(no --quantize) or lower the floor knowingly")
+    return vision, text, int8_cosine
 
 
 def _holds_graphs_of(model: MultimodalModel, key: ExportKey) -> bool:
@@ -177,7 +203,11 @@ def probe_mismatch(model: MultimodalModel, vision: OnnxForward, text: OnnxForwar
     """What differs between the graphs and the torch forward on the probe batches; None when they agree."""
     with torch.inference_mode():
         for tower, graph, forward, inputs, lengths in _probes(model, vision, text):
-            want, got = forward(*inputs), graph(*inputs)
+            want = forward(*inputs)
+            try:
+                got = graph(*inputs)
+            except Exception as e:  # noqa: BLE001 - onnxruntime's own errors: a graph for other input shapes
+                return f"ONNX Runtime cannot run the {tower} graph on inputs of shape {tuple(inputs[0].shape)}: {e}"
             for name, expected, actual in zip(("tokens", "pooled"), want, got, strict=True):
                 if tuple(expected.shape) != tuple(actual.shape):
                     return f"{tower} {name} has shape {tuple(actual.shape)}, torch {tuple(expected.shape)}"

@@ -21,7 +21,7 @@ from models.loading.repository import build_preset
 from models.onnx import export_cache
 from models.onnx.export_cache import MANIFEST_FILE, ExportCache, ExportKey
 from models.onnx.session import OnnxForward
-from models.onnx.towers import OnnxPlan, export_key, serve_towers_from_onnx
+from models.onnx.towers import OnnxPlan, export_key, probe_mismatch, serve_towers_from_onnx
 from models.vision import VisionEncoder
 
 
@@ -75,8 +75,8 @@ def test_a_half_written_entry_is_never_read(exported: Path, tmp_path: Path):
     assert not entry.exists()
 
 
-def test_a_stale_graph_with_a_consistent_manifest_fails_the_probe_check_and_is_removed(exported: Path,
-                                                                                       tmp_path: Path):
+def test_a_stale_graph_with_a_consistent_manifest_fails_the_probe_check_and_is_exported_again(
+        exported: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture):
     root = _copy(exported, tmp_path)
     other = build_preset("tiny", seed=1)  # other weights, same shapes: the tiny graphs load and run for it
     key = export_key(other.fingerprint)
@@ -85,11 +85,23 @@ def test_a_stale_graph_with_a_consistent_manifest_fails_the_probe_check_and_is_r
     manifest = json.loads((stale / MANIFEST_FILE).read_text())
     manifest["key"]["fingerprint"] = other.fingerprint  # as if written for this model: only the check can tell
     (stale / MANIFEST_FILE).write_text(json.dumps(manifest))
-    with pytest.raises(OnnxExportError, match="do not compute what torch computes"):
-        serve_towers_from_onnx(other.model, other.fingerprint, OnnxPlan(cache_dir=root))
-    assert other.model.runtime == "torch" and not stale.exists()
-    towers = serve_towers_from_onnx(other.model, other.fingerprint, OnnxPlan(cache_dir=root))
-    assert towers.is_exported and other.model.runtime == "onnxruntime"
+    with caplog.at_level("WARNING", logger="models.onnx.towers"):
+        towers = serve_towers_from_onnx(other.model, other.fingerprint, OnnxPlan(cache_dir=root))
+    assert towers.is_exported and other.model.runtime == "onnxruntime", "exported again in the same start"
+    assert [record.message for record in caplog.records
+            if "do not compute what torch computes" in record.message and "exporting them again" in record.message]
+    assert probe_mismatch(other.model, other.model.vision.graph, other.model.text.graph) is None
+
+
+def test_a_graph_onnx_runtime_cannot_run_on_the_probes_is_a_mismatch_not_a_crash():
+    bundle = build_preset("tiny", seed=0)
+
+    def refuses(*inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        raise RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : Got invalid dimensions for input: pixels")
+
+    mismatch = probe_mismatch(bundle.model, refuses, refuses)  # type: ignore[arg-type]
+    assert mismatch is not None and mismatch.startswith("ONNX Runtime cannot run the vision graph")
+    assert "INVALID_ARGUMENT" in mismatch
 
 
 class _BranchingVision(VisionEncoder):
