@@ -95,8 +95,7 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
     except (OnnxExportError, QuantizationError) as e:
         model.drop_encoder_graphs()
         if settings.runtime == "onnxruntime" or settings.quantize is not None:
-            logger.error("--runtime onnxruntime cannot serve this model: %s", e)
-            raise
+            raise  # start-up ends with its one line (it named --runtime onnxruntime under auto's --quantize too)
         logger.warning("--runtime auto: torch runs the towers, ONNX Runtime cannot: %s", e)
         return with_runtime(bundle, "torch")
     how = "exported to" if towers.is_exported else "read from the export cache"

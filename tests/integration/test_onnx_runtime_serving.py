@@ -222,3 +222,17 @@ def test_under_onnx_runtime_the_image_executor_does_not_warm_again_what_the_text
     # Under torch the image executor also warms the fusion lane's text shapes; under ONNX Runtime it runs only
     # the vision shapes the text executor could not (batch sizes 1 and 2 here).
     assert min(counts["onnxruntime"].values()) == 2 and total_ort < total_torch, counts
+
+
+def test_an_int8_floor_not_met_under_auto_ends_in_its_one_line_naming_quantize_not_runtime(tmp_path: Path):
+    """The refusal is said once, as the last line: no ERROR line before it naming --runtime onnxruntime, which
+    a user of the default --runtime auto never gave."""
+    done = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--preset", "tiny", "--quantize", "int8",
+                           "--export-cache-dir", str(tmp_path / "cache"), "--port", "0"],
+                          env={**os.environ, "MMSERVE_QUANTIZE_MIN_COSINE": "1.0"},
+                          capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in output, output[-2000:]
+    assert last.startswith("mmserve: --quantize int8") and "quantize_min_cosine" in last, last
+    assert output.count("below quantize_min_cosine") == 1 and "--runtime onnxruntime" not in output, output[-2000:]
