@@ -323,19 +323,24 @@ class EngineClient:
 
         The engine frees the slots as it copies the pixels out, when the call
         arrives, whatever happens to the call after; a call that cannot be sent
-        gives them back here. A caller cancelled meanwhile (its client went
-        away) cancels the call in the engine.
+        gives them back here, and so does a call whose engine died before
+        copying them (still in its socket). A caller cancelled meanwhile (its
+        client went away) cancels the call in the engine.
         """
+        taken = [slot for item_slots in slots for slot in item_slots if slot is not None]
         try:
             call_id, future = engine.send(*message)
         except BaseException:
-            self._slots.give_back([slot for item_slots in slots for slot in item_slots if slot is not None])
+            self._slots.give_back(taken)
             raise
         engine.num_in_flight += 1
         try:
             kind, fields = await asyncio.shield(future)
         except asyncio.CancelledError:
             engine.cancel(call_id)  # the engine answers "cancelled" to the call itself
+            raise
+        except ApiError:  # the engine died with the call unanswered (EngineConnection._gone)
+            self._slots.give_back_uncopied(taken)
             raise
         finally:
             engine.num_in_flight -= 1

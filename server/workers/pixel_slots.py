@@ -128,6 +128,12 @@ class PixelSlots:
             self._states[slot] = 0
             self._taken_ns[slot] = 0
 
+    def give_back_uncopied(self, slots: Sequence[int]) -> None:
+        """Of ``slots``, sent to an engine that died before answering, those it had not copied out yet: no engine
+        ever will (a new one does not read the calls the dead one was sent), so they would stay held for good.
+        The ones it copied are collected as usual (``put``)."""
+        self.give_back([slot for slot in slots if self._states[slot] > 0])
+
     def _collect_copied(self) -> None:
         """Slots the engine copied out since: free again, and how long each was held feeds the pace."""
         copied = np.flatnonzero(self._states < 0)
