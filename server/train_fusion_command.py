@@ -43,7 +43,9 @@ def train_fusion_parser(subparsers: argparse._SubParsersAction) -> None:
                     "The step budget and the learning rate are chosen from the data and the head's width unless "
                     "--epochs / --lr say. Writes DIR/fusion_head.safetensors and DIR/fusion_head_card.json "
                     "(held-out accuracy and AUC, the validation curve, what was chosen). "
-                    "Exits 2 on bad input, naming the line; exits 3 when the head learned nothing (held-out AUC "
+                    "Exits 2 on bad input, naming the line, and before training when the held-out images bring too few "
+                    "pairs for any AUC to pass the rule (fewer than 7 matching and 7 mismatched: with one caption "
+                    "per image and the default --held-out-fraction, fewer than 31 images); exits 3 when the head learned nothing (held-out AUC "
                     "below 0.6, or within chance for the held-out count, or less than 0.05 above the untrained "
                     "head's): the card is written, the head is not.",
     )

@@ -123,14 +123,19 @@ def read_pairs(path: Path) -> PairsFile:
     return PairsFile(path=path, sha256=hashlib.sha256(data).hexdigest(), pairs=pairs)
 
 
+def num_held_out_images(num_images: int, held_out_fraction: float) -> int:
+    """How many of ``num_images`` images ``split_by_image`` holds out: the fraction rounded up, at least one,
+    never all."""
+    return min(max(1, math.ceil(held_out_fraction * num_images)), num_images - 1)
+
+
 def split_by_image(pairs: Sequence[ImageTextPair], held_out_fraction: float, seed: int | str) -> PairSplit:
     """Hold out ``held_out_fraction`` of the images (at least one, never all) with all their pairs."""
     if not 0.0 < held_out_fraction < 1.0:
         raise ValueError(f"held_out_fraction must be in (0, 1), got {held_out_fraction}")
     images = sorted({pair.image for pair in pairs})
     random.Random(seed).shuffle(images)
-    num_held_out = min(max(1, math.ceil(held_out_fraction * len(images))), len(images) - 1)
-    held_out_images = set(images[:num_held_out])
+    held_out_images = set(images[:num_held_out_images(len(images), held_out_fraction)])
     return PairSplit(train=tuple(p for p in pairs if p.image not in held_out_images),
                      held_out=tuple(p for p in pairs if p.image in held_out_images))
 

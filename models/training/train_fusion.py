@@ -54,6 +54,7 @@ served tensors are not those.
 from __future__ import annotations
 
 import datetime
+import itertools
 import json
 import os
 import random
@@ -70,11 +71,11 @@ from models.training.features import compute_tower_features
 from models.training.loop import Evaluation, TrainingConfig, TrainingRun, evaluate, fresh_head, train_head
 from models.training.pairs import (
     NEAR_DUPLICATE_JACCARD, ImageTextPair, PairsFile, PairSplit, captions_by_image, count_near_duplicates,
-    read_pairs, sample_mismatches, split_by_image,
+    num_held_out_images, read_pairs, sample_mismatches, split_by_image,
 )
 from models.training.plan import FINAL_LR_FRACTION, TrainingPlan, plan_training
 from models.training.progress import ProgressFactory, silent_progress
-from models.training.verdict import Verdict, advice, judge
+from models.training.verdict import Verdict, advice, is_passable, judge, min_held_out_pairs_per_class
 
 CARD_FILE = "fusion_head_card.json"
 CARD_FORMAT = "mmserve-fusion-head-card"
@@ -150,6 +151,23 @@ def _make_sets(pairs_file: PairsFile, config: TrainingConfig) -> _Sets:
                  held_out_images=frozenset(p.image for p in split.held_out), sample_texts=sample_texts)
 
 
+def _check_held_out_is_passable(sets: _Sets, pairs_file: PairsFile, config: TrainingConfig) -> None:
+    """Refuse a held-out set so small that not even an AUC of 1.0 meets the verdict's chance floor."""
+    num_matching = sum(p.is_match for p in sets.held_out)
+    num_mismatched = len(sets.held_out) - num_matching
+    if is_passable(num_matching, num_mismatched):
+        return
+    per_class = min_held_out_pairs_per_class()
+    num_images = next(n for n in itertools.count(2) if num_held_out_images(n, config.held_out_fraction) >= per_class)
+    raise TrainingDataError(
+        f"{pairs_file.path}: too few held-out pairs to judge the head: the held-out images "
+        f"(--held-out-fraction {config.held_out_fraction}: {len(sets.held_out_images)} of {pairs_file.num_images}) "
+        f"have {num_matching} matching and {num_mismatched} mismatched pairs, and on so few not even a perfect "
+        f"AUC of 1.0 clears the verdict's chance floor; it needs at least {per_class} matching and {per_class} "
+        f"mismatched held-out pairs (with one caption per image and sampled mismatches: at least {num_images} "
+        f"images), or a larger --held-out-fraction")
+
+
 def _write_json_atomically(path: Path, data: dict[str, Any]) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -212,15 +230,18 @@ def train_fusion(model: str, pairs: Path | PairsFile, out_dir: Path, config: Tra
     reads it first, to stop on a bad line before loading torch and the model).
     The card is always written; the head file only when it learned
     (``models.training.verdict``), or marked untrained when
-    ``is_untrained_result_kept``. The result's ``verdict`` says which.
+    ``is_untrained_result_kept``. The result's ``verdict`` says which. A
+    held-out set on which no AUC could pass (``verdict.is_passable``) raises
+    ``TrainingDataError`` before the model is loaded.
     """
     pairs_file = pairs if isinstance(pairs, PairsFile) else read_pairs(pairs)
+    sets = _make_sets(pairs_file, config)
+    _check_held_out_is_passable(sets, pairs_file, config)  # before the model loads: no head could pass
     bundle = load_pretrained(model, device=device, is_trained_head_read=False)
     if bundle.config.dtype != "float32":
         raise ModelRepositoryError(f"{model}: train-fusion trains on float32 towers; this model is declared "
                                    f"dtype {bundle.config.dtype} (module docstring of models.training.train_fusion)")
     towers_fingerprint = fingerprint(bundle.model, bundle.tokenizer, bundle.config, skip_prefix="fusion.")
-    sets = _make_sets(pairs_file, config)
 
     started_s = time.perf_counter()
     features = compute_tower_features(bundle.model, bundle.tokenizer, pairs_file.pairs, pairs_file.path,

@@ -18,6 +18,13 @@ should offer as a probability. Otherwise ``mmserve train-fusion`` exits 3 and
 writes the model card but no head (unless ``--keep-untrained-result``: then
 the file is written marked untrained, and the server serves no
 ``match_score`` from it).
+
+An AUC cannot exceed 1, and on few held-out pairs the chance floor does
+(2 + 2: 1.50): no head could pass, so ``is_passable`` is checked before
+training and such an input is refused (``mmserve train-fusion`` exits 2).
+With as many mismatched as matching pairs the floor first reaches 1 at
+``min_held_out_pairs_per_class()`` (7) of each: 0.995, so only a perfect
+ordering passes; at 11 + 11 it is 0.89.
 """
 
 from __future__ import annotations
@@ -58,7 +65,24 @@ def min_held_out_auc(num_matching: int, num_mismatched: int) -> float:
     return max(MIN_HELD_OUT_AUC, 0.5 + CHANCE_SIGMAS * chance_sigma(num_matching, num_mismatched))
 
 
+def is_passable(num_matching: int, num_mismatched: int) -> bool:
+    """Whether any AUC (at most 1.0) can meet the floor for these held-out counts."""
+    return num_matching > 0 and num_mismatched > 0 and min_held_out_auc(num_matching, num_mismatched) <= 1.0
+
+
+def min_held_out_pairs_per_class() -> int:
+    """The fewest held-out pairs of each class, as many mismatched as matching, that ``is_passable``: 7."""
+    num = 1
+    while not is_passable(num, num):
+        num += 1
+    return num
+
+
 def judge(held_out_auc: float, untrained_auc: float, num_matching: int, num_mismatched: int) -> Verdict:
+    """The verdict; the counts must be ``is_passable`` (the caller refuses smaller held-out sets up front)."""
+    if not is_passable(num_matching, num_mismatched):
+        raise ValueError(f"no AUC can meet the rule on {num_matching} matching and {num_mismatched} mismatched "
+                         "held-out pairs; check is_passable before training")
     floor = min_held_out_auc(num_matching, num_mismatched)
     is_learned = held_out_auc >= floor and held_out_auc - untrained_auc >= MIN_AUC_GAIN
     return Verdict(is_learned=is_learned, held_out_auc=held_out_auc, untrained_auc=untrained_auc, min_auc=floor)

@@ -172,3 +172,42 @@ def test_held_out_validation_and_training_images_are_disjoint_and_each_set_has_b
     # sampled: one held-out mismatch per image, three per validation image; labelled: the file's own lines
     assert len(sets.validation) == (5 * 2 if is_labelled else 5 * 4)
     assert len(sets.held_out) == 8 * 2 and (sets.sample_texts is None) is is_labelled
+
+
+def test_no_threshold_above_1_the_floor_first_reaches_1_at_7_held_out_pairs_of_each_class():
+    from models.training.verdict import is_passable, min_held_out_pairs_per_class
+
+    assert min_held_out_auc(2, 2) > 1.0 and not is_passable(2, 2)  # 10 images hold out 2: 2 + 2 sampled
+    assert not is_passable(6, 6) and is_passable(7, 7) and min_held_out_pairs_per_class() == 7
+    assert min_held_out_auc(7, 7) <= 1.0
+    with pytest.raises(ValueError, match="no AUC can meet the rule"):
+        judge(1.0, 0.5, 2, 2)  # the verdict never records a floor no AUC reaches
+
+
+def test_31_images_hold_out_the_7_pairs_of_each_class_the_verdict_needs(tmp_path):
+    import json
+
+    from PIL import Image
+
+    from encoded_images import encode
+
+    from models.errors import TrainingDataError
+    from models.training.loop import TrainingConfig
+    from models.training.pairs import read_pairs
+    from models.training.train_fusion import _check_held_out_is_passable, _make_sets
+
+    def pairs_of(num_images: int):
+        path = tmp_path / f"{num_images}.jsonl"
+        for i in range(num_images):
+            (tmp_path / f"{i}.png").write_bytes(encode(Image.new("RGB", (4, 4), (i, 0, 0)), "PNG"))
+        path.write_text("".join(json.dumps({"image": f"{i}.png", "text": f"caption {i % 4}"}) + "\n"
+                                for i in range(num_images)))
+        pairs_file = read_pairs(path)
+        return _make_sets(pairs_file, TrainingConfig()), pairs_file
+
+    sets, pairs_file = pairs_of(31)
+    assert len(sets.held_out) == 7 + 7
+    _check_held_out_is_passable(sets, pairs_file, TrainingConfig())
+    sets, pairs_file = pairs_of(30)
+    with pytest.raises(TrainingDataError, match="6 matching and 6 mismatched pairs"):
+        _check_held_out_is_passable(sets, pairs_file, TrainingConfig())
