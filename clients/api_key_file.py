@@ -2,12 +2,16 @@
 
 ``mmserve quantiles`` and ``mmserve bench`` both take ``--api-key-file FILE``
 and send its first key as ``Authorization: Bearer <key>``; one reader, so the
-two agree on comments (``#``) and blank lines.
+two agree on comments (``#``) and blank lines. A ``sha256:`` line (the
+server's own key-file format, from ``mmserve hash-key``) is a digest the
+server checks keys against, not a key: sent, it would be refused with 401.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+HASHED_PREFIX = "sha256:"  # server.http.keys.HASHED_PREFIX: a digest line, not a key
 
 
 class ApiKeyFileError(Exception):
@@ -15,7 +19,8 @@ class ApiKeyFileError(Exception):
 
 
 def read_api_key(path: Path) -> str:
-    """The first key in ``path`` (one per line, ``#`` starts a comment). Raises ``ApiKeyFileError``."""
+    """The first key in ``path`` (one per line, ``#`` starts a comment). Raises ``ApiKeyFileError``, also when
+    that first entry is a ``sha256:`` digest."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
@@ -24,4 +29,9 @@ def read_api_key(path: Path) -> str:
     key = next((key for key in keys if key), None)
     if key is None:
         raise ApiKeyFileError(f"the API key file {path} holds no key")
+    if key.lower().startswith(HASHED_PREFIX):  # the line itself is not echoed
+        raise ApiKeyFileError(
+            f"the API key file {path} holds a sha256: digest (the server's key-file format, from mmserve hash-key), "
+            "which the server checks keys against, not a key a client can send: give a file with the key itself"
+        )
     return key

@@ -8,16 +8,21 @@ A Prometheus summary's quantiles cannot be combined across replicas (the mean
 of two P99s is no one's P99); the t-digests behind them can, so the merged
 digest's P99.99 is the fleet's. Every replica must answer: a fleet table that
 silently left one out would understate the tail, so an unreachable replica
-fails the command with its URL.
+fails the command with its URL. So does a command line that cannot name a
+fleet: a URL that is not one (``http[s]://HOST[:PORT]``, or ``HOST:PORT``
+without a scheme), the same replica twice (its digests would count twice) or
+a timeout that is not a positive number of seconds; all exit 2, in one line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -33,11 +38,40 @@ class _ReplicaError(Exception):
     """Replicas (or the key file) could not be read; one line each, naming it and why."""
 
 
+class _UsageError(Exception):
+    """The command line names no fleet (a bad URL, a replica twice, a bad timeout); one line."""
+
+
 def digests_url(url: str) -> str:
     """``http://host:port[/prefix]`` (scheme optional) -> that replica's digests URL."""
     base = url if "://" in url else f"http://{url}"
     base = base.rstrip("/")
     return base if base.endswith(DIGESTS_PATH) else base + DIGESTS_PATH
+
+
+def _check_replica_urls(urls: Sequence[str]) -> None:
+    """Raise ``_UsageError`` for a URL that names no replica, or for one replica given twice."""
+    first_given: dict[str, str] = {}
+    for url in urls:
+        target = digests_url(url)
+        try:
+            parts = urlsplit(target)
+            port = parts.port
+        except ValueError as e:
+            raise _UsageError(f"{url!r} is not a replica URL: {e}") from e
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _UsageError(f"{url!r} is not a replica URL (http://HOST:PORT)")
+        if "://" not in url and port is None:
+            raise _UsageError(f"{url!r} is not a replica URL: without http:// it needs HOST:PORT")
+        if target in first_given:
+            raise _UsageError(f"{url!r} names the same replica as {first_given[target]!r}: give each replica once, "
+                              "or its digests count twice")
+        first_given[target] = url
+
+
+def _check_timeout(timeout_s: float) -> None:
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):
+        raise _UsageError(f"--timeout-s must be a positive number of seconds, got {timeout_s:g}")
 
 
 async def _fetch_one(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
@@ -79,7 +113,14 @@ async def _fetch_documents(urls: Sequence[str], timeout_s: float = DEFAULT_TIMEO
 
 def run_quantiles(urls: Sequence[str], *, source: str = DigestSource.WINDOW.value,
                   timeout_s: float = DEFAULT_TIMEOUT_S, api_key_file: Path | None = None) -> int:
-    """Print the fleet table for ``urls``; 0 on success, 2 when a replica fails (messages on stderr)."""
+    """Print the fleet table for ``urls``; 0 on success, 2 for a usage error or when a replica fails (messages on
+    stderr)."""
+    try:
+        _check_timeout(timeout_s)
+        _check_replica_urls(urls)
+    except _UsageError as e:
+        print(f"mmserve quantiles: error: {e}", file=sys.stderr)
+        return 2
     try:
         api_key = read_api_key(api_key_file) if api_key_file is not None else None
         documents = asyncio.run(_fetch_documents(urls, timeout_s, api_key))

@@ -154,12 +154,13 @@ def _quantiles_parser(subparsers: argparse._SubParsersAction) -> None:
         "quantiles", help="fleet-wide latency quantiles, merged from every replica's digests",
         description="Fetch GET /v1/monitoring/digests from each replica, merge the T-Digests of each "
                     "route and stage, and print the fleet's quantiles (P50 to P99.99) in milliseconds. "
-                    "Exits 2 when a replica cannot be read.",
+                    "Exits 2 when a replica cannot be read, and for a usage error (a URL that is not "
+                    "http[s]://HOST[:PORT] or HOST:PORT, a replica given twice, --timeout-s not > 0).",
     )
     quantiles.add_argument("urls", nargs="+", metavar="URL", help="a replica's base URL, e.g. http://10.0.0.7:8000")
     quantiles.add_argument("--source", choices=("window", "lifetime"), default="window",
                            help="the sliding window (default; MMSERVE_DRIFT_WINDOW_S) or everything since start")
-    quantiles.add_argument("--timeout-s", type=float, default=10.0, help="per-replica HTTP timeout (default 10)")
+    quantiles.add_argument("--timeout-s", type=float, default=10.0, help="per-replica HTTP timeout in seconds, > 0 (default 10)")
     quantiles.add_argument("--api-key-file", type=Path, metavar="FILE",
                            help="send the first key in FILE as a bearer token (servers with API keys)")
 

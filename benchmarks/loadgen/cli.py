@@ -1,8 +1,9 @@
 """``mmserve bench``: flags in, a table on stdout, optional JSON report and PNG.
 
 Exit codes: 0 the run completed and most answers were successes, 1 the run
-could not start (bad trace, contradictory flags, an unreadable key file),
-2 unusable command line, 3 the run completed but more than half of its
+could not start (bad trace, an unreadable key file, no request reached the
+server), 2 a usage error (a flag out of range, contradictory flags: one line,
+as argparse's own errors), 3 the run completed but more than half of its
 requests failed (``report.MOSTLY_ERRORS_SHARE``: a warning says which answers
 and what to change).
 """
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -22,12 +24,14 @@ from benchmarks.loadgen import trace as trace_module
 from clients.api_key_file import ApiKeyFileError, read_api_key
 from benchmarks.loadgen.bench import run_bench
 from benchmarks.loadgen.config import DEFAULT_MAX_LAG_P99_MS, DEFAULT_TIMEOUT_S, BenchConfig, RunMode
-from benchmarks.loadgen.errors import ConfigError, LoadgenError
+from benchmarks.loadgen.errors import ConfigError, LoadgenError, RunNotStartedError
 from benchmarks.loadgen.image_pool import ImageFormat, parse_image_size
 from benchmarks.loadgen.report import format_table
 from benchmarks.loadgen.workload import DEFAULT_MIX_TEXT, parse_mix, parse_text_length_range
 
 _WANTED_OPEN_FILES = 65536
+EXIT_CANNOT_START = 1  # the run could not start: bad trace, unreadable key file, no request reached the server
+EXIT_USAGE = 2  # a usage error, as argparse's own
 EXIT_MOSTLY_ERRORS = 3  # the run completed, but more than half of its requests failed
 _DESCRIPTION = """\
 Open-loop load generator for mmserve's POST /v1/infer.
@@ -43,7 +47,8 @@ for the server's batch sizes, queue waits and cache hit ratio.
 Exit status: 0 the run completed and at most half of its requests failed;
 3 more than half failed (the warnings say which answers, e.g. 401 without
 --api-key-file on a server with keys, 422 for texts over the model's limit);
-1 the run could not start; 2 a usage error.
+1 the run could not start (no request reached the server, a bad trace or key
+file); 2 a usage error.
 """
 
 
@@ -142,13 +147,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 
 def _api_key(path: Path | None) -> str | None:
-    """``--api-key-file``'s key, read as ``mmserve quantiles`` reads it (raises ``ConfigError``)."""
+    """``--api-key-file``'s key, read as ``mmserve quantiles`` reads it (raises ``RunNotStartedError``)."""
     if path is None:
         return None
     try:
         return read_api_key(path)
     except ApiKeyFileError as e:
-        raise ConfigError(str(e)) from e
+        raise RunNotStartedError(str(e)) from e
 
 
 def _raise_open_file_limit() -> None:
@@ -169,19 +174,22 @@ def main(argv: list[str]) -> int:
     try:
         config = config_from_args(args)
         if args.output is not None and not args.output.parent.is_dir():
-            raise ConfigError(f"--output directory {args.output.parent} does not exist")
+            raise RunNotStartedError(f"--output directory {args.output.parent} does not exist")
         if args.plot is not None and not args.plot.parent.is_dir():
-            raise ConfigError(f"--plot directory {args.plot.parent} does not exist")
+            raise RunNotStartedError(f"--plot directory {args.plot.parent} does not exist")
         _raise_open_file_limit()
         outcome = asyncio.run(run_bench(config))
+    except ConfigError as e:
+        print(f"mmserve bench: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except LoadgenError as e:
         print(f"mmserve bench: error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_CANNOT_START
     except KeyboardInterrupt:
         print("mmserve bench: interrupted", file=sys.stderr)
         return 130
 
-    print(format_table(outcome.report))
+    _print_to_closed_stdout_or_not(format_table(outcome.report))
     if args.output is not None:
         args.output.write_text(json.dumps(outcome.report, indent=2) + "\n", encoding="utf-8")
     if args.plot is not None:
@@ -189,3 +197,13 @@ def main(argv: list[str]) -> int:
 
         write_plot(outcome.result, args.plot, title=f"mmserve bench {config.url} ({config.mode.value})")
     return EXIT_MOSTLY_ERRORS if outcome.report["mostly_errors"] else 0
+
+
+def _print_to_closed_stdout_or_not(text: str) -> None:
+    """Print ``text``; a reader that stopped early (``| head -3``) is no error, as Python's docs on SIGPIPE
+    recommend: stdout is pointed at devnull so the interpreter's final flush does not fail again."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

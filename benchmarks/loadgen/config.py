@@ -64,7 +64,8 @@ class BenchConfig:
         if self.mode is RunMode.CLOSED and (self.concurrency is None or self.concurrency < 1):
             raise ConfigError(f"a closed-loop run needs --concurrency >= 1, got {self.concurrency}")
         if self.mode in (RunMode.OPEN, RunMode.CLOSED) and self.duration_s is None:
-            raise ConfigError(f"a {self.mode.value}-loop run needs --duration")
+            article = "an" if self.mode is RunMode.OPEN else "a"
+            raise ConfigError(f"{article} {self.mode.value}-loop run needs --duration")
         if self.mode is RunMode.TRACE and self.trace_path is None:
             raise ConfigError("a trace replay needs --trace FILE")
         if not (self.speed > 0 and math.isfinite(self.speed)):

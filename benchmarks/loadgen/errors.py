@@ -1,7 +1,9 @@
 """Typed errors of the load generator.
 
 Each one is a user-facing problem (bad flag, bad trace) that the CLI turns
-into a one-line message and a non-zero exit code, never a traceback.
+into a one-line message and a non-zero exit code, never a traceback: a
+``ConfigError`` is a usage error (exit 2, as argparse's own), the others mean
+the run could not start (exit 1).
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ class LoadgenError(Exception):
 
 
 class ConfigError(LoadgenError):
-    """A flag or flag combination that cannot describe a run."""
+    """A flag or flag combination that cannot describe a run (a usage error)."""
+
+
+class RunNotStartedError(LoadgenError):
+    """Flags that describe a run the world does not allow: an unreadable key file, a missing output
+    directory, a server no request reached."""
 
 
 class TraceFormatError(LoadgenError):

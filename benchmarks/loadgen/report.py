@@ -5,7 +5,7 @@ person reads at the terminal and what a script reads from ``--output`` can
 never disagree. Top-level keys::
 
     sent, ok, errors, errors_by_status, achieved_rate_rps, throughput_rps,
-    target_rate_rps, send_window_s, elapsed_s,
+    target_rate_rps, send_window_s, elapsed_s, last_answer_s (null: none answered),
     p50_ms, p90_ms, p99_ms, p999_ms, p9999_ms, mean_ms, max_ms,
     generator_lag_ms {p50, p99, max, threshold_p99}, generator_bottleneck, warnings,
     routes {<route>: {sent, ok, errors, errors_by_status, achieved_rate_rps, throughput_rps, p50_ms, ...}},
@@ -106,6 +106,7 @@ def build_report(config: BenchConfig, result: RunResult, server: dict[str, Any])
             "target_rate_rps": config.rate_rps if config.mode is RunMode.OPEN else None,
             "send_window_s": windows.send_window_s,
             "elapsed_s": windows.elapsed_s,
+            "last_answer_s": windows.last_answer_s,
             "generator_lag_ms": {
                 "p50": lag.p50_ms,
                 "p99": lag.p99_ms,
@@ -169,7 +170,9 @@ def format_table(report: dict[str, Any]) -> str:
     title = f"mode {report['mode']}"
     if target is not None:
         title += f", target {target:.1f} req/s"
-    title += f", sent over {report['send_window_s']:.2f} s, last answer at {report['elapsed_s']:.2f} s"
+    last_answer_s = report.get("last_answer_s")
+    last_answer = "none answered" if last_answer_s is None else f"last answer at {last_answer_s:.2f} s"
+    title += f", sent over {report['send_window_s']:.2f} s, {last_answer}"
     lag = report["generator_lag_ms"]
     lines = [title, *lines]
     lines.append(f"generator lag ms: p50 {_ms(lag['p50'])}  p99 {_ms(lag['p99'])}  max {_ms(lag['max'])}")

@@ -59,10 +59,12 @@ class MetricsSnapshot:
 
 @dataclass(frozen=True)
 class ScrapeResult:
-    """A snapshot, or why there is none."""
+    """A snapshot, or why there is none; ``is_unreachable``: no connection could be opened (refused, no such
+    host), so the request never reached a server."""
 
     snapshot: MetricsSnapshot | None
     error: str | None
+    is_unreachable: bool = False
 
 
 def parse_metrics_text(text: str) -> MetricsSnapshot:
@@ -79,7 +81,8 @@ async def scrape(client: httpx.AsyncClient, timeout_s: float) -> ScrapeResult:
     try:
         response = await client.get(METRICS_PATH, timeout=timeout_s)
     except (httpx.HTTPError, OSError) as e:
-        return ScrapeResult(None, f"GET {METRICS_PATH} failed: {type(e).__name__}: {e}")
+        is_unreachable = isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout, OSError))
+        return ScrapeResult(None, f"GET {METRICS_PATH} failed: {type(e).__name__}: {e}", is_unreachable)
     if response.status_code != 200:
         return ScrapeResult(None, f"GET {METRICS_PATH} answered HTTP {response.status_code}")
     try:
@@ -166,6 +169,14 @@ def queue_wait_view(before: MetricsSnapshot | None, after: MetricsSnapshot) -> d
         quantiles[labels["quantile"]] = value_s * 1000.0 if math.isfinite(value_s) else None
         entry["quantiles_ms"] = dict(sorted(quantiles.items(), key=lambda item: float(item[0])))
     return view or None
+
+
+def num_queue_waits(before: MetricsSnapshot | None, after: MetricsSnapshot) -> float:
+    """Queue waits the server recorded between the two scrapes, over every route (0 without the series)."""
+    return sum(
+        _delta(count_after, _before_value(before, STAGE_LATENCY_COUNT, labels))
+        for labels, count_after in after.select(STAGE_LATENCY_COUNT, stage=QUEUE_STAGE)
+    )
 
 
 def queue_depth_view(after: MetricsSnapshot) -> dict[str, float] | None:

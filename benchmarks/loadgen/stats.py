@@ -84,10 +84,15 @@ class Timeline:
 
 @dataclass(frozen=True)
 class RunWindows:
-    """The time spans rates are computed over, in seconds after the run started."""
+    """The time spans rates are computed over, in seconds after the run started.
+
+    ``elapsed_s`` (what the answer rate is computed over) is at least the send window; ``last_answer_s`` is
+    when the last HTTP answer (any status) came, ``None`` when none came.
+    """
 
     send_window_s: float
     elapsed_s: float
+    last_answer_s: float | None = None
 
 
 def summarize_latency(latencies_s: Sequence[float]) -> LatencySummary:
@@ -106,7 +111,10 @@ def run_windows(result: RunResult) -> RunWindows:
     last_sent_s = max((s.sent_s for s in result.samples if s.sent_s is not None), default=0.0)
     last_done_s = max((s.done_s for s in result.samples), default=0.0)
     send_window_s = max(result.schedule_window_s, last_sent_s)
-    return RunWindows(send_window_s=send_window_s, elapsed_s=max(last_done_s, send_window_s))
+    last_answer_s = max((s.done_s for s in result.samples if s.status > 0), default=None)
+    return RunWindows(
+        send_window_s=send_window_s, elapsed_s=max(last_done_s, send_window_s), last_answer_s=last_answer_s
+    )
 
 
 def group_stats(samples: Sequence[Sample], windows: RunWindows) -> GroupStats:

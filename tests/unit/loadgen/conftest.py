@@ -56,11 +56,13 @@ class StandinState:
     """Everything the stand-in did, for tests to compare the generator's report with."""
 
     stall_s: float = 0.0
+    fold_delay_s: float = 0.0  # a queue wait reaches /metrics this long after it was recorded, as mmserve's fold
     stall_until_s: float | None = None
     num_stalled: int = 0
     received: list[ReceivedRequest] = field(default_factory=list)
     batch_sizes_by_lane: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     queue_waits_s_by_route: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    queue_waits_recorded_at_s_by_route: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     cache_events: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     seen_images: set[str] = field(default_factory=set)
 
@@ -73,7 +75,12 @@ class _QueueWaitSummary:
 
     def collect(self) -> Iterator[Metric]:
         metric = Metric("mmserve_stage_latency_seconds", "Stage latency.", "summary")
-        for route, waits_s in sorted(self._state.queue_waits_s_by_route.items()):
+        folded_before_s = time.perf_counter() - self._state.fold_delay_s
+        for route, all_waits_s in sorted(self._state.queue_waits_s_by_route.items()):
+            recorded_at_s = self._state.queue_waits_recorded_at_s_by_route[route]
+            waits_s = [wait_s for wait_s, at_s in zip(all_waits_s, recorded_at_s) if at_s <= folded_before_s]
+            if not waits_s:
+                continue
             ordered = sorted(waits_s)
             for quantile in QUEUE_WAIT_QUANTILES:
                 rank = max(1, int(quantile * len(ordered) + 0.999999))
@@ -117,6 +124,7 @@ def build_standin_app(state: StandinState, registry: CollectorRegistry) -> FastA
         batch_size.labels(lane=route).observe(size)
         queue_depth.labels(lane=route).set(len(lane_batches) % 5)
         state.queue_waits_s_by_route[route].append(0.001 * (1 + len(state.received) % 7))
+        state.queue_waits_recorded_at_s_by_route[route].append(time.perf_counter())
         if image_b64 is not None:
             event = "hit" if image_b64 in state.seen_images else "miss"
             state.seen_images.add(image_b64)
@@ -168,8 +176,8 @@ def start_standin() -> Iterator[Callable[..., Standin]]:
     """A factory: ``start_standin(stall_s=1.5)`` starts a fresh stand-in; all stop with the module."""
     with ExitStack() as stack:
 
-        def start(stall_s: float = 0.0) -> Standin:
-            state = StandinState(stall_s=stall_s)
+        def start(stall_s: float = 0.0, fold_delay_s: float = 0.0) -> Standin:
+            state = StandinState(stall_s=stall_s, fold_delay_s=fold_delay_s)
             url = stack.enter_context(serve(build_standin_app(state, CollectorRegistry())))
             return Standin(url, state)
 

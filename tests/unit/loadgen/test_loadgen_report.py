@@ -127,12 +127,12 @@ def test_the_plot_is_a_valid_png(cli_run: dict[str, Any]) -> None:
 @pytest.mark.parametrize(
     ("argv", "code"),
     [
-        (["http://127.0.0.1:9", "--duration", "1"], 1),  # no pacing flag
-        (["http://127.0.0.1:9", "--rate", "5"], 1),  # open loop without --duration
+        (["http://127.0.0.1:9", "--duration", "1"], 2),  # no pacing flag
+        (["http://127.0.0.1:9", "--rate", "5"], 2),  # open loop without --duration
         (["http://127.0.0.1:9", "--rate", "5", "--concurrency", "2", "--duration", "1"], 2),  # exclusive
-        (["http://127.0.0.1:9", "--rate", "5", "--duration", "1", "--mix", "audio:1"], 1),
-        (["http://127.0.0.1:9", "--rate", "5", "--duration", "1", "--image-size", "224"], 1),
-        (["127.0.0.1:9", "--rate", "5", "--duration", "1"], 1),  # not a URL
+        (["http://127.0.0.1:9", "--rate", "5", "--duration", "1", "--mix", "audio:1"], 2),
+        (["http://127.0.0.1:9", "--rate", "5", "--duration", "1", "--image-size", "224"], 2),
+        (["127.0.0.1:9", "--rate", "5", "--duration", "1"], 2),  # not a URL
     ],
 )
 def test_unusable_flags_exit_nonzero_with_a_message(
