@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from models.errors import ModelRepositoryError
 from models.fusion import LowRankCrossAttention
+from models.loading.weights_file import save_weights
 
 FUSION_HEAD_FILE = "fusion_head.safetensors"
 FORMAT = "mmserve-fusion-head"
@@ -52,7 +52,7 @@ def save_fusion_head(path: Path, head: LowRankCrossAttention, *, towers_fingerpr
     metadata = {"format": FORMAT, "format_version": FORMAT_VERSION, "rank": str(head.rank),
                 "towers_fingerprint": towers_fingerprint, "trained": "true" if is_trained else "false",
                 "card": json.dumps(card or {}, sort_keys=True)}
-    save_file(state, str(path), metadata=metadata)
+    save_weights(state, path, metadata)  # not 0600: the server may run as another user
 
 
 def load_fusion_head(path: Path, head: LowRankCrossAttention, *, towers_fingerprint: str) -> FusionHeadInfo:

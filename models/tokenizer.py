@@ -48,7 +48,13 @@ def build_byte_level_tokenizer(max_tokens: int) -> PreTrainedTokenizerFast:
 
 
 def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
-    """A tokenizer saved by ``save_pretrained``, read from local files only."""
+    """A tokenizer saved by ``save_pretrained``, read from local files only.
+
+    A folder that does not exist is named as such: transformers would take its
+    path for a Hub repo id and complain about the id's form.
+    """
+    if not Path(directory).is_dir():
+        raise ModelRepositoryError(f"cannot load the tokenizer from {directory}: the folder does not exist")
     try:
         return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as e:

@@ -6,7 +6,8 @@ readable and the fingerprint (a digest over the canonical dict) is stable.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from models.errors import ModelRepositoryError
@@ -116,7 +117,16 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        """Build a config from ``model.yaml`` content, naming any bad key."""
+        """Build a config from ``model.yaml`` content, naming any bad key.
+
+        An unknown top-level key is refused as one inside a section is: a typo
+        (``dtpye``) silently dropped would serve the default in its place.
+        """
+        known = tuple(f.name for f in fields(cls))
+        unknown = sorted(str(key) for key in data if key not in known)
+        if unknown:
+            raise ModelRepositoryError(f"model.yaml: unknown top-level key {', '.join(map(repr, unknown))}; "
+                                       f"the keys are {', '.join(known)}")
         try:
             vision = VisionConfig(**data["vision"])
             # A timm checkpoint brings its own preprocessing; the loader fills it in (and checks one given here).
@@ -139,6 +149,8 @@ class ModelConfig:
         return config
 
     def validate(self) -> None:
+        """Refuse what would load and then fail while serving: each message names the model.yaml key."""
+        self._validate_numbers()
         if self.dtype not in SUPPORTED_DTYPES:
             raise ModelRepositoryError(
                 f"model.yaml: dtype {self.dtype!r} is not one of {SUPPORTED_DTYPES}"
@@ -166,3 +178,21 @@ class ModelConfig:
             )
         if self.fusion.rank < 1:
             raise ModelRepositoryError("model.yaml: fusion.rank must be >= 1")
+
+    def _validate_numbers(self) -> None:
+        """Sizes are positive ints; ``mean``/``std`` are 3 finite numbers (one per RGB channel), ``std`` > 0."""
+        sizes = {"preprocess.input_size": self.preprocess.input_size,
+                 "preprocess.resize_size": self.preprocess.resize_size,
+                 "text.hidden_size": self.text.hidden_size, "text.num_layers": self.text.num_layers,
+                 "text.num_heads": self.text.num_heads, "text.intermediate_size": self.text.intermediate_size,
+                 "text.max_position_embeddings": self.text.max_position_embeddings, "fusion.rank": self.fusion.rank}
+        for key, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ModelRepositoryError(f"model.yaml: {key} {value!r} is not a positive integer")
+        for key, values in (("mean", self.preprocess.mean), ("std", self.preprocess.std)):
+            if len(values) != 3 or not all(math.isfinite(v) for v in values):
+                raise ModelRepositoryError(f"model.yaml: preprocess.{key} {list(values)} must be 3 finite numbers, "
+                                           "one per RGB channel")
+        if min(self.preprocess.std) <= 0:
+            raise ModelRepositoryError(f"model.yaml: preprocess.std {list(self.preprocess.std)} must be > 0 "
+                                       "in every channel (images are divided by it)")

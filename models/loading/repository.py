@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 import yaml
 from torch import nn
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 from transformers import PreTrainedTokenizerBase
 
 from models.loading.config import ModelConfig
@@ -56,6 +56,7 @@ from models.tokenizer import (
     build_byte_level_tokenizer,
     load_tokenizer,
 )
+from models.loading.weights_file import save_weights
 from models.vision import VisionEncoder
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ WEIGHTS_FILE = "weights.safetensors"
 TOKENIZER_DIR = "tokenizer"
 TEXT_PREFIX = "text."
 VISION_PREFIX = "vision."
+# What timm, transformers and torch raise on architecture numbers they cannot build.
+_BUILD_ERRORS: tuple[type[Exception], ...] = (AssertionError, TypeError, ValueError, RuntimeError, KeyError)
 
 
 @dataclass(frozen=True)
@@ -115,10 +118,27 @@ def with_runtime(bundle: ModelBundle, runtime: str, quantization: str = "none",
 
 def _build(config: ModelConfig, tokenizer: PreTrainedTokenizerBase, text: TextEncoder | None,
            backbone: nn.Module | None = None) -> MultimodalModel:
-    vision = VisionEncoder(config.vision, config.preprocess, backbone)
+    """The model ``config`` describes, around the towers given (``None``: built from its numbers).
+
+    What the libraries raise on numbers they cannot build (timm's "dim should
+    be divisible by num_heads" assertion, an unknown timm keyword) becomes a
+    ``ModelRepositoryError`` naming the ``model.yaml`` section, not a traceback.
+    """
+    try:
+        vision = VisionEncoder(config.vision, config.preprocess, backbone)
+    except _BUILD_ERRORS as e:
+        raise ModelRepositoryError(f"{CONFIG_FILE}: vision (architecture {config.vision.architecture!r}, "
+                                   f"timm_kwargs {config.vision.timm_kwargs}) cannot be built: {e}") from e
     if text is None:
-        text = TextEncoder.from_config(config.text, len(tokenizer), int(tokenizer.pad_token_id or 0))
-    return MultimodalModel(config, vision, text)
+        try:
+            text = TextEncoder.from_config(config.text, len(tokenizer), int(tokenizer.pad_token_id or 0))
+        except _BUILD_ERRORS as e:
+            raise ModelRepositoryError(f"{CONFIG_FILE}: text cannot be built from its numbers: {e}") from e
+    try:
+        return MultimodalModel(config, vision, text)
+    except _BUILD_ERRORS as e:
+        raise ModelRepositoryError(f"{CONFIG_FILE}: fusion (rank {config.fusion.rank}) cannot be built "
+                                   f"on these towers: {e}") from e
 
 
 def fingerprint(model: MultimodalModel, tokenizer: TextTokenizer, config: ModelConfig, *,
@@ -227,8 +247,17 @@ def _with_backend(config: ModelConfig, backend: str) -> ModelConfig:
 
 
 def write_repository(directory: Path, bundle: ModelBundle) -> None:
-    """Write ``bundle`` as a model repository (the directory may exist but must be empty)."""
+    """Write ``bundle`` as a model repository (the directory may exist but must be empty).
+
+    The ``synthetic`` preset is refused: its towers sleep for drawn service
+    times instead of computing, so there are no weights to write and nothing
+    ``load_repository`` could rebuild.
+    """
     directory = Path(directory)
+    if bundle.config.vision.architecture == SYNTHETIC_ARCHITECTURE:
+        raise ModelRepositoryError(
+            "the synthetic preset cannot be written as a model repository: its towers sleep instead of computing, "
+            "so it has no weights to write; serve it with `mmserve serve --preset synthetic`")
     if directory.exists() and any(directory.iterdir()):
         raise ModelRepositoryError(f"{directory} exists and is not empty")
     directory.mkdir(parents=True, exist_ok=True)
@@ -239,7 +268,7 @@ def write_repository(directory: Path, bundle: ModelBundle) -> None:
         state = {name: t for name, t in state.items() if not name.startswith(TEXT_PREFIX)}
     if config.vision.timm_dir is not None:
         state = {name: t for name, t in state.items() if not name.startswith(VISION_PREFIX)}
-    save_file(state, str(directory / WEIGHTS_FILE), metadata={"format": "pt"})
+    save_weights(state, directory / WEIGHTS_FILE, {"format": "pt"})
     if config.text.hf_dir is None:
         bundle.tokenizer.tokenizer.save_pretrained(str(directory / TOKENIZER_DIR))
 
@@ -259,8 +288,12 @@ def _resolve_inside(repository: Path, relative: str, key: str) -> Path:
 
 def _check_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> None:
     """Compare names and shapes in the weights file with the architecture; name every mismatch."""
-    with safe_open(str(weights_path), framework="pt") as f:
-        found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    try:
+        with safe_open(str(weights_path), framework="pt") as f:
+            found = {name: tuple(f.get_slice(name).get_shape()) for name in f.keys()}
+    except (OSError, SafetensorError) as e:
+        raise ModelRepositoryError(f"{weights_path} is not a readable safetensors file "
+                                   f"(truncated or corrupt?): {e}") from e
     problems: list[str] = []
     for name in sorted(set(expected) - set(found)):
         problems.append(f"missing tensor {name} (expected shape {tuple(expected[name].shape)})")
@@ -324,6 +357,9 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     text: TextEncoder | None = None
     if config.text.hf_dir is not None:
         hf_dir = _resolve_inside(directory, config.text.hf_dir, "text.hf_dir")
+        if not hf_dir.is_dir():
+            raise ModelRepositoryError(f"{CONFIG_FILE}: text.hf_dir {config.text.hf_dir!r}: "
+                                       f"the folder {hf_dir} does not exist")
         tokenizer = load_tokenizer(hf_dir)
         text = TextEncoder.from_pretrained(hf_dir)
     else:
@@ -338,7 +374,11 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     if weights_path.is_file():
         expected = {name: t for name, t in model.state_dict().items() if not name.startswith(external)}
         _check_tensors(weights_path, expected)
-        model.load_state_dict(load_file(str(weights_path)), strict=not external)
+        try:
+            state = load_file(str(weights_path))
+        except (OSError, SafetensorError) as e:
+            raise ModelRepositoryError(f"{weights_path} is not a readable safetensors file: {e}") from e
+        model.load_state_dict(state, strict=not external)
     text_tokenizer = TextTokenizer.for_encoder(tokenizer, model.text.max_tokens)
     head_info = (attach_fusion_head(model, text_tokenizer, config, directory, fusion_head) if is_trained_head_read
                  else FusionHeadInfo(is_trained=False))

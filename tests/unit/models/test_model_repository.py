@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from transformers import BertConfig, BertModel
 
 from models.errors import ModelRepositoryError
+from models.fusion_head_file import save_fusion_head
 from models.loading.repository import build_preset, load_repository, write_repository
 from models.tokenizer import build_byte_level_tokenizer
 
@@ -144,3 +147,20 @@ def test_a_pickled_hugging_face_checkpoint_is_refused(tmp_path: Path):
     torch.save(model.state_dict(), directory / "pytorch_model.bin")
     with pytest.raises(ModelRepositoryError, match="cannot load the text model"):
         TextEncoder.from_pretrained(directory)
+
+
+@pytest.fixture
+def umask_022():
+    previous = os.umask(0o022)  # the test's own process, one thread: no race
+    yield
+    os.umask(previous)
+
+
+def test_weight_files_get_the_umasks_mode_not_0600(tmp_path: Path, tiny_bundle, umask_022):
+    """A repository or a trained head written by one user (root, in an image) is readable by the server's user."""
+    write_repository(tmp_path / "repo", tiny_bundle)
+    save_fusion_head(tmp_path / "fusion_head.safetensors", tiny_bundle.model.fusion, towers_fingerprint="x",
+                     is_trained=False)
+    assert stat.S_IMODE((tmp_path / "repo" / "weights.safetensors").stat().st_mode) == 0o644
+    assert stat.S_IMODE((tmp_path / "fusion_head.safetensors").stat().st_mode) == 0o644
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fusion_head.safetensors", "repo"]  # no probe left

@@ -1,0 +1,121 @@
+"""A model repository a user broke by hand, served as a user serves it: `mmserve serve --model-repo DIR`.
+
+Each break passed the load check once and then killed the server with a
+traceback (or later, its compute thread with exit 3). Each must now end
+start-up with exit 2 and one last line ``mmserve: ...`` naming the file and
+the key, no traceback. The servers start in parallel, a few at a time: each
+imports torch and reads a tiny repository.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import yaml
+
+MMSERVE = [sys.executable, "-m", "server.cli"]
+PARALLEL_STARTS = 4
+START_TIMEOUT_S = 120  # a start that fails takes seconds; one that succeeds would serve on
+
+
+@dataclass(frozen=True)
+class BrokenRepository:
+    name: str
+    breaks: Callable[[Path], None]
+    names_in_last_line: tuple[str, ...]
+
+
+def _edit_yaml(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def breaks(repo: Path) -> None:
+        data = yaml.safe_load((repo / "model.yaml").read_text())
+        edit(data)
+        (repo / "model.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    return breaks
+
+
+def _truncate_weights(repo: Path) -> None:
+    weights = repo / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+
+
+CASES = [
+    BrokenRepository("std zero", _edit_yaml(lambda d: d["preprocess"].update(std=[0, 0, 0])),
+                     ("model.yaml", "preprocess.std")),
+    BrokenRepository("mean of two values", _edit_yaml(lambda d: d["preprocess"].update(mean=[0.5, 0.5])),
+                     ("model.yaml", "preprocess.mean", "3")),
+    BrokenRepository("input size not a number", _edit_yaml(lambda d: d["preprocess"].update(input_size="abc")),
+                     ("model.yaml", "preprocess.input_size", "positive integer")),
+    BrokenRepository("timm heads not dividing the width",
+                     _edit_yaml(lambda d: d["vision"]["timm_kwargs"].update(num_heads=3)),
+                     ("model.yaml", "vision", "num_heads")),
+    BrokenRepository("top-level key misspelt", _edit_yaml(lambda d: d.update(dtpye="bfloat16")),
+                     ("model.yaml", "'dtpye'", "dtype")),
+    BrokenRepository("weights truncated", _truncate_weights, ("weights.safetensors",)),
+    BrokenRepository("tokenizer folder missing", lambda repo: shutil.rmtree(repo / "tokenizer"),
+                     ("tokenizer", "does not exist")),
+    BrokenRepository("text.hf_dir missing", _edit_yaml(lambda d: d["text"].update(hf_dir="no-such-bert")),
+                     ("model.yaml", "text.hf_dir", "no-such-bert", "does not exist")),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("repos") / "tiny"
+    done = subprocess.run([*MMSERVE, "init-model-repo", str(repo), "--preset", "tiny"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return repo
+
+
+def _problems(case: BrokenRepository, output: str, returncode: int) -> list[str]:
+    lines = [line for line in output.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    problems = [] if returncode == 2 else [f"exited {returncode}, not 2"]
+    if "Traceback" in output:
+        problems.append("printed a traceback")
+    if not last.startswith("mmserve: "):
+        problems.append("last line does not start with 'mmserve: '")
+    problems += [f"last line does not name {name!r}" for name in case.names_in_last_line if name not in last]
+    return problems
+
+
+def _finish(process: subprocess.Popen) -> tuple[str, int]:
+    """Its output and exit status; one that served the broken repository instead is stopped, not left behind."""
+    try:
+        return process.communicate(timeout=START_TIMEOUT_S)[0], process.returncode
+    except subprocess.TimeoutExpired:
+        process.kill()
+        return process.communicate()[0] + f"\n(still serving after {START_TIMEOUT_S} s)", -9
+
+
+def test_every_broken_repository_ends_start_up_in_one_line_naming_the_file(tiny_repo: Path, tmp_path: Path):
+    outputs = []
+    for first in range(0, len(CASES), PARALLEL_STARTS):
+        running = []
+        for case in CASES[first:first + PARALLEL_STARTS]:
+            repo = tmp_path / case.name.replace(" ", "-")
+            shutil.copytree(tiny_repo, repo)
+            case.breaks(repo)
+            running.append((case, subprocess.Popen([*MMSERVE, "serve", "--model-repo", str(repo), "--port", "0"],
+                                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+        outputs += [(case, *_finish(process)) for case, process in running]
+    failures = [f"{case.name}: {', '.join(problems)}\n{output[-1500:]}"
+                for case, output, returncode in outputs if (problems := _problems(case, output, returncode))]
+    assert not failures, "\n\n".join(failures)
+
+
+def test_init_refuses_the_synthetic_preset_in_one_line(tmp_path: Path):
+    """Its towers sleep instead of computing: a repository of it could never be served."""
+    repo = tmp_path / "synthetic"
+    done = subprocess.run([*MMSERVE, "init-model-repo", str(repo), "--preset", "synthetic"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("mmserve: ") and "synthetic" in last and "sleep" in last
+    assert not repo.exists() or not any(repo.iterdir())
