@@ -65,12 +65,13 @@ class ShapeFreeTimings:
 
 
 def time_image_sizes(runner: BatchRunner, sizes: tuple[int, ...], vision_ns: dict[int, int],
-                     budget_s: float = TIMED_BATCH_BUDGET_S) -> list[int]:
+                     budget_s: float | None = None) -> list[int]:
     """Time an image lane's smallest batch size, and its largest within ``budget_s`` (the module's docstring).
 
     A size already in ``vision_ns`` (timed for another lane of these sessions)
     is not run again. Returns the sizes timed, in order.
     """
+    budget_s = TIMED_BATCH_BUDGET_S if budget_s is None else budget_s  # read now: a test may set the module's
     smallest, largest = sizes[0], sizes[-1]
     if smallest not in vision_ns:
         vision_ns[smallest] = _time_images(runner, smallest)

@@ -272,7 +272,10 @@ def test_a_cacheable_request_leaves_its_stalled_owner_past_the_wait_bound(engine
     # The ones engine 1 computed: hits there, so no batch runs whose pace (learned under the drill) would make
     # engine 1 look busy to the next one.
     kept = [body for body, engine in zip(bodies, served) if engine == 1]
-    again = [post(engines.url, "/v1/infer", body) for body in kept]
+    again = []
+    for body in kept:  # each after even waits: a full suite once saw the fourth sent to engine 0 past the bound
+        waits_even(engines.url)
+        again.append(post(engines.url, "/v1/infer", body))
     assert [(engine_of(answer), answer.json()["cache"]["image"]) for answer in again] == [(1, "hit")] * len(kept)
 
 
