@@ -127,9 +127,12 @@ def failure(answer: httpx.Response) -> tuple[int, str, str]:
     return answer.status_code, error["code"], error["message"]
 
 
-NOTICED_WITHIN_S = 0.5
+NOTICED_WITHIN_S = 1.0
 """An API process notices an engine's death when its connection closes: at once on an idle machine; a request
-dispatched 0.1 s after a kill, before the API process had run, failed once at load 5 on the 2 cores."""
+dispatched 0.1 s after a kill, before the API process had run, failed once at load 5 on the 2 cores, and one
+sent more than 0.5 s after it in a full suite run (2026-12-06): a loaded API process reads the EOF late, and a
+request dispatched before it does fails (issue 42's note: telling a call the engine never received from one it
+held needs a receipt per call)."""
 
 
 def text_sender(url: str, prefix: str):
