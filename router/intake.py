@@ -53,6 +53,7 @@ naming the bad image of a request that sent a list of images, and
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -184,6 +185,18 @@ class _AllPrepared:
             raise _NeighbourRefusedError()
 
 
+def _failed(loop: asyncio.AbstractEventLoop, error: BaseException) -> asyncio.Future:
+    future = loop.create_future()
+    future.set_exception(error)
+    return future
+
+
+def _cancel_with(result: asyncio.Future, outcome: asyncio.Future) -> None:
+    """``start_one``'s outcome cancelled by its caller: the queued item is cancelled too."""
+    if outcome.cancelled():
+        result.cancel()
+
+
 class RequestIntake:
     """Tokenize, plan, decode the misses, submit, settle: the router's one entry for requests.
 
@@ -284,6 +297,63 @@ class RequestIntake:
             return None
         return DeviceDecodeRound(num_items, self._device_decoder, self._executor)
 
+    def start_one(self, item: IntakeItem, arrival_ns: int) -> asyncio.Future[IntakeOutcome] | None:
+        """``run_one`` started without a task of its own, where preparing the item is a lookup: the future
+        of its outcome, or of the error ``run_one`` raises (cancel it to cancel the call). ``None``: the item
+        needs the pool, a drill or a device round; ``run_one`` it.
+
+        The engine behind API processes (``server.workers.engine_process``)
+        gets items whose text is tokenized and whose images are decoded: the
+        item is prepared and queued here at once and its outcome is built
+        when the router answers, with no task to start and no coroutine to
+        step through, on the one process every request passes. A plan that
+        waits for segments another request computes goes on in a task, as in
+        ``run_one``.
+        """
+        if self._faults is not None or self._device_decoder is not None:
+            return None
+        sent = ItemFacts.sent(item)
+        if not self._preparer.is_inline(item, self._images_decode_inline((item,), (sent,))):
+            return None
+        loop = asyncio.get_running_loop()
+        started_ns = self._clock_ns()
+        try:
+            prepared = self._preparer.prepare_now(item, sent.image_encoding)
+        except Exception as e:  # noqa: BLE001 - the call's answer, as run_one raises it
+            return _failed(loop, e)
+        decode_ns = self._clock_ns() - started_ns
+        plan = prepared.plan
+        if plan.awaits_others:
+            task = asyncio.ensure_future(self._finish(item, sent, prepared, arrival_ns, started_ns, decode_ns,
+                                                      _AllPrepared(1)))
+            task.add_done_callback(lambda _: plan.abandon())  # cancelled before its first step: never settled
+            return task
+        try:
+            request = self._request(item, prepared, prepared.images, plan, arrival_ns, sent.image_encoding)
+            result = self._router.enqueue(request, plan)
+        except Exception as e:  # noqa: BLE001
+            plan.abandon()
+            return _failed(loop, e)
+        outcome = loop.create_future()
+        result.add_done_callback(functools.partial(self._settle_started, outcome, item, sent, prepared, decode_ns,
+                                                   started_ns))
+        outcome.add_done_callback(functools.partial(_cancel_with, result))
+        return outcome
+
+    def _settle_started(self, outcome: asyncio.Future, item: IntakeItem, sent: ItemFacts, prepared: PreparedItem,
+                        decode_ns: int, started_ns: int, result: asyncio.Future) -> None:
+        """``start_one``'s call answered by the router: its plan settled, its outcome built (``_finish``'s end)."""
+        plan = prepared.plan
+        plan.abandon()
+        if outcome.done():
+            return  # cancelled by its caller
+        if result.cancelled():
+            outcome.cancel()
+        elif (error := result.exception()) is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(self._outcome(item, sent, prepared, plan, result.result(), decode_ns, started_ns))
+
     async def _run_item(self, item: IntakeItem, sent: ItemFacts, arrival_ns: int, gate: _AllPrepared,
                         device_round: DeviceDecodeRound | None, images_inline: bool) -> IntakeOutcome:
         started_ns = self._clock_ns()
@@ -292,7 +362,11 @@ class RequestIntake:
         except BaseException:
             gate.refuse()
             raise
-        decode_ns = self._clock_ns() - started_ns
+        return await self._finish(item, sent, prepared, arrival_ns, started_ns, self._clock_ns() - started_ns, gate)
+
+    async def _finish(self, item: IntakeItem, sent: ItemFacts, prepared: PreparedItem, arrival_ns: int,
+                      started_ns: int, decode_ns: int, gate: _AllPrepared) -> IntakeOutcome:
+        """A prepared item: wait for its neighbours, resolve its plan, submit, settle."""
         plan = prepared.plan
         try:
             await gate.prepared()
@@ -305,6 +379,11 @@ class RequestIntake:
             result = await self._router.submit(request, plan)
         finally:
             plan.abandon()  # settles whatever is still open; publish and fail already settled the rest
+        return self._outcome(item, sent, prepared, plan, result, decode_ns, started_ns)
+
+    @staticmethod
+    def _outcome(item: IntakeItem, sent: ItemFacts, prepared: PreparedItem, plan: SegmentPlan,
+                 result: InferenceResult, decode_ns: int, started_ns: int) -> IntakeOutcome:
         return IntakeOutcome(result, prepared.text, plan, decode_ns, prepared.joint, started_ns,
                              facts=sent.with_text(prepared.text, prepared.joint),
                              cache=plan.statuses(images_as_list=item.images_as_list))

@@ -117,8 +117,8 @@ class ItemPreparer:
     async def _prepare_on_host(self, item: IntakeItem, image_encoding: str | None,
                                is_device_decoding: bool, images_inline: bool) -> PreparedItem:
         if self.is_inline(item, images_inline):
-            return self._prepare_now(item, image_encoding)
-        future = self._executor.submit(self._prepare_now, item, image_encoding, is_device_decoding)
+            return self.prepare_now(item, image_encoding)
+        future = self._executor.submit(self.prepare_now, item, image_encoding, is_device_decoding)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -135,7 +135,7 @@ class ItemPreparer:
             images[index] = pixels if pixels is not None else await self.model_input_off_loop(item, index)
         return dataclasses.replace(prepared, images=tuple(images), on_device=())
 
-    def _prepare_now(self, item: IntakeItem, image_encoding: str | None,
+    def prepare_now(self, item: IntakeItem, image_encoding: str | None,
                      is_device_decoding: bool = False) -> PreparedItem:
         """Tokenize, plan, decode if the plan needs the pixels (a pool thread, or the loop: ``is_inline``).
 

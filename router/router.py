@@ -287,6 +287,37 @@ class Router:
         answer comes back. A plan whose request never reaches the model is
         the caller's to settle; ``router.intake`` does.
         """
+        pending = self._admit(request, plan)
+        self._num_in_flight += 1
+        self._waiting.add(pending)
+        try:
+            return await pending.future
+        finally:
+            self._num_in_flight -= 1
+            self._waiting.discard(pending)
+
+    def enqueue(self, request: InferenceRequest, plan: SegmentPlan | None = None) -> asyncio.Future[InferenceResult]:
+        """``submit`` without a task awaiting it: the future of ``request``'s result, the router's typed
+        errors raised at once. Cancelling the future cancels the queued item, as cancelling ``submit``'s
+        task does.
+
+        For the engine behind API processes (``router.intake``'s ``start_one``),
+        where a task per request, and the coroutines it steps through, cost
+        the one process every request passes more than the request's own
+        share of its batch.
+        """
+        pending = self._admit(request, plan)
+        self._num_in_flight += 1
+        self._waiting.add(pending)
+        pending.future.add_done_callback(functools.partial(self._answered, pending))
+        return pending.future
+
+    def _answered(self, pending: Pending, _: asyncio.Future) -> None:
+        self._num_in_flight -= 1
+        self._waiting.discard(pending)
+
+    def _admit(self, request: InferenceRequest, plan: SegmentPlan | None) -> Pending:
+        """``request`` queued in its lane, or the router's typed error for why not."""
         if self._is_draining:
             raise ShuttingDownError("the server is shutting down")
         fault = self.check_compute()
@@ -310,13 +341,7 @@ class Router:
             if self.metrics is not None:
                 self.metrics.rejected_total.labels(lane=lane.route.value, reason=refusal.reason).inc()
             raise QueueFullError(lane.route.value, refusal.reason, refusal.retry_after_s)
-        self._num_in_flight += 1
-        self._waiting.add(pending)
-        try:
-            return await pending.future
-        finally:
-            self._num_in_flight -= 1
-            self._waiting.discard(pending)
+        return pending
 
     def _on_batch(self, runner: BatchRunner, lane: Lane, batch: Sequence[Pending],
                   outcomes: Sequence[Outcome]) -> None:

@@ -180,6 +180,11 @@ class SegmentPlan:
             statuses["text"] = self.text.status.value
         return statuses
 
+    @property
+    def awaits_others(self) -> bool:
+        """Whether a segment of it is being computed for another request, which ``resolved`` awaits."""
+        return any(slot.status == SlotStatus.COALESCED and slot.value is None for slot in self._slots())
+
     async def _resolved_slot(self, slot: SegmentSlot | None) -> SegmentSlot | None:
         while slot is not None and slot.status == SlotStatus.COALESCED and slot.value is None:
             try:
@@ -200,9 +205,9 @@ class SegmentPlan:
         this is cancelled in between, the claims it took are abandoned before
         the cancellation goes on: nobody else holds them yet.
         """
-        old = self._slots()
-        if not any(slot.status == SlotStatus.COALESCED and slot.value is None for slot in old):
+        if not self.awaits_others:
             return self  # nothing to await: the plan as it is
+        old = self._slots()
         new: list[SegmentSlot] = []
         try:
             for slot in old:

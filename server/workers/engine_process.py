@@ -62,6 +62,7 @@ status 2 (``server.workers.start_failure``), not a traceback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -74,7 +75,7 @@ from fastapi import FastAPI
 from prometheus_client import generate_latest
 
 from models.tokenizer_packing import pack_tokenizer
-from router.errors import IntakeItemError
+from router.errors import IntakeItemError, ServerRefusalError
 from router.intake import IntakeItem, IntakeTools, RequestIntake
 from router.segments import SegmentKey
 from server.app import create_app
@@ -161,6 +162,12 @@ class Engine:
                         # The pixels are copied out now, before the call's task: each slot is free again at once,
                         # even for a call cancelled before it starts (server.workers.pixel_slots).
                         prepared_ids = self._take_pixels(items, self._attached(attached, block), slots)
+                        started = self._intake.start_one(items[0], arrival_ns) if len(items) == 1 else None
+                        if started is not None:  # most calls: no task of their own (RequestIntake.start_one)
+                            calls[call_id] = started
+                            started.add_done_callback(functools.partial(
+                                self._answer_started, call_id, items[0], prepared_ids, reply, calls))
+                            continue
                         task = asyncio.ensure_future(self._run(call_id, items, arrival_ns, prepared_ids, reply))
                         calls[call_id] = task
                         task.add_done_callback(lambda _, call_id=call_id: calls.pop(call_id, None))
@@ -244,6 +251,21 @@ class Engine:
         finally:
             for content_id in prepared_ids:
                 self._prepared.pop(content_id, None)
+
+    def _answer_started(self, call_id: int, item: IntakeItem, prepared_ids: list[int], reply,  # noqa: ANN001
+                        calls: dict[int, asyncio.Future], outcome: asyncio.Future) -> None:
+        """``_run``'s answer for a call the intake started without a task (``RequestIntake.start_one``)."""
+        calls.pop(call_id, None)
+        for content_id in prepared_ids:
+            self._prepared.pop(content_id, None)
+        if outcome.cancelled():
+            reply("cancelled", call_id)
+        elif (error := outcome.exception()) is None:
+            reply("ok", call_id, [portable_of_item(outcome.result(), item)])
+        elif isinstance(error, ServerRefusalError) or not isinstance(error, Exception):
+            reply("error", call_id, None, error_fields(error, call_id))  # type: ignore[arg-type]
+        else:
+            reply("error", call_id, 0, error_fields(error, call_id))  # the item's error, as run's IntakeItemError
 
     def _take_pixels(self, items: list[IntakeItem], block: AttachedSlots, slots: list[list[int | None]]) -> list[int]:
         """The slots' pixels copied out for the intake, by image; each slot is the API process's again at once.
