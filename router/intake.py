@@ -1,6 +1,8 @@
 """The intake: one call from a parsed request to its result, whatever protocol it came by.
 
-    intake.run(items, arrival_ns)              (intake.run_one(item, ...) for one)
+    intake.run(items, arrival_ns)              (intake.run_one(item, ...) for one; start_one(item, ...)
+                                                starts one without a task where preparing it is a lookup:
+                                                the engine behind API processes)
 
     per item, all at once:
       prepare      decode pool; on the event loop an item whose text is short or tokenized
