@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from fastapi import APIRouter, FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 
@@ -20,7 +21,7 @@ from monitoring.serving_metrics import ServingMetrics
 from router.joint_budget import JointTokenBudget
 from server.errors import ApiError
 from server.http.direct_routes import DirectRoutes, DirectRouteTable
-from server.http.error_shapes import error_response
+from server.http.error_shapes import error_response, validation_error
 from server.http.middleware import add_request_guards
 from server.http.rate_limit import TokenBucketStore
 from server.http.route_order import INFERENCE_ROUTES, documented_routes, match_inference_routes_first
@@ -77,6 +78,8 @@ def wire_routes(app: FastAPI, settings: Settings, metrics: ServingMetrics, regis
     # POST /v1/embeddings/ with an empty 307 to the path without it, which no API client follows with its body.
     app.router.redirect_slashes = False
     app.add_exception_handler(ApiError, lambda request, error: error_response(error, request.url.path))
+    app.add_exception_handler(RequestValidationError,
+                              lambda request, error: error_response(validation_error(error), request.url.path))
 
     def count_early_rejection(path: str, code: str) -> None:
         if path == "/v1/infer":

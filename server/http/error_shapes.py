@@ -17,10 +17,12 @@ shapes (``server.routes.v2``, ``server.routes.openai``).
 
 from __future__ import annotations
 
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from server.errors import ApiError
 from server.protocols import kserve_v2_model, openai_embeddings
+from server.schemas import error_location
 
 KSERVE_V2_ROOT = "/v2"
 OPENAI_PATHS = frozenset({"/v1/embeddings"})
@@ -33,3 +35,18 @@ def error_response(error: ApiError, path: str) -> JSONResponse:
     if path.rstrip("/") in OPENAI_PATHS:  # an OpenAI client's typo gets the error its client reads
         return error.response(openai_embeddings.error_body(error, error.field))
     return error.response()
+
+
+def validation_error(error: RequestValidationError) -> ApiError:
+    """A body or query FastAPI refused before the route ran (a route that declares a pydantic body:
+    ``POST /v1/admin/faults``) as every route refuses one: 400 ``invalid_json``, or 422 ``invalid_request``
+    naming the field, not FastAPI's ``{"detail": [...]}``."""
+    first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request", "type": ""}
+    location = tuple(first["loc"])
+    if location[:1] in (("body",), ("query",), ("path",)):
+        location = location[1:]
+    if first["type"] == "json_invalid":
+        message = first.get("ctx", {}).get("error", first["msg"])
+        return ApiError(400, "invalid_json", f"body is not valid JSON: {message}", "body")
+    field = error_location(tuple(part for part in location if isinstance(part, (int, str))))
+    return ApiError(422, "invalid_request", f"{field}: {first['msg']}", field)

@@ -163,3 +163,34 @@ def test_drift_document_follows_the_settings_and_baseline_can_be_relearned(live_
     assert relearned.json()["baseline"]["phase"] == "learning"
     assert relearned.json()["baseline"]["started_unix_s"] >= baseline["started_unix_s"]
     assert second["baseline"]["started_unix_s"] == relearned.json()["baseline"]["started_unix_s"]
+
+
+def test_a_bad_drill_is_refused_in_the_servers_error_shape_as_with_api_processes_in_front(live_server_factory):
+    """One process has one engine, 0: ``?engine=N`` is checked as API processes check it before they forward
+    (tests/integration/test_engines.py), so a number naming no engine is 422 ``invalid_engine`` whatever N, not a
+    drill set on engine 0 or FastAPI's own ``detail`` body; ``?engine=0`` sets it, and killing still answers 409.
+    A body that is not JSON, or not a drill, is answered as every route answers one: ``{"error": {code, message,
+    field}}``, 400 ``invalid_json`` and 422 ``invalid_request`` naming the field (the same body, forwarded, is
+    answered by an engine's copy of this route)."""
+    fault = {"stage": "vision", "delay_ms": 1, "duration_s": 60}
+    with live_server_factory(enable_fault_injection=True) as server, server.client() as client:
+        refused = [client.post("/v1/admin/faults?engine=1", json=fault),
+                   client.post("/v1/admin/faults?engine=x", json=fault),
+                   client.get("/v1/admin/faults?engine=7"), client.delete("/v1/admin/faults?engine=-1"),
+                   client.post("/v1/admin/faults/kill"), client.post("/v1/admin/faults/kill?engine=x")]
+        malformed = client.post("/v1/admin/faults", content=b"{bad", headers={"content-type": "application/json"})
+        invalid = [client.post("/v1/admin/faults", json={"stage": "vision", "delay_ms": -1}),
+                   client.post("/v1/admin/faults", json={"delay_ms": 5}), client.post("/v1/admin/faults", json=[1])]
+        listed = client.get("/v1/admin/faults").json()["active"]
+        on_zero = client.post("/v1/admin/faults?engine=0", json=fault)
+        kill_zero = client.post("/v1/admin/faults/kill?engine=0")
+        client.delete("/v1/admin/faults")
+    assert [(answer.status_code, answer.json()["error"]["code"], answer.json()["error"]["field"])
+            for answer in refused] == [(422, "invalid_engine", "engine")] * len(refused)
+    assert (malformed.status_code, malformed.json()["error"]["code"]) == (400, "invalid_json"), malformed.text
+    assert [(answer.status_code, answer.json()["error"]["code"], answer.json()["error"]["field"])
+            for answer in invalid] == [(422, "invalid_request", "delay_ms"), (422, "invalid_request", "stage"),
+                                       (422, "invalid_request", "body")]
+    assert listed == [], "a refused drill is not set"
+    assert on_zero.status_code == 200 and [plan["engine"] for plan in on_zero.json()["active"]] == [0]
+    assert kill_zero.status_code == 409 and kill_zero.json()["error"]["code"] == "not_an_engine"
