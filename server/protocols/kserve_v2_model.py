@@ -53,7 +53,7 @@ IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE, MATCH_SCORE = (
     "image_embedding", "text_embedding", "fused_embedding", "score", "match_score")
 IMAGE_EMBEDDINGS = "image_embeddings"
 _PAIR_OUTPUTS = (FUSED_EMBEDDING, SCORE, MATCH_SCORE)
-_MAX_TIMEOUT_US = 3_600_000_000
+MAX_TIMEOUT_US = 3_600_000_000
 _PRIORITY_NAMES = ("high", "normal", "low")
 
 
@@ -170,12 +170,17 @@ def _priority(value: object) -> str:
                f"{list(_PRIORITY_NAMES)}, got {value!r}", "priority")
 
 
+def is_timeout_us(value: object) -> bool:
+    """Whether ``value`` is a ``timeout`` parameter the route takes: whole microseconds, 1..``MAX_TIMEOUT_US``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_US
+
+
 def _timeout_ms(timeout_us: object) -> int | None:
     """Triton's ``timeout`` (µs) -> whole milliseconds, rounded up."""
     if timeout_us is None:
         return None
-    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or not 0 < timeout_us <= _MAX_TIMEOUT_US:
-        raise _bad("invalid_parameter", f"parameters.timeout is in microseconds, 1..{_MAX_TIMEOUT_US}; got "
+    if not is_timeout_us(timeout_us):
+        raise _bad("invalid_parameter", f"parameters.timeout is in microseconds, 1..{MAX_TIMEOUT_US}; got "
                    f"{timeout_us!r}", "timeout")
     return max(1, math.ceil(timeout_us / 1000))
 

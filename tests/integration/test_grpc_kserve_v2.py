@@ -327,6 +327,26 @@ def test_errors_name_the_v2_parameters_a_triton_client_sets(served: Served):
     assert body["error"]["message"].removeprefix("row 0: ") in http_raised.value.message(), http_raised.value.message()
 
 
+def test_the_calls_deadline_neither_hides_a_bad_timeout_parameter_nor_is_refused_as_one(served: Served):
+    """tritonclient's ``timeout`` (parameters.timeout, µs) and ``client_timeout`` (the gRPC deadline, s) are two
+    settings. A timeout the HTTP v2 route refuses is refused whether or not the call has a deadline; a deadline
+    longer than the longest timeout (an hour) is no parameter the client sent, so the call is answered."""
+    with served.grpc_client() as client, served.http_client() as http_client:
+        for timeout_us in (0, 3_600_000_001):
+            with pytest.raises(InferenceServerException) as http_raised:
+                http_client.infer(MODEL, [_text_input([b"a dog"], triton_http)], timeout=timeout_us, headers=auth())
+            for deadline_s in (None, 30.0):
+                with pytest.raises(InferenceServerException) as raised:
+                    client.infer(MODEL, [_text_input([b"a dog"])], timeout=timeout_us, client_timeout=deadline_s,
+                                 headers=auth())
+                status, body = _error(raised)
+                assert status == "StatusCode.INVALID_ARGUMENT", (timeout_us, deadline_s, status)
+                assert (body["error"]["code"], body["error"]["field"]) == ("invalid_parameter", "timeout"), body
+                assert body["error"]["message"] in http_raised.value.message(), http_raised.value.message()
+        answer = client.infer(MODEL, [_text_input([b"a dog"])], client_timeout=7200.0, headers=auth())
+        assert answer.as_numpy("text_embedding").shape[0] == 1
+
+
 def test_a_message_over_the_body_limit_is_resource_exhausted(served: Served):
     pixels = np.zeros((1, 600, 600, 3), np.uint8)  # 1.08 MB > MAX_BODY_BYTES
     with served.grpc_client() as client, pytest.raises(InferenceServerException) as raised:
