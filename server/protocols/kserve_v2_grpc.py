@@ -140,7 +140,8 @@ def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | 
         if any(key.startswith("shared_memory") for key in tensor.parameters):
             raise _bad("unsupported_parameter", f"input {tensor.name}: shared memory is not supported; send the "
                        "data in the message", tensor.name)
-        data = (tensor_data_from_bytes(raw[index], tensor.datatype, shape, tensor.name) if raw
+        data = (tensor_data_from_bytes(raw[index], tensor.datatype, shape, tensor.name,
+                                       carried_in=f"raw_input_contents[{index}]") if raw
                 else _typed_contents(tensor, shape))
         inputs.append(Tensor(tensor.name, tensor.datatype, shape, data, is_binary=True))
     names = [tensor.name for tensor in inputs]

@@ -121,3 +121,15 @@ def test_raw_contents_that_do_not_match_the_inputs_are_invalid_argument(grpc_ser
     del message.raw_input_contents[1]
     body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 400, "invalid_tensor_data")
     assert body["error"]["field"] == "raw_input_contents"
+
+
+def test_a_raw_tensor_that_does_not_fill_its_shape_is_named_as_grpc_carries_it(grpc_server):
+    """A gRPC message has no binary_data_size (the HTTP binary form's parameter): the error names the
+    raw_input_contents entry that is short, as the client wrote it."""
+    live, stub = grpc_server
+    message = _message(Item(text="a dog", pixels=([8, 8, 3], bytes(192))), is_typed=False)
+    message.raw_input_contents[1] = bytes(100)
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 400, "invalid_tensor_data")
+    assert body["error"]["field"] == "image_uint8", body
+    assert "raw_input_contents[1] holds 100 bytes" in body["error"]["message"], body
+    assert "binary_data_size" not in body["error"]["message"], body
