@@ -325,9 +325,10 @@ def choose_outputs(request: V2InferRequest, model: ServedModelFacts) -> tuple[Re
     return request.outputs
 
 
-def _padded_image_embeddings(results: Sequence[InferenceResult]) -> np.ndarray:
-    """(N, K, E_v): each row's image embeddings, zeros after its last image."""
-    num_images = max(len(result.image_embeddings) for result in results)
+def _padded_image_embeddings(results: Sequence[InferenceResult], num_images: int) -> np.ndarray:
+    """(N, K, E_v): each row's image embeddings, zeros after its last image; K is the input's, even when
+    every row is padded (a client reshapes by the K it sent)."""
+    num_images = max(num_images, *(len(result.image_embeddings) for result in results))
     width = next(result.image_embeddings[0].shape[-1] for result in results if result.image_embeddings)
     data = np.zeros((len(results), num_images, width), dtype=np.float32)  # (N, K, E_v)
     for row, result in enumerate(results):
@@ -336,14 +337,16 @@ def _padded_image_embeddings(results: Sequence[InferenceResult]) -> np.ndarray:
     return data
 
 
-def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[InferenceResult]) -> tuple[Tensor, ...]:
+def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[InferenceResult],
+                   request: V2InferRequest) -> tuple[Tensor, ...]:
     """Stack the rows' results into one FP32 tensor per chosen output."""
     tensors = []
     for output in chosen:
         if output.name in (SCORE, MATCH_SCORE):
             data = np.array([getattr(result, output.name) for result in results], dtype=np.float32)  # (N,)
         elif output.name == IMAGE_EMBEDDINGS:
-            data = _padded_image_embeddings(results)  # (N, K, E_v)
+            image = next(tensor for tensor in request.inputs if tensor.name == IMAGE)
+            data = _padded_image_embeddings(results, images_per_row(image))  # (N, K, E_v)
         else:
             # The embedding outputs are named after ``InferenceResult``'s fields.
             data = np.stack([getattr(result, output.name) for result in results]).astype(np.float32)  # (N, D)

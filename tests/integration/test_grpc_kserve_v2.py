@@ -153,6 +153,22 @@ def test_outputs_equal_the_http_v2_routes_bit_for_bit(served: Served, case: str)
         np.testing.assert_array_equal(over_grpc.as_numpy(name), over_http.as_numpy(name), err_msg=name)
 
 
+def test_image_embeddings_keep_the_inputs_k_when_every_row_is_padded(served: Served):
+    """README: an [N, K] image input gives image_embeddings [N, K, D], zeros for padding, whatever the rows
+    hold; a client reshapes by the K it sent."""
+    rows = np.array([[encoded_image(6), b"", b""], [encoded_image(7), encoded_image(8), b""]], dtype=object)
+    answers = {}
+    for module, client in ((triton_grpc, served.grpc_client()), (triton_http, served.http_client())):
+        with client:
+            images = module.InferInput("image", [2, 3], "BYTES")
+            images.set_data_from_numpy(rows)
+            answers[module.__name__] = client.infer(MODEL, [images], headers=auth()).as_numpy("image_embeddings")
+    over_grpc, over_http = answers.values()
+    assert over_grpc.shape[:2] == (2, 3) and over_http.shape[:2] == (2, 3), (over_grpc.shape, over_http.shape)
+    assert not over_grpc[:, 2].any() and not over_grpc[0, 1].any() and over_grpc[1, 1].any()
+    np.testing.assert_array_equal(over_grpc, over_http)
+
+
 def test_health_and_liveness_need_no_key_and_metadata_matches_http(served: Served):
     with grpc.insecure_channel(served.grpc_address) as channel:
         answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
