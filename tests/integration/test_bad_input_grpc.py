@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from server.settings import Settings
 from tests.conftest import LiveServer, run_live_server
+from tests.encoded_images import encoded_image
 from tests.integration.test_bad_input_matrix import REFUSALS, Item
 
 GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -133,3 +134,17 @@ def test_a_raw_tensor_that_does_not_fill_its_shape_is_named_as_grpc_carries_it(g
     assert body["error"]["field"] == "image_uint8", body
     assert "raw_input_contents[1] holds 100 bytes" in body["error"]["message"], body
     assert "binary_data_size" not in body["error"]["message"], body
+
+
+def test_a_bad_image_is_named_by_the_v2_input_that_carried_it(grpc_server):
+    """KServe v2 has the inputs image ([N, K]) and image_uint8; an error names those, not /v1/infer's
+    images[k] and image.uint8 (which a ModelInferRequest cannot carry)."""
+    live, stub = grpc_server
+    message = service_pb2.ModelInferRequest(model_name="tiny")
+    message.inputs.add(name="image", datatype="BYTES", shape=[1, 2]).contents.bytes_contents.extend(
+        [encoded_image(1), b"not an image"])
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 415, "unsupported_image_format")
+    assert body["error"]["field"] == "image[1]" and "images[" not in body["error"]["message"], body
+    zero_side = _message(Item(pixels=([0, 4, 3], b"")), is_typed=False)
+    body = _refused(live, stub, lambda: stub.ModelInfer(zero_side, timeout=30), 422, "invalid_image_size")
+    assert body["error"]["field"] == "image_uint8" and "image.uint8" not in body["error"]["message"], body
