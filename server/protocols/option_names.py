@@ -2,7 +2,8 @@
 
     option     native (/v1/infer, /v1/classify, /v1/rank, /v1/embeddings)   KServe v2 (HTTP and gRPC)
     truncate   send "truncate": true                                        set parameters.truncate to true
-    deadline   timeout_ms                                                   parameters.timeout (microseconds)
+    deadline   timeout_ms                                                   parameters.timeout (microseconds);
+                                                                            over gRPC the call's deadline too
     image k    images[k]                                                    image[k] (of an [N, K] input's row)
     pixels     image.uint8                                                  image_uint8
 
@@ -29,10 +30,14 @@ class OptionNames:
     timeout_field: str
     image_list_field: str
     pixels_field: str
+    timeout_hint: str | None = None  # what a message says sets the deadline; None: ``timeout_field``
 
 
 NATIVE = OptionNames('send "truncate": true', "timeout_ms", "images", "image.uint8")
 KSERVE_V2 = OptionNames("set parameters.truncate to true", "parameters.timeout", "image", "image_uint8")
+# tritonclient.grpc's client_timeout is the call's deadline, which is the request's deadline as the parameter is
+KSERVE_V2_GRPC = OptionNames("set parameters.truncate to true", "parameters.timeout", "image", "image_uint8",
+                             "parameters.timeout or the call's gRPC deadline")
 _IMAGE_OF_A_LIST = re.compile(rf"\b{re.escape(NATIVE.image_list_field)}\[(\d+)\]")
 
 
@@ -46,7 +51,7 @@ def in_terms_of(error: ApiError, names: OptionNames) -> ApiError:
     if names == NATIVE:
         return error
     message = error.message.replace(NATIVE.truncate_hint, names.truncate_hint)
-    message = _renamed(message.replace(NATIVE.timeout_field, names.timeout_field), names)
+    message = _renamed(message.replace(NATIVE.timeout_field, names.timeout_hint or names.timeout_field), names)
     field = names.timeout_field if error.field == NATIVE.timeout_field else error.field
     field = _renamed(field, names) if field is not None else None
     if (message, field) == (error.message, error.field):
