@@ -126,7 +126,8 @@ class V2GrpcInfer(Endpoint[_Call]):
         call = parsed.context
         return GrpcReply(200, infer_response(V2InferResponse(
             model_name=state.served_model.name, model_version=MODEL_VERSION,
-            outputs=output_tensors(call.chosen, [outcome.result for outcome in answered.outcomes]),
+            outputs=output_tensors(call.chosen, [outcome.result for outcome in answered.outcomes],
+                                   call.request),
             request_id=call.request.request_id)))
 
     def render_error(self, failure: Failure, parsed: Parsed[_Call] | None) -> GrpcReply:  # type: ignore[override]

@@ -9,8 +9,8 @@
 
 The status's details are the JSON error text the HTTP route gives
 (``{"error": {"code", "message", "field"}}``), its hints in KServe v2's terms as the
-HTTP v2 route words them (``parameters.truncate``, ``parameters.timeout``:
-``server.protocols.option_names``); a retry delay goes in the
+HTTP v2 route words them (``parameters.truncate``, ``parameters.timeout``, which
+over gRPC names the call's deadline beside it: ``server.protocols.option_names``); a retry delay goes in the
 trailing metadata as ``retry-after`` (whole seconds, as the HTTP header) and
 ``grpc-retry-pushback-ms`` (what gRPC's own retry policy reads). README's
 "gRPC" section prints the same table.
@@ -23,7 +23,7 @@ import json
 import grpc
 
 from server.errors import ApiError
-from server.protocols.option_names import KSERVE_V2, in_terms_of
+from server.protocols.option_names import KSERVE_V2_GRPC, in_terms_of
 
 STATUS_BY_HTTP: dict[int, grpc.StatusCode] = {
     400: grpc.StatusCode.INVALID_ARGUMENT,
@@ -47,7 +47,7 @@ def grpc_status(http_status: int) -> grpc.StatusCode:
 
 def error_text(error: ApiError, row_index: int | None = None) -> str:
     """The HTTP v2 route's JSON error body as text; a row's failure names its row, as that route does."""
-    body = in_terms_of(error, KSERVE_V2).body()
+    body = in_terms_of(error, KSERVE_V2_GRPC).body()
     if row_index is not None:
         body["error"]["message"] = f"row {row_index}: {body['error']['message']}"
     return json.dumps(body)

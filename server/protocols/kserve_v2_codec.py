@@ -150,15 +150,20 @@ def _shape(value: object, tensor_name: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def tensor_data_from_bytes(chunk: bytes, datatype: str, shape: tuple[int, ...], tensor_name: str) -> np.ndarray:
-    """A tensor's binary form (this body's, or gRPC's ``raw_input_contents``) -> its array; 400 if it does not fit."""
+def tensor_data_from_bytes(chunk: bytes, datatype: str, shape: tuple[int, ...], tensor_name: str, *,
+                           carried_in: str = "parameters.binary_data_size") -> np.ndarray:
+    """A tensor's binary form (this body's, or gRPC's ``raw_input_contents``) -> its array; 400 if it does not fit.
+
+    ``carried_in``: where the client's message sent the chunk, as the error names it
+    (``raw_input_contents[1]`` over gRPC, which has no ``binary_data_size``).
+    """
     num_elements = math.prod(shape)
     if datatype == BYTES:
         return _object_array(deserialize_bytes_elements(chunk, num_elements, tensor_name), shape)
     dtype = NUMERIC_DTYPES[datatype]
     if len(chunk) != num_elements * dtype.itemsize:
         raise _bad("invalid_tensor_data", f"input {tensor_name}: {datatype} shape {list(shape)} needs "
-                   f"{num_elements * dtype.itemsize} bytes, binary_data_size is {len(chunk)}", tensor_name)
+                   f"{num_elements * dtype.itemsize} bytes; {carried_in} holds {len(chunk)} bytes", tensor_name)
     return np.frombuffer(chunk, dtype=dtype).reshape(shape)  # shape
 
 

@@ -46,7 +46,15 @@ from server.protocols.kserve_v2_codec import (
     serialize_bytes_elements,
     tensor_data_from_bytes,
 )
-from server.protocols.kserve_v2_model import INPUT_SPECS, MODEL_VERSION, PLATFORM, TensorSpec, output_specs
+from server.protocols.kserve_v2_model import (
+    INPUT_SPECS,
+    MAX_TIMEOUT_US,
+    MODEL_VERSION,
+    PLATFORM,
+    TensorSpec,
+    is_timeout_us,
+    output_specs,
+)
 from server.protocols.kserve_v2_model import model_config as config_description
 
 # The typed field of InferTensorContents that holds each datatype (grpc_service.proto).
@@ -132,7 +140,8 @@ def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | 
         if any(key.startswith("shared_memory") for key in tensor.parameters):
             raise _bad("unsupported_parameter", f"input {tensor.name}: shared memory is not supported; send the "
                        "data in the message", tensor.name)
-        data = (tensor_data_from_bytes(raw[index], tensor.datatype, shape, tensor.name) if raw
+        data = (tensor_data_from_bytes(raw[index], tensor.datatype, shape, tensor.name,
+                                       carried_in=f"raw_input_contents[{index}]") if raw
                 else _typed_contents(tensor, shape))
         inputs.append(Tensor(tensor.name, tensor.datatype, shape, data, is_binary=True))
     names = [tensor.name for tensor in inputs]
@@ -143,10 +152,22 @@ def infer_request(message: service_pb2.ModelInferRequest, *, deadline_us: int | 
         raise _bad("invalid_request", f"outputs name a tensor twice: {[o.name for o in outputs]}", "outputs")
     parameters = _parameters(message.parameters, "request")
     if deadline_us is not None:
-        sent = parameters.get("timeout")
-        is_sent = isinstance(sent, int) and not isinstance(sent, bool) and sent > 0
-        parameters["timeout"] = max(1, min(deadline_us, sent) if is_sent else deadline_us)  # type: ignore[type-var]
+        parameters["timeout"] = _timeout_within_deadline(parameters.get("timeout"), deadline_us)
     return V2InferRequest(tuple(inputs), outputs, message.id or None, parameters, is_binary_output_default=True)
+
+
+def _timeout_within_deadline(sent: object, deadline_us: int) -> object:
+    """The request's ``timeout``: the sooner of the one sent and the call's deadline.
+
+    A sent value the HTTP route refuses (0, a string, over an hour) stays, so the
+    route's check refuses it by name whether or not the call has a deadline; a
+    deadline over an hour counts as the longest timeout, since the client sent no
+    parameter to be told about (Triton takes any deadline).
+    """
+    left_us = max(1, min(deadline_us, MAX_TIMEOUT_US))
+    if sent is None:
+        return left_us
+    return min(sent, left_us) if is_timeout_us(sent) else sent  # type: ignore[type-var]
 
 
 def infer_response(response: V2InferResponse) -> service_pb2.ModelInferResponse:

@@ -53,7 +53,7 @@ IMAGE_EMBEDDING, TEXT_EMBEDDING, FUSED_EMBEDDING, SCORE, MATCH_SCORE = (
     "image_embedding", "text_embedding", "fused_embedding", "score", "match_score")
 IMAGE_EMBEDDINGS = "image_embeddings"
 _PAIR_OUTPUTS = (FUSED_EMBEDDING, SCORE, MATCH_SCORE)
-_MAX_TIMEOUT_US = 3_600_000_000
+MAX_TIMEOUT_US = 3_600_000_000
 _PRIORITY_NAMES = ("high", "normal", "low")
 
 
@@ -170,12 +170,17 @@ def _priority(value: object) -> str:
                f"{list(_PRIORITY_NAMES)}, got {value!r}", "priority")
 
 
+def is_timeout_us(value: object) -> bool:
+    """Whether ``value`` is a ``timeout`` parameter the route takes: whole microseconds, 1..``MAX_TIMEOUT_US``."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_TIMEOUT_US
+
+
 def _timeout_ms(timeout_us: object) -> int | None:
     """Triton's ``timeout`` (µs) -> whole milliseconds, rounded up."""
     if timeout_us is None:
         return None
-    if isinstance(timeout_us, bool) or not isinstance(timeout_us, int) or not 0 < timeout_us <= _MAX_TIMEOUT_US:
-        raise _bad("invalid_parameter", f"parameters.timeout is in microseconds, 1..{_MAX_TIMEOUT_US}; got "
+    if not is_timeout_us(timeout_us):
+        raise _bad("invalid_parameter", f"parameters.timeout is in microseconds, 1..{MAX_TIMEOUT_US}; got "
                    f"{timeout_us!r}", "timeout")
     return max(1, math.ceil(timeout_us / 1000))
 
@@ -320,9 +325,10 @@ def choose_outputs(request: V2InferRequest, model: ServedModelFacts) -> tuple[Re
     return request.outputs
 
 
-def _padded_image_embeddings(results: Sequence[InferenceResult]) -> np.ndarray:
-    """(N, K, E_v): each row's image embeddings, zeros after its last image."""
-    num_images = max(len(result.image_embeddings) for result in results)
+def _padded_image_embeddings(results: Sequence[InferenceResult], num_images: int) -> np.ndarray:
+    """(N, K, E_v): each row's image embeddings, zeros after its last image; K is the input's, even when
+    every row is padded (a client reshapes by the K it sent)."""
+    num_images = max(num_images, *(len(result.image_embeddings) for result in results))
     width = next(result.image_embeddings[0].shape[-1] for result in results if result.image_embeddings)
     data = np.zeros((len(results), num_images, width), dtype=np.float32)  # (N, K, E_v)
     for row, result in enumerate(results):
@@ -331,14 +337,16 @@ def _padded_image_embeddings(results: Sequence[InferenceResult]) -> np.ndarray:
     return data
 
 
-def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[InferenceResult]) -> tuple[Tensor, ...]:
+def output_tensors(chosen: Sequence[RequestedOutput], results: Sequence[InferenceResult],
+                   request: V2InferRequest) -> tuple[Tensor, ...]:
     """Stack the rows' results into one FP32 tensor per chosen output."""
     tensors = []
     for output in chosen:
         if output.name in (SCORE, MATCH_SCORE):
             data = np.array([getattr(result, output.name) for result in results], dtype=np.float32)  # (N,)
         elif output.name == IMAGE_EMBEDDINGS:
-            data = _padded_image_embeddings(results)  # (N, K, E_v)
+            image = next(tensor for tensor in request.inputs if tensor.name == IMAGE)
+            data = _padded_image_embeddings(results, images_per_row(image))  # (N, K, E_v)
         else:
             # The embedding outputs are named after ``InferenceResult``'s fields.
             data = np.stack([getattr(result, output.name) for result in results]).astype(np.float32)  # (N, D)

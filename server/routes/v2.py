@@ -203,7 +203,8 @@ class V2Infer(Endpoint[_V2Call]):
         encoded = encode_infer_response(V2InferResponse(
             model_name=state.served_model.name,
             model_version=MODEL_VERSION,
-            outputs=output_tensors(call.chosen, [outcome.result for outcome in answered.outcomes]),
+            outputs=output_tensors(call.chosen, [outcome.result for outcome in answered.outcomes],
+                                   call.request),
             request_id=call.request.request_id,
         ))
         if encoded.header_length is None:

@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from server.settings import Settings
 from tests.conftest import LiveServer, run_live_server
+from tests.encoded_images import encoded_image
 from tests.integration.test_bad_input_matrix import REFUSALS, Item
 
 GRPC_STATUS = {400: grpc.StatusCode.INVALID_ARGUMENT, 413: grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -121,3 +122,29 @@ def test_raw_contents_that_do_not_match_the_inputs_are_invalid_argument(grpc_ser
     del message.raw_input_contents[1]
     body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 400, "invalid_tensor_data")
     assert body["error"]["field"] == "raw_input_contents"
+
+
+def test_a_raw_tensor_that_does_not_fill_its_shape_is_named_as_grpc_carries_it(grpc_server):
+    """A gRPC message has no binary_data_size (the HTTP binary form's parameter): the error names the
+    raw_input_contents entry that is short, as the client wrote it."""
+    live, stub = grpc_server
+    message = _message(Item(text="a dog", pixels=([8, 8, 3], bytes(192))), is_typed=False)
+    message.raw_input_contents[1] = bytes(100)
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 400, "invalid_tensor_data")
+    assert body["error"]["field"] == "image_uint8", body
+    assert "raw_input_contents[1] holds 100 bytes" in body["error"]["message"], body
+    assert "binary_data_size" not in body["error"]["message"], body
+
+
+def test_a_bad_image_is_named_by_the_v2_input_that_carried_it(grpc_server):
+    """KServe v2 has the inputs image ([N, K]) and image_uint8; an error names those, not /v1/infer's
+    images[k] and image.uint8 (which a ModelInferRequest cannot carry)."""
+    live, stub = grpc_server
+    message = service_pb2.ModelInferRequest(model_name="tiny")
+    message.inputs.add(name="image", datatype="BYTES", shape=[1, 2]).contents.bytes_contents.extend(
+        [encoded_image(1), b"not an image"])
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 415, "unsupported_image_format")
+    assert body["error"]["field"] == "image[1]" and "images[" not in body["error"]["message"], body
+    zero_side = _message(Item(pixels=([0, 4, 3], b"")), is_typed=False)
+    body = _refused(live, stub, lambda: stub.ModelInfer(zero_side, timeout=30), 422, "invalid_image_size")
+    assert body["error"]["field"] == "image_uint8" and "image.uint8" not in body["error"]["message"], body

@@ -153,6 +153,22 @@ def test_outputs_equal_the_http_v2_routes_bit_for_bit(served: Served, case: str)
         np.testing.assert_array_equal(over_grpc.as_numpy(name), over_http.as_numpy(name), err_msg=name)
 
 
+def test_image_embeddings_keep_the_inputs_k_when_every_row_is_padded(served: Served):
+    """README: an [N, K] image input gives image_embeddings [N, K, D], zeros for padding, whatever the rows
+    hold; a client reshapes by the K it sent."""
+    rows = np.array([[encoded_image(6), b"", b""], [encoded_image(7), encoded_image(8), b""]], dtype=object)
+    answers = {}
+    for module, client in ((triton_grpc, served.grpc_client()), (triton_http, served.http_client())):
+        with client:
+            images = module.InferInput("image", [2, 3], "BYTES")
+            images.set_data_from_numpy(rows)
+            answers[module.__name__] = client.infer(MODEL, [images], headers=auth()).as_numpy("image_embeddings")
+    over_grpc, over_http = answers.values()
+    assert over_grpc.shape[:2] == (2, 3) and over_http.shape[:2] == (2, 3), (over_grpc.shape, over_http.shape)
+    assert not over_grpc[:, 2].any() and not over_grpc[0, 1].any() and over_grpc[1, 1].any()
+    np.testing.assert_array_equal(over_grpc, over_http)
+
+
 def test_health_and_liveness_need_no_key_and_metadata_matches_http(served: Served):
     with grpc.insecure_channel(served.grpc_address) as channel:
         answer = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -325,6 +341,26 @@ def test_errors_name_the_v2_parameters_a_triton_client_sets(served: Served):
     assert body["error"]["code"] == "text_too_long"
     assert "parameters.truncate" in body["error"]["message"] and '"truncate": true' not in body["error"]["message"]
     assert body["error"]["message"].removeprefix("row 0: ") in http_raised.value.message(), http_raised.value.message()
+
+
+def test_the_calls_deadline_neither_hides_a_bad_timeout_parameter_nor_is_refused_as_one(served: Served):
+    """tritonclient's ``timeout`` (parameters.timeout, µs) and ``client_timeout`` (the gRPC deadline, s) are two
+    settings. A timeout the HTTP v2 route refuses is refused whether or not the call has a deadline; a deadline
+    longer than the longest timeout (an hour) is no parameter the client sent, so the call is answered."""
+    with served.grpc_client() as client, served.http_client() as http_client:
+        for timeout_us in (0, 3_600_000_001):
+            with pytest.raises(InferenceServerException) as http_raised:
+                http_client.infer(MODEL, [_text_input([b"a dog"], triton_http)], timeout=timeout_us, headers=auth())
+            for deadline_s in (None, 30.0):
+                with pytest.raises(InferenceServerException) as raised:
+                    client.infer(MODEL, [_text_input([b"a dog"])], timeout=timeout_us, client_timeout=deadline_s,
+                                 headers=auth())
+                status, body = _error(raised)
+                assert status == "StatusCode.INVALID_ARGUMENT", (timeout_us, deadline_s, status)
+                assert (body["error"]["code"], body["error"]["field"]) == ("invalid_parameter", "timeout"), body
+                assert body["error"]["message"] in http_raised.value.message(), http_raised.value.message()
+        answer = client.infer(MODEL, [_text_input([b"a dog"])], client_timeout=7200.0, headers=auth())
+        assert answer.as_numpy("text_embedding").shape[0] == 1
 
 
 def test_a_message_over_the_body_limit_is_resource_exhausted(served: Served):

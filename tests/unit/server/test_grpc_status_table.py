@@ -8,7 +8,9 @@ from pathlib import Path
 
 import grpc
 
+from router.errors import DeadlineExceededError
 from server.errors import ApiError
+from server.http.error_mapping import api_error_from
 from server.grpc_api.guards import client_address
 from server.grpc_api.status_table import STATUS_BY_HTTP, error_text, grpc_status, trailing_metadata
 
@@ -49,3 +51,12 @@ def test_a_peer_is_its_address():
     assert client_address("ipv4:127.0.0.1:53412") == "127.0.0.1"
     assert client_address("ipv6:[::1]:53412") == "::1"
     assert client_address("unix:/tmp/socket") == "unix:/tmp/socket"
+
+
+def test_a_deadline_error_names_the_calls_grpc_deadline_beside_parameters_timeout():
+    """tritonclient.grpc sets a call's deadline with client_timeout, which becomes the request's deadline as
+    parameters.timeout does: a 504 over gRPC names both, so a client that set only the deadline finds it."""
+    native = api_error_from(DeadlineExceededError("the deadline leaves 1.0 ms, less than the estimate"))
+    body = json.loads(error_text(native, 0))["error"]
+    assert body["field"] == "parameters.timeout" and "timeout_ms" not in body["message"], body
+    assert "parameters.timeout" in body["message"] and "gRPC deadline" in body["message"], body
