@@ -19,7 +19,7 @@ from monitoring.errors import DigestFormatError, InvalidMonitorConfigError, Moni
 from monitoring.inputs import RequestInputs
 from monitoring.monitor import Monitor
 from monitoring.serving_metrics import ServingMetrics
-from monitoring.status import BaselinePhase, RouteDriftStatus
+from monitoring.status import BaselinePhase, RouteBaseline, RouteDriftStatus
 
 __all__ = [
     "SUMMARY_QUANTILES",
@@ -35,6 +35,7 @@ __all__ = [
     "MonitorStateError",
     "MonitoringError",
     "RequestInputs",
+    "RouteBaseline",
     "RouteDriftStatus",
     "ServingMetrics",
     "SystemClock",

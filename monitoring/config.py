@@ -52,13 +52,16 @@ class MonitorConfig:
         num_sub_windows: Sub-window digests the window is merged from; the
             window slides in steps of ``window_s / num_sub_windows``.
         baseline_s: Traffic learned after ``mark_ready()`` (or
-            ``relearn_baseline()``) and then frozen as the reference.
+            ``relearn_baseline()``) before a route's baseline is frozen as
+            the reference; learning goes on past it until the route's
+            baseline also holds ``min_samples``.
         period_s: How often drift is evaluated.
         threshold: KS statistic D above which a period counts as shifted.
         consecutive: Shifted periods in a row that raise drift, and calm
             periods in a row that clear it.
         min_samples: Samples required in both window and baseline before a
-            period is judged at all.
+            period is judged at all; a route's baseline is not frozen before
+            it holds them.
         ks_alpha: Significance level of the KS noise floor D must also clear.
         tail_ratio: Window/baseline ratio of a tail quantile that counts as
             a tail shift even when D is small.

@@ -135,6 +135,17 @@ def tail_ratios_of(
     return {q: w / b for q, w, b in zip(usable, window_q, baseline_q) if b > 0}
 
 
+def route_baseline_samples(num_baseline: Mapping[str, int]) -> int:
+    """Baseline samples that decide whether a route can be judged, from ``{stage: samples}``.
+
+    The same stage ``route_condition`` reads: ``total`` when the route records
+    it, else the stage with the most samples (any judged stage judges the route).
+    """
+    if TOTAL_STAGE in num_baseline:
+        return num_baseline[TOTAL_STAGE]
+    return max(num_baseline.values(), default=0)
+
+
 def route_condition(verdicts: Mapping[str, StageVerdict]) -> bool | None:
     """The route's verdict for a period: shifted, calm, or ``None`` (not enough samples)."""
     total = verdicts.get(TOTAL_STAGE)

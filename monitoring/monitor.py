@@ -22,9 +22,14 @@ Each route's drift tracker and latest status live in ``RouteDrift``
 (``monitoring.route_drift``), which the monitor calls under its lock.
 
 Readers (the Prometheus collector, the JSON views) take the same lock only to
-copy out a snapshot. The baseline is learned from the ``baseline_s`` after
-``mark_ready()`` and then frozen; ``relearn_baseline()`` learns it again
-(after an intended change: a new model, a new instance type).
+copy out a snapshot. Baselines are learned per route from ``mark_ready()``
+on; a route's is frozen, and the route judged, once ``baseline_s`` has passed
+*and* its baseline holds ``min_samples`` (of ``total``, the stage the route's
+verdict reads). A server idle after it starts keeps learning until traffic
+has filled the baseline, rather than freezing an empty one that could never
+judge anything; a route first seen later learns its own the same way.
+``relearn_baseline()`` learns them all again (after an intended change: a new
+model, a new instance type).
 
 Routes and stages are names chosen by the serving code (``text``, ``vision``,
 ``fusion``; ``decode`` ... ``total``), never by clients: each new name creates
@@ -46,6 +51,7 @@ from monitoring.clock import Clock, SystemClock
 from monitoring.collector import SUMMARY_QUANTILES, MonitorCollector
 from monitoring.config import MonitorConfig
 from monitoring.digest import quantiles_of
+from monitoring.drift import route_baseline_samples
 from monitoring.errors import MonitorStateError
 from monitoring.ingest import FoldResult
 from monitoring.input_histograms import InputHistograms
@@ -53,7 +59,7 @@ from monitoring.inputs import RequestInputs
 from monitoring.record_buffer import RecordBuffer
 from monitoring.route_drift import RouteDrift
 from monitoring.stage_digests import StageDigests
-from monitoring.status import BaselinePhase, ExportSnapshot, RouteDriftStatus, StageExport
+from monitoring.status import BaselinePhase, ExportSnapshot, RouteBaseline, RouteDriftStatus, StageExport
 from monitoring.views import digests_document, drift_document
 
 logger = logging.getLogger(__name__)
@@ -78,6 +84,7 @@ class Monitor:
         self._stages: dict[str, list[str]] = {}
         self._drift = RouteDrift(self._config, self._clock)
         self._phase = BaselinePhase.NOT_READY
+        self._frozen_routes: set[str] = set()  # routes whose baseline is frozen and judged
         self._num_learned_sub_windows = 0
         self._baseline_started_unix_s: float | None = None
         now_s = self._clock.monotonic_s()
@@ -197,7 +204,11 @@ class Monitor:
         )
         self._series[(route, stage)] = series
         self._stages.setdefault(route, []).append(stage)
-        self._drift.add_route(route, self._phase)
+        if self._phase is BaselinePhase.NOT_READY:
+            self._drift.add_route(route, BaselinePhase.NOT_READY)
+        elif route not in self._frozen_routes:  # a new route learns its own baseline, whatever the others do
+            self._drift.add_route(route, BaselinePhase.LEARNING)
+            self._phase = BaselinePhase.LEARNING
         return series
 
     def _rotate_locked(self, now_s: float, force: bool = False) -> None:
@@ -210,15 +221,31 @@ class Monitor:
         # A forced rotation only re-aligns the sub-windows at ready/relearn time;
         # what it closes was recorded before the baseline started.
         is_learning = self._phase is BaselinePhase.LEARNING and not force
-        for series in self._series.values():
-            series.rotate(num_steps, into_baseline=is_learning)
-        for histograms in self._inputs.values():
-            histograms.rotate(num_steps, into_baseline=is_learning)
+        frozen = self._frozen_routes
+        for (route, _), series in self._series.items():
+            series.rotate(num_steps, into_baseline=is_learning and route not in frozen)
+        for (route, _), histograms in self._inputs.items():
+            histograms.rotate(num_steps, into_baseline=is_learning and route not in frozen)
         self._sub_window_start_s = now_s if force else self._sub_window_start_s + num_steps * sub_window_s
         if is_learning:
             self._num_learned_sub_windows += num_steps
-            if self._num_learned_sub_windows >= self._config.num_baseline_sub_windows:
-                self._set_phase_locked(BaselinePhase.FROZEN)
+            self._freeze_filled_routes_locked()
+
+    def _freeze_filled_routes_locked(self) -> None:
+        """Freeze each learning route whose baseline has had ``baseline_s`` and holds ``min_samples``."""
+        if self._num_learned_sub_windows < self._config.num_baseline_sub_windows:
+            return
+        for route in self._stages:
+            if route not in self._frozen_routes and self._baseline_samples_locked(route) >= self._config.min_samples:
+                self._frozen_routes.add(route)
+                self._drift.freeze(route)
+        if self._stages and self._frozen_routes.issuperset(self._stages):
+            self._phase = BaselinePhase.FROZEN
+
+    def _baseline_samples_locked(self, route: str) -> int:
+        return route_baseline_samples(
+            {stage: int(self._series[(route, stage)].baseline.n_values) for stage in self._stages[route]}
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -247,6 +274,7 @@ class Monitor:
     def _start_learning_locked(self) -> None:
         # Close the sub-window in progress so the baseline starts exactly now.
         self._rotate_locked(self._clock.monotonic_s(), force=True)
+        self._frozen_routes.clear()
         self._num_learned_sub_windows = 0
         self._baseline_started_unix_s = self._clock.unix_s()
         self._set_phase_locked(BaselinePhase.LEARNING)
@@ -258,8 +286,9 @@ class Monitor:
     # ------------------------------------------------------------------ drift
 
     def _evaluate_locked(self) -> None:
-        if self._phase is BaselinePhase.FROZEN:
-            self._drift.judge_period(self._stages, lambda route, stage: self._series[(route, stage)],
+        stages = {route: names for route, names in self._stages.items() if route in self._frozen_routes}
+        if stages:
+            self._drift.judge_period(stages, lambda route, stage: self._series[(route, stage)],
                                      lambda route, stage: self._inputs.get((route, stage)))
 
     # ------------------------------------------------------------------ reading
@@ -313,15 +342,29 @@ class Monitor:
             num_invalid_records=num_invalid,
         )
 
+    def baselines(self) -> dict[str, RouteBaseline]:
+        """Each route's baseline progress: frozen or not, samples held and needed."""
+        with self._lock:
+            return self._baselines_locked()
+
+    def _baselines_locked(self) -> dict[str, RouteBaseline]:
+        return {
+            route: RouteBaseline(route, route in self._frozen_routes, self._baseline_samples_locked(route),
+                                 self._config.min_samples)
+            for route in self._stages
+        }
+
     def drift_view(self) -> dict[str, Any]:
         """JSON-ready drift state for ``GET /v1/monitoring/drift``."""
-        statuses = self.drift_status()
         with self._lock:
+            statuses = self._drift.statuses()
+            baselines = self._baselines_locked()
             phase = self._phase
             learned_s = self._num_learned_sub_windows * self._config.sub_window_s
             baseline_started = self._baseline_started_unix_s
         return drift_document(
             statuses=statuses,
+            baselines=baselines,
             config=self._config,
             phase=phase,
             baseline_started_unix_s=baseline_started,

@@ -6,9 +6,9 @@ shifted or calm periods in a row, the state they add up to) and the
 ``RouteDriftStatus`` the last judgement produced, with its verdicts and
 attribution. The monitor calls it under its own lock, so it takes none.
 
-A route's state follows the monitor's baseline phase until the baseline is
-frozen (waiting for ready, learning); from then on each period's judgement
-moves it between stable and drifting.
+A route's state follows the monitor's baseline phase until the route's own
+baseline is frozen (waiting for ready, learning); from then on each period's
+judgement moves it between stable and drifting.
 """
 
 from __future__ import annotations
@@ -65,8 +65,14 @@ class RouteDrift:
             tracker.set_state(_PHASE_STATE[phase], now_unix_s)
             self._statuses[route] = _status_of(route, tracker, None, None, {}, None)
 
+    def freeze(self, route: str) -> None:
+        """``route``'s baseline is frozen: it is stable until its periods say otherwise."""
+        tracker = self._trackers[route]
+        tracker.set_state(DriftState.STABLE, self._clock.unix_s())
+        self._statuses[route] = _status_of(route, tracker, None, None, {}, None)
+
     def judge_period(self, stages: Mapping[str, list[str]], series_of: SeriesOf, inputs_of: InputsOf) -> None:
-        """Judge one period: each route's stages, window against frozen baseline, with attribution."""
+        """Judge one period: each given route's stages, window against frozen baseline, with attribution."""
         now_unix_s = self._clock.unix_s()
         for route, names in stages.items():
             pairs: dict[str, DigestPair] = {}

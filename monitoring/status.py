@@ -15,7 +15,13 @@ from monitoring.drift import DriftState, StageVerdict
 
 
 class BaselinePhase(str, enum.Enum):
-    """Life of the baseline: nothing before readiness, learned for ``baseline_s``, then frozen."""
+    """Life of the baselines: nothing before readiness, then learned, then frozen.
+
+    Each route's baseline is frozen once ``baseline_s`` has passed since
+    learning started *and* it holds ``min_samples``; the monitor is ``FROZEN``
+    when every route it has seen is, and ``LEARNING`` while any route (or no
+    route at all: an idle server) still learns.
+    """
 
     NOT_READY = "not_ready"
     LEARNING = "learning"
@@ -51,6 +57,24 @@ class RouteDriftStatus:
     @property
     def is_active(self) -> bool:
         return self.state is DriftState.DRIFTING
+
+
+@dataclass(frozen=True)
+class RouteBaseline:
+    """How far one route's baseline has come.
+
+    Attributes:
+        route: Route name.
+        is_frozen: Frozen and judged against; else still learning (or waiting for ready).
+        num_samples: Samples in the baseline of the stage that decides
+            whether the route is judged (``total``), learned sub-windows only.
+        min_samples: Samples it needs before it can be frozen.
+    """
+
+    route: str
+    is_frozen: bool
+    num_samples: int
+    min_samples: int
 
 
 @dataclass(frozen=True)

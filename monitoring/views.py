@@ -27,7 +27,7 @@ from monitoring.input_attribution import InputAttribution, InputShare
 from monitoring.config import MonitorConfig
 from monitoring.digest import digest_to_json
 from monitoring.drift import StageVerdict
-from monitoring.status import BaselinePhase, RouteDriftStatus
+from monitoring.status import BaselinePhase, RouteBaseline, RouteDriftStatus
 
 DIGESTS_FORMAT = "mmserve.digests/1"
 
@@ -55,13 +55,20 @@ def digests_document(
 def drift_document(
     *,
     statuses: Mapping[str, RouteDriftStatus],
+    baselines: Mapping[str, RouteBaseline],
     config: MonitorConfig,
     phase: BaselinePhase,
     baseline_started_unix_s: float | None,
     learned_s: float,
     now_unix_s: float,
 ) -> dict[str, Any]:
-    """The drift document: rule settings, baseline progress, and each route's state."""
+    """The drift document: rule settings, baseline progress, and each route's state.
+
+    ``baseline.phase`` is ``learning`` until ``baseline_s`` has passed and every
+    route's baseline holds ``min_samples``; each route's ``baseline`` says how
+    many samples it holds and needs (``state`` is ``learning_baseline`` until
+    it is frozen).
+    """
     return {
         "generated_unix_s": now_unix_s,
         "rule": {
@@ -80,14 +87,20 @@ def drift_document(
             "learned_s": min(learned_s, config.baseline_s),
             "baseline_s": config.baseline_s,
         },
-        "routes": {route: _route_json(status, now_unix_s) for route, status in sorted(statuses.items())},
+        "routes": {route: _route_json(status, baselines.get(route), now_unix_s)
+                   for route, status in sorted(statuses.items())},
     }
 
 
-def _route_json(status: RouteDriftStatus, now_unix_s: float) -> dict[str, Any]:
+def _route_json(status: RouteDriftStatus, baseline: RouteBaseline | None, now_unix_s: float) -> dict[str, Any]:
     attribution = status.attribution
     return {
         "state": status.state.value,
+        "baseline": None if baseline is None else {
+            "frozen": baseline.is_frozen,
+            "num_samples": baseline.num_samples,
+            "min_samples": baseline.min_samples,
+        },
         "active": status.is_active,
         "since_unix_s": status.since_unix_s,
         "for_s": max(now_unix_s - status.since_unix_s, 0.0),

@@ -232,11 +232,13 @@ class Settings(BaseSettings):
     # -- latency monitoring (T-Digest windows, KS drift) -----------------------------
     drift_window_s: float = Field(120.0, gt=0, description="Sliding window compared with the baseline.")
     drift_baseline_s: float = Field(
-        600.0, gt=0, description="Traffic after readiness learned as the baseline, then frozen.")
+        600.0, gt=0, description="Least time after readiness learned as a route's baseline; frozen once it also "
+                                 "holds drift_min_samples.")
     drift_period_s: float = Field(30.0, gt=0, description="How often drift is judged.")
     drift_threshold: float = Field(0.02, gt=0, lt=1, description="KS statistic D above which a period is shifted.")
     drift_consecutive: int = Field(3, ge=1, description="Shifted (calm) periods in a row that raise (clear) drift.")
-    drift_min_samples: int = Field(5000, ge=1, description="Samples needed in window and baseline to judge.")
+    drift_min_samples: int = Field(5000, ge=1, description="Samples needed in window and baseline to judge; a "
+                                                  "route's baseline learns until it holds them.")
     drift_tail_ratio: float = Field(1.5, gt=1, description="P99.9/P99.99 window/baseline ratio that is a shift.")
 
     # -- tracing (OpenTelemetry; the exporter reads the standard OTEL_* variables) ---------------

@@ -2,7 +2,8 @@
 
     GET  /v1/monitoring/drift      per route: state, since when, KS D per stage, the stage named as cause
     GET  /v1/monitoring/digests    window and lifetime T-Digests per (route, stage), for fleet merges
-    POST /v1/monitoring/baseline   forget the baseline, learn it again from the next drift_baseline_s
+    POST /v1/monitoring/baseline   forget the baselines, learn them again: at least drift_baseline_s,
+                                   and until each route's holds drift_min_samples
 
 The documents are ``Monitor.drift_view()`` and ``Monitor.digests_view()`` as
 they are (see ``monitoring.views`` for their shapes). The digests document
@@ -42,7 +43,7 @@ async def digests(request: Request) -> Response:
 
 
 @router.post("/v1/monitoring/baseline",
-             summary="Re-learn the latency baseline from the next drift_baseline_s of traffic.")
+             summary="Re-learn the latency baselines: at least drift_baseline_s, until each holds drift_min_samples.")
 async def relearn_baseline(request: Request) -> JSONResponse:
     state = _state(request)
     monitor = state.monitor

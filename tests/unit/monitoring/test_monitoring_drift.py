@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from monitoring import DriftState, MonitorConfig, MonitorStateError
+from monitoring import BaselinePhase, DriftState, MonitorConfig, MonitorStateError
 from monitoring.drift import RouteDriftTracker
 from monitoring_traffic import TrafficSimulator, lognormal_ns
 
@@ -190,14 +190,77 @@ def test_shift_only_on_cache_misses_is_separated_by_segment(simulator_factory, s
     assert [(s.dimension, s.value) for s in attribution.separating_segments] == [("cache", "miss")]
 
 
-def test_too_few_samples_are_not_judged(simulator_factory, small_config: MonitorConfig) -> None:
+def test_too_few_samples_in_the_window_are_not_judged(simulator_factory, small_config: MonitorConfig) -> None:
     sim = simulator_factory(small_config, seed=6)
-    learn_baseline(sim, small_config, rate=20)  # 60 s * 20/s = 1200 < min_samples
-    sim.run(60, 20, vision_stall(1.0))
+    learn_baseline(sim, small_config, rate=300)
+    sim.run(60, 20, vision_stall(1.0))  # a 40 s window at 20/s: 800 < min_samples
     status = sim.monitor.drift_status()["vision"]
     assert status.verdicts["total"].ks > 0.5  # a huge shift ...
     assert not status.verdicts["total"].is_judged  # ... that is not judged on too little data
     assert status.condition is None and status.state is DriftState.STABLE
+
+
+def test_an_idle_start_keeps_learning_and_says_how_far_it_is(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=11)
+    sim.monitor.mark_ready()
+    sim.run(3 * int(small_config.baseline_s), 0, steady)  # idle three times baseline_s: nothing to learn from
+    assert sim.monitor.baseline_phase is BaselinePhase.LEARNING
+    assert sim.monitor.drift_view()["baseline"]["phase"] == "learning"
+    sim.run(int(small_config.baseline_s), 5, steady)  # a trickle: 300 samples, far from min_samples
+    status = sim.monitor.drift_status()["vision"]
+    assert status.state is DriftState.LEARNING_BASELINE and status.verdicts == {} and status.evaluated_unix_s is None
+    assert set(sim.states()) == {"learning_baseline"}  # never "stable" about a baseline it cannot judge against
+    route = sim.monitor.drift_view()["routes"]["vision"]
+    assert route["state"] == "learning_baseline" and route["active"] is False
+    assert route["baseline"] == {"frozen": False, "num_samples": 300, "min_samples": 2000}  # every sub-window closed
+
+
+def test_traffic_after_an_idle_start_completes_the_baseline_and_a_shift_is_judged(
+    simulator_factory, small_config: MonitorConfig
+) -> None:
+    sim = simulator_factory(small_config, seed=12)
+    sim.monitor.mark_ready()
+    sim.run(2 * int(small_config.baseline_s), 0, steady)  # idle past baseline_s
+    sim.run(5, 300, steady)  # 1500 samples: not yet enough
+    assert sim.monitor.drift_status()["vision"].state is DriftState.LEARNING_BASELINE
+    sim.run(5, 300, steady)  # 3000 by now (of the closed sub-windows, at least 2000)
+    assert sim.monitor.baseline_phase is BaselinePhase.FROZEN
+    route = sim.monitor.drift_view()["routes"]["vision"]
+    assert route["state"] == "stable" and route["baseline"]["frozen"] is True
+    assert route["baseline"]["num_samples"] >= small_config.min_samples
+    start = len(sim.evaluations)
+    sim.run(60, 300, vision_stall(0.2))
+    states = [statuses["vision"].state for _, statuses in sim.evaluations[start:]]
+    assert all(statuses["vision"].verdicts["total"].is_judged for _, statuses in sim.evaluations[start:])
+    assert DriftState.DRIFTING in states, states
+    assert sim.monitor.drift_status()["vision"].attribution.top_stage == "vision"
+
+
+def test_a_route_first_seen_after_the_freeze_learns_its_own_baseline(
+    simulator_factory, small_config: MonitorConfig
+) -> None:
+    sim = simulator_factory(small_config, seed=13)
+    learn_baseline(sim, small_config, rate=300)
+    late = simulator_factory(small_config, seed=14, route="text")
+    late.monitor = sim.monitor
+    late.run(20, 20, steady)  # 400 samples on a new route
+    assert sim.monitor.drift_status()["text"].state is DriftState.LEARNING_BASELINE
+    assert sim.monitor.drift_status()["vision"].state is DriftState.STABLE  # the learned route goes on being judged
+    assert sim.monitor.baseline_phase is BaselinePhase.LEARNING
+    late.run(10, 300, steady)
+    assert sim.monitor.drift_status()["text"].state is DriftState.STABLE
+    assert sim.monitor.baseline_phase is BaselinePhase.FROZEN
+
+
+def test_relearning_waits_for_samples_too(simulator_factory, small_config: MonitorConfig) -> None:
+    sim = simulator_factory(small_config, seed=15)
+    learn_baseline(sim, small_config, rate=300)
+    sim.monitor.relearn_baseline()
+    sim.run(2 * int(small_config.baseline_s), 10, steady)  # 1200 samples in 120 s
+    assert sim.monitor.drift_status()["vision"].state is DriftState.LEARNING_BASELINE
+    assert sim.monitor.drift_view()["routes"]["vision"]["baseline"]["frozen"] is False
+    sim.run(10, 300, steady)
+    assert sim.monitor.drift_status()["vision"].state is DriftState.STABLE
 
 
 def test_baseline_learns_only_after_ready(simulator_factory, small_config: MonitorConfig) -> None:
