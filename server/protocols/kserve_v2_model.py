@@ -282,6 +282,10 @@ def rows_from_request(request: V2InferRequest, settings: Settings) -> list[Parse
         as_list = IMAGE in by_name and len(by_name[IMAGE].shape) == 2 and by_name[IMAGE].shape[1] > 1
         if IMAGE in by_name:
             images = tuple(ImageContent(encoded=data) for data in _encoded_images(by_name[IMAGE], row_index))
+        if text is None and not images:  # an [N, K] row of padding only: named as v2 names a row, not "body"
+            raise RowFailedError(row_index, ApiError(
+                422, "empty_request", f"{IMAGE} row {row_index} is only padding and there is no {TEXT} input; "
+                "send a text, an image or both", IMAGE))
         try:
             rows.append(parsed_input(text, images, settings, priority=options.priority,
                                      timeout_ms=options.timeout_ms, truncate=options.truncate,

@@ -162,3 +162,14 @@ def test_a_bad_parameter_is_named_as_v2_names_it(grpc_server, name, value):
         message.parameters[name].string_param = value
     body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 400, "invalid_parameter")
     assert body["error"]["field"] == f"parameters.{name}", body
+
+
+def test_a_row_of_padding_only_is_named_by_the_image_input_not_body(grpc_server):
+    """A gRPC message has no body: an [N, K] row of empty elements with no text names the input ``image``."""
+    live, stub = grpc_server
+    message = service_pb2.ModelInferRequest(model_name="tiny")
+    message.inputs.add(name="image", datatype="BYTES", shape=[2, 2]).contents.bytes_contents.extend(
+        [encoded_image(1), b"", b"", b""])
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 422, "empty_request")
+    assert body["error"]["field"] == "image", body
+    assert body["error"]["message"].startswith("row 1: image row 1 is only padding"), body
