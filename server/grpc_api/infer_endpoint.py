@@ -27,6 +27,7 @@ from server.errors import ApiError
 from server.protocols.kserve_v2_codec import RequestedOutput, V2InferRequest, V2InferResponse
 from server.protocols.kserve_v2_grpc import infer_request, infer_response
 from server.protocols.kserve_v2_model import MODEL_VERSION, choose_outputs, output_tensors, rows_from_request
+from server.protocols.option_names import KSERVE_V2_GRPC
 from server.protocols.rows import Failure
 from server.http.client_disconnect import ClientDisconnectedError
 from server.request_layer import Answered, Endpoint, Parsed
@@ -101,7 +102,7 @@ async def until_call_ends(context: grpc.aio.ServicerContext, work: Awaitable[T])
         remaining_s = context.time_remaining()
         if remaining_s is not None and remaining_s <= DEADLINE_SLACK_S:
             raise ApiError(504, "deadline_exceeded", "the call's gRPC deadline passed before its answer",
-                           "timeout") from None
+                           KSERVE_V2_GRPC.timeout_field) from None
         raise ClientDisconnectedError() from None
 
 

@@ -167,7 +167,7 @@ def _priority(value: object) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return {0: "normal", 1: "high", 2: "normal"}.get(value, "low")
     raise _bad("invalid_parameter", f"parameters.priority must be an integer >= 0 (1 = highest) or one of "
-               f"{list(_PRIORITY_NAMES)}, got {value!r}", "priority")
+               f"{list(_PRIORITY_NAMES)}, got {value!r}", "parameters.priority")
 
 
 def is_timeout_us(value: object) -> bool:
@@ -181,15 +181,17 @@ def _timeout_ms(timeout_us: object) -> int | None:
         return None
     if not is_timeout_us(timeout_us):
         raise _bad("invalid_parameter", f"parameters.timeout is in microseconds, 1..{MAX_TIMEOUT_US}; got "
-                   f"{timeout_us!r}", "timeout")
+                   f"{timeout_us!r}", KSERVE_V2.timeout_field)
     return max(1, math.ceil(timeout_us / 1000))
 
 
 def row_options(parameters: Mapping[str, object]) -> RowOptions:
-    """``priority``, ``timeout`` (µs) and ``truncate`` from the request's parameters."""
+    """``priority``, ``timeout`` (µs) and ``truncate`` from the request's parameters; an error's field names
+    the parameter as v2 spells it (``parameters.timeout``), as a 504 does."""
     truncate = parameters.get("truncate", False)
     if not isinstance(truncate, bool):
-        raise _bad("invalid_parameter", f"parameters.truncate must be a boolean, got {truncate!r}", "truncate")
+        raise _bad("invalid_parameter", f"parameters.truncate must be a boolean, got {truncate!r}",
+                   "parameters.truncate")
     return RowOptions(_priority(parameters.get("priority", 0)), _timeout_ms(parameters.get("timeout")), truncate)
 
 
@@ -280,6 +282,10 @@ def rows_from_request(request: V2InferRequest, settings: Settings) -> list[Parse
         as_list = IMAGE in by_name and len(by_name[IMAGE].shape) == 2 and by_name[IMAGE].shape[1] > 1
         if IMAGE in by_name:
             images = tuple(ImageContent(encoded=data) for data in _encoded_images(by_name[IMAGE], row_index))
+        if text is None and not images:  # an [N, K] row of padding only: named as v2 names a row, not "body"
+            raise RowFailedError(row_index, ApiError(
+                422, "empty_request", f"{IMAGE} row {row_index} is only padding and there is no {TEXT} input; "
+                "send a text, an image or both", IMAGE))
         try:
             rows.append(parsed_input(text, images, settings, priority=options.priority,
                                      timeout_ms=options.timeout_ms, truncate=options.truncate,

@@ -148,3 +148,28 @@ def test_a_bad_image_is_named_by_the_v2_input_that_carried_it(grpc_server):
     zero_side = _message(Item(pixels=([0, 4, 3], b"")), is_typed=False)
     body = _refused(live, stub, lambda: stub.ModelInfer(zero_side, timeout=30), 422, "invalid_image_size")
     assert body["error"]["field"] == "image_uint8" and "image.uint8" not in body["error"]["message"], body
+
+
+@pytest.mark.parametrize(("name", "value"), [("timeout", 0), ("priority", "urgent"), ("truncate", "yes")])
+def test_a_bad_parameter_is_named_as_v2_names_it(grpc_server, name, value):
+    """A refused request parameter is ``parameters.<name>``, as a 504's field is ``parameters.timeout``: one
+    naming for a v2 client, not the bare key."""
+    live, stub = grpc_server
+    message = _message(Item(text="a dog"), is_typed=False)
+    if isinstance(value, int):
+        message.parameters[name].int64_param = value
+    else:
+        message.parameters[name].string_param = value
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 400, "invalid_parameter")
+    assert body["error"]["field"] == f"parameters.{name}", body
+
+
+def test_a_row_of_padding_only_is_named_by_the_image_input_not_body(grpc_server):
+    """A gRPC message has no body: an [N, K] row of empty elements with no text names the input ``image``."""
+    live, stub = grpc_server
+    message = service_pb2.ModelInferRequest(model_name="tiny")
+    message.inputs.add(name="image", datatype="BYTES", shape=[2, 2]).contents.bytes_contents.extend(
+        [encoded_image(1), b"", b"", b""])
+    body = _refused(live, stub, lambda: stub.ModelInfer(message, timeout=30), 422, "empty_request")
+    assert body["error"]["field"] == "image", body
+    assert body["error"]["message"].startswith("row 1: image row 1 is only padding"), body

@@ -357,7 +357,8 @@ def test_the_calls_deadline_neither_hides_a_bad_timeout_parameter_nor_is_refused
                                  headers=auth())
                 status, body = _error(raised)
                 assert status == "StatusCode.INVALID_ARGUMENT", (timeout_us, deadline_s, status)
-                assert (body["error"]["code"], body["error"]["field"]) == ("invalid_parameter", "timeout"), body
+                assert (body["error"]["code"], body["error"]["field"]) == ("invalid_parameter",
+                                                                          "parameters.timeout"), body
                 assert body["error"]["message"] in http_raised.value.message(), http_raised.value.message()
         answer = client.infer(MODEL, [_text_input([b"a dog"])], client_timeout=7200.0, headers=auth())
         assert answer.as_numpy("text_embedding").shape[0] == 1

@@ -101,6 +101,17 @@ def test_padding_before_an_image_is_refused_naming_the_row(triton):
     assert refused.value.message().startswith("invalid_tensor_shape: row 0"), refused.value.message()
 
 
+def test_a_row_of_padding_only_without_text_is_refused_naming_the_input_and_row(triton):
+    """v2 has no body to name: the row's error names the image input and the row, as other row errors do."""
+    images = triton_http.InferInput("image", [2, 2], "BYTES")
+    images.set_data_from_numpy(np.array([[encoded_image(35), b""], [b"", b""]], dtype=object), binary_data=True)
+    with pytest.raises(InferenceServerException) as refused:
+        triton.infer("tiny", [images])
+    assert refused.value.status() == "422", refused.value.message()
+    assert refused.value.message().startswith("empty_request: row 1: image row 1 is only padding"), \
+        refused.value.message()
+
+
 def test_json_texts_batch_with_json_outputs_equals_v1_infer(triton, tiny_server):
     texts = [b"first text", b"the second, longer text"]
     outputs = [triton_http.InferRequestedOutput("text_embedding", binary_data=False)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -12,6 +13,7 @@ from router.errors import DeadlineExceededError
 from server.errors import ApiError
 from server.http.error_mapping import api_error_from
 from server.grpc_api.guards import client_address
+from server.grpc_api.infer_endpoint import until_call_ends
 from server.grpc_api.status_table import STATUS_BY_HTTP, error_text, grpc_status, trailing_metadata
 
 README = Path(__file__).parents[3] / "README.md"
@@ -60,3 +62,24 @@ def test_a_deadline_error_names_the_calls_grpc_deadline_beside_parameters_timeou
     body = json.loads(error_text(native, 0))["error"]
     assert body["field"] == "parameters.timeout" and "timeout_ms" not in body["message"], body
     assert "parameters.timeout" in body["message"] and "gRPC deadline" in body["message"], body
+
+
+def test_a_call_whose_deadline_passed_is_a_504_naming_parameters_timeout():
+    """As every other v2 504 and a refused ``timeout`` parameter name it, not the bare ``timeout``."""
+
+    class PassedDeadline:
+        def time_remaining(self) -> float:
+            return 0.0
+
+    async def cancelled_at_its_deadline() -> ApiError:
+        task = asyncio.create_task(until_call_ends(PassedDeadline(), asyncio.sleep(60)))  # type: ignore[arg-type]
+        await asyncio.sleep(0)
+        task.cancel()
+        try:
+            await task
+        except ApiError as e:
+            return e
+        raise AssertionError("the call was answered")
+
+    error = asyncio.run(cancelled_at_its_deadline())
+    assert (error.status, error.code, error.field) == (504, "deadline_exceeded", "parameters.timeout")

@@ -36,11 +36,12 @@ def test_triton_parameters_map_to_row_options(parameters, expected):
     [{"priority": -1}, {"priority": "urgent"}, {"priority": True}, {"timeout": 0}, {"timeout": 1.5},
      {"truncate": 1}],
 )
-def test_bad_parameters_are_400_naming_the_parameter(parameters):
+def test_bad_parameters_are_400_naming_the_parameter_as_v2_does(parameters):
+    """``parameters.timeout``, as a 504's field and hint name it, not the bare key."""
     with pytest.raises(ApiError) as refused:
         row_options(parameters)
     assert refused.value.status == 400 and refused.value.code == "invalid_parameter"
-    assert refused.value.field == next(iter(parameters))
+    assert refused.value.field == f"parameters.{next(iter(parameters))}"
 
 
 def test_openai_strings_are_images_texts_or_refused_urls():
