@@ -26,7 +26,7 @@ that raised all leave through the same ``finally``. A plan made in a pool
 thread for a caller that was cancelled meanwhile is abandoned when the thread
 hands it over. Preparing one item (tokenize, plan, decode; on the loop or in
 the pool; the device round) is ``router.item_prepare``'s; the call around it
-(the gate, resolve, submit, settle) is this module's.
+(the gate, ``router.intake_gate``; resolve, submit, settle) is this module's.
 
 The intake is handed its tools when it is built (``IntakeTools``: the
 model's tokenizer, the joint-token budget, the preprocessing settings) and
@@ -69,6 +69,7 @@ from models.loading.config import PreprocessConfig
 from models.torch_free.text_ids import LimitedTokenizer, TokenizedText
 from router.device_decode_round import DeviceDecodeRound
 from router.errors import IntakeItemError, ServerRefusalError
+from router.intake_gate import AllPrepared, NeighbourRefusedError
 from router.faults import FaultInjector
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS, decodes_inline
 from router.item_facts import ItemFacts
@@ -152,41 +153,6 @@ class IntakeOutcome:
     engine: int = 0  # which engine computed it (several engines: server.workers.engine_dispatch)
 
 
-class _NeighbourRefusedError(Exception):
-    """Another item of the same call was refused, so this one is not submitted."""
-
-
-class _AllPrepared:
-    """Holds each item of one call after preparing until every item is prepared or one is refused.
-
-    ``signal``, when given, is set once every item is prepared (never on a refusal): work the caller
-    runs beside the call waits on it before computing anything (``router.zero_shot``).
-    """
-
-    def __init__(self, num_items: int, signal: asyncio.Event | None = None) -> None:
-        self._num_unprepared = num_items
-        self._is_refused = False
-        self._done = asyncio.Event()
-        self._signal = signal
-        if num_items == 0 and signal is not None:
-            signal.set()  # nothing to prepare: nothing to wait for
-
-    def refuse(self) -> None:
-        self._is_refused = True
-        self._done.set()
-
-    async def prepared(self) -> None:
-        """Count this item prepared and wait for the rest; ``_NeighbourRefusedError`` if one was refused."""
-        self._num_unprepared -= 1
-        if self._num_unprepared == 0:
-            self._done.set()
-            if self._signal is not None and not self._is_refused:
-                self._signal.set()
-        await self._done.wait()
-        if self._is_refused:
-            raise _NeighbourRefusedError()
-
-
 def _failed(loop: asyncio.AbstractEventLoop, error: BaseException) -> asyncio.Future:
     future = loop.create_future()
     future.set_exception(error)
@@ -240,7 +206,7 @@ class RequestIntake:
     async def run_one(self, item: IntakeItem, arrival_ns: int) -> IntakeOutcome:
         """One item's result; raises what the item raised (no ``IntakeItemError`` wrapping)."""
         sent = ItemFacts.sent(item)
-        return await self._run_item(item, sent, arrival_ns, _AllPrepared(1), self._device_round(1),
+        return await self._run_item(item, sent, arrival_ns, AllPrepared(1), self._device_round(1),
                                     self._images_decode_inline((item,), (sent,)))
 
     async def run(self, items: Sequence[IntakeItem], arrival_ns: int,
@@ -254,7 +220,7 @@ class RequestIntake:
         prepared, for work beside the call that must not compute for a call
         one of whose items is refused.
         """
-        gate = _AllPrepared(len(items), all_prepared)
+        gate = AllPrepared(len(items), all_prepared)
         device_round = self._device_round(len(items))
         sents = [ItemFacts.sent(item) for item in items]
         images_inline = self._images_decode_inline(items, sents)
@@ -268,7 +234,7 @@ class RequestIntake:
         outcomes = await asyncio.gather(*(self._run_item(item, sent, arrival_ns, gate, device_round, images_inline)
                                           for item, sent in zip(items, sents)), return_exceptions=True)
         for item_index, outcome in enumerate(outcomes):
-            if isinstance(outcome, _NeighbourRefusedError):
+            if isinstance(outcome, NeighbourRefusedError):
                 continue
             if isinstance(outcome, ServerRefusalError):
                 raise outcome
@@ -327,7 +293,7 @@ class RequestIntake:
         plan = prepared.plan
         if plan.awaits_others:
             task = asyncio.ensure_future(self._finish(item, sent, prepared, arrival_ns, started_ns, decode_ns,
-                                                      _AllPrepared(1)))
+                                                      AllPrepared(1)))
             task.add_done_callback(lambda _: plan.abandon())  # cancelled before its first step: never settled
             return task
         try:
@@ -356,7 +322,7 @@ class RequestIntake:
         else:
             outcome.set_result(self._outcome(item, sent, prepared, plan, result.result(), decode_ns, started_ns))
 
-    async def _run_item(self, item: IntakeItem, sent: ItemFacts, arrival_ns: int, gate: _AllPrepared,
+    async def _run_item(self, item: IntakeItem, sent: ItemFacts, arrival_ns: int, gate: AllPrepared,
                         device_round: DeviceDecodeRound | None, images_inline: bool) -> IntakeOutcome:
         started_ns = self._clock_ns()
         try:
@@ -367,7 +333,7 @@ class RequestIntake:
         return await self._finish(item, sent, prepared, arrival_ns, started_ns, self._clock_ns() - started_ns, gate)
 
     async def _finish(self, item: IntakeItem, sent: ItemFacts, prepared: PreparedItem, arrival_ns: int,
-                      started_ns: int, decode_ns: int, gate: _AllPrepared) -> IntakeOutcome:
+                      started_ns: int, decode_ns: int, gate: AllPrepared) -> IntakeOutcome:
         """A prepared item: wait for its neighbours, resolve its plan, submit, settle."""
         plan = prepared.plan
         try:
