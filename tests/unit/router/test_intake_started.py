@@ -63,6 +63,15 @@ class HeldTextTower:
         return self._encode_texts(*args, **kwargs)
 
 
+@pytest.fixture
+def held_text(make_router, tiny_bundle, monkeypatch) -> tuple[Router, HeldTextTower, RequestIntake]:
+    """A started router whose text tower holds its first batch until released, and an intake on it."""
+    router = make_router()
+    held = HeldTextTower(tiny_bundle.model.encode_texts)
+    monkeypatch.setattr(tiny_bundle.model, "encode_texts", held)
+    return router, held, _intake(router)
+
+
 def test_a_started_text_answers_as_run_one_does_without_a_task(make_router):
     router = make_router()
     intake = _intake(router)
@@ -81,11 +90,8 @@ def test_a_started_text_answers_as_run_one_does_without_a_task(make_router):
     assert router.num_in_flight == 0
 
 
-def test_a_started_call_cancelled_while_queued_never_reaches_the_model(make_router, tiny_bundle, monkeypatch):
-    router = make_router()
-    held = HeldTextTower(tiny_bundle.model.encode_texts)
-    monkeypatch.setattr(tiny_bundle.model, "encode_texts", held)
-    intake = _intake(router)
+def test_a_started_call_cancelled_while_queued_never_reaches_the_model(held_text):
+    router, held, intake = held_text
 
     async def cancel_queued():
         running = intake.start_one(_text("running", "the first text"), _now())
@@ -106,11 +112,8 @@ def test_a_started_call_cancelled_while_queued_never_reaches_the_model(make_rout
     assert router.cache.num_in_flight == 0 and router.num_in_flight == 0
 
 
-def test_a_started_call_on_a_text_another_computes_waits_for_it_in_a_task(make_router, tiny_bundle, monkeypatch):
-    router = make_router()
-    held = HeldTextTower(tiny_bundle.model.encode_texts)
-    monkeypatch.setattr(tiny_bundle.model, "encode_texts", held)
-    intake = _intake(router)
+def test_a_started_call_on_a_text_another_computes_waits_for_it_in_a_task(held_text):
+    router, held, intake = held_text
 
     async def owner_and_waiter():
         owner = intake.start_one(_text("owner", "one shared text"), _now())
