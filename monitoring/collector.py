@@ -23,6 +23,13 @@ stage's slow tail, when one is. Select ``{dimension=""}`` for the first.
 ``mmserve_drift_tail_share_growth{route, stage, dimension, value}`` is every
 input value's share growth in the named stage's slow tail after each judged
 period (at most 34 series a route: the values are fixed).
+
+``mmserve_drift_baseline_samples{route}``, ``mmserve_drift_baseline_min_samples{route}``
+and ``mmserve_drift_baseline_frozen{route}`` are each route's baseline progress
+(``Monitor.baselines()``, the ``baseline`` object of ``GET /v1/monitoring/drift``):
+a route is judged only once its baseline is frozen, which needs ``baseline_s``
+*and* ``min_samples``, so an idle route can learn for hours; the ratio of the
+first two graphs how far it is, and ``frozen == 0`` long after start alerts on it.
 """
 
 from __future__ import annotations
@@ -43,6 +50,9 @@ DRIFT_KS = "mmserve_drift_ks_statistic"
 DRIFT_ACTIVE = "mmserve_drift_active"
 DRIFT_ATTRIBUTED = "mmserve_drift_attributed"
 DRIFT_TAIL_SHARE_GROWTH = "mmserve_drift_tail_share_growth"
+DRIFT_BASELINE_SAMPLES = "mmserve_drift_baseline_samples"
+DRIFT_BASELINE_MIN_SAMPLES = "mmserve_drift_baseline_min_samples"
+DRIFT_BASELINE_FROZEN = "mmserve_drift_baseline_frozen"
 DROPPED_RECORDS = "mmserve_monitor_dropped_records"
 INVALID_RECORDS = "mmserve_monitor_invalid_records"
 
@@ -89,6 +99,21 @@ class MonitorCollector(Collector):
             "(latest period).",
             labels=("route", "stage", "dimension", "value"),
         )
+        baseline_samples = GaugeMetricFamily(
+            DRIFT_BASELINE_SAMPLES,
+            "Samples the route's drift baseline holds (its total stage), learned or frozen.",
+            labels=("route",),
+        )
+        baseline_min_samples = GaugeMetricFamily(
+            DRIFT_BASELINE_MIN_SAMPLES,
+            "Samples the route's drift baseline must hold before it is frozen (drift_min_samples).",
+            labels=("route",),
+        )
+        baseline_frozen = GaugeMetricFamily(
+            DRIFT_BASELINE_FROZEN,
+            "1 once the route's drift baseline is frozen and the route judged; 0 while it still learns.",
+            labels=("route",),
+        )
         dropped = CounterMetricFamily(
             DROPPED_RECORDS, "Latency records dropped because the monitor's buffer was full."
         )
@@ -118,6 +143,11 @@ class MonitorCollector(Collector):
                     labels = {"route": status.route, "stage": inputs.stage, "dimension": inputs.named.dimension,
                               "value": inputs.named.value}
                     attributed.samples.append(Sample(DRIFT_ATTRIBUTED, labels, 1.0))
+            for baseline in snapshot.baselines:
+                baseline_samples.add_metric([baseline.route], baseline.num_samples)
+                baseline_min_samples.add_metric([baseline.route], baseline.min_samples)
+                baseline_frozen.add_metric([baseline.route], 1.0 if baseline.is_frozen else 0.0)
             dropped.add_metric([], snapshot.num_dropped_records)
             invalid.add_metric([], snapshot.num_invalid_records)
-        yield from (latency, ks, active, attributed, growth, dropped, invalid)
+        yield from (latency, ks, active, attributed, growth, baseline_samples, baseline_min_samples, baseline_frozen,
+                    dropped, invalid)

@@ -334,12 +334,14 @@ class Monitor:
                         )
                     )
             num_invalid = self._num_invalid
+            baselines = tuple(self._baselines_locked().values())
         return ExportSnapshot(
             quantiles=SUMMARY_QUANTILES,
             stages=tuple(stages),
             routes=tuple(self.drift_status().values()),
             num_dropped_records=self._records.num_dropped,
             num_invalid_records=num_invalid,
+            baselines=baselines,
         )
 
     def baselines(self) -> dict[str, RouteBaseline]:

@@ -101,3 +101,4 @@ class ExportSnapshot:
     routes: tuple[RouteDriftStatus, ...]
     num_dropped_records: int
     num_invalid_records: int
+    baselines: tuple[RouteBaseline, ...]

@@ -259,10 +259,21 @@ def test_metrics_sum_both_api_processes_and_merge_their_quantiles(workers, singl
     httpx.post(f"{single.url}/v1/infer", json={"image": {"b64": b64(jpeg(100, (64, 48)))}}, timeout=60)
     for body in ({"text": "a red bicycle"}, {"image": {"b64": b64(jpeg(1))}, "text": "a photo"}):
         httpx.post(f"{single.url}/v1/infer", json=body, timeout=60)
+    time.sleep(1.5)  # folded into its monitor: run alone, this test is the one process's first traffic
     single_text = httpx.get(f"{single.url}/metrics").text
     assert sample(single_text, "mmserve_api_worker_restarts_total") == 0  # exported at N=1 too
     assert sample(single_text, "mmserve_api_workers_live") == 1
     assert {name for name, _ in series(text)} == {name for name, _ in series(single_text)}
+    # The engine's monitor's baseline progress, one series a route as in one process (no engine label).
+    baseline_series = {(name, labels) for name, labels in series(text) if name.startswith("mmserve_drift_baseline_")}
+    assert baseline_series == {(name, labels) for name, labels in series(single_text)
+                               if name.startswith("mmserve_drift_baseline_")}
+    assert {name for name, _ in baseline_series} == {"mmserve_drift_baseline_samples",
+                                                      "mmserve_drift_baseline_min_samples",
+                                                      "mmserve_drift_baseline_frozen"}
+    assert {labels for _, labels in baseline_series} == {("route",)}
+    assert sample(text, 'mmserve_drift_baseline_samples{route="vision"}') >= 0
+    assert sample(text, 'mmserve_drift_baseline_frozen{route="vision"}') == 0  # 5000 samples are far off
 
 
 def lifetime_count(digests: dict, route: str, stage: str) -> int:

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from encoded_images import b64, encoded_image
 from tests.conftest import ServeProcess, run_serve_processes
@@ -142,6 +143,25 @@ def test_both_engines_serve_some_of_distinct_requests(engines):
     chance of 2 in 65 536."""
     served = [engine_of(post(engines.url, "/v1/infer", {"image": image(100 + seed)})) for seed in range(16)]
     assert set(served) == {0, 1}, served
+
+
+def test_the_monitors_baseline_series_are_one_a_route_whatever_the_engines(engines):
+    """Engine 0's monitor holds every engine's requests: its baseline progress is one series a route, labelled
+    as one process labels it (no engine label), whichever engines served the route."""
+    for seed in range(4):
+        assert post(engines.url, "/v1/infer", {"image": image(300 + seed)}).status_code == 200
+    time.sleep(1.5)  # the records have reached engine 0's monitor and been folded
+    baseline = {}
+    for family in text_string_to_metric_families(httpx.get(f"{engines.url}/metrics", timeout=30).text):
+        if family.name.startswith("mmserve_drift_baseline_"):
+            assert family.type == "gauge"
+            for sample in family.samples:
+                assert set(sample.labels) == {"route"}, sample
+                assert (family.name, sample.labels["route"]) not in baseline, sample
+                baseline[(family.name, sample.labels["route"])] = sample.value
+    assert baseline[("mmserve_drift_baseline_frozen", "vision")] == 0.0  # a few requests do not fill 5000
+    assert baseline[("mmserve_drift_baseline_min_samples", "vision")] == 5000.0
+    assert baseline[("mmserve_drift_baseline_samples", "vision")] >= 0.0
 
 
 def test_a_repeated_image_text_and_label_set_stay_on_one_engine_and_hit_its_cache(engines):

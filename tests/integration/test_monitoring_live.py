@@ -95,6 +95,11 @@ def test_each_answered_request_records_exactly_its_timings(live_server_factory):
         assert observed_s.min() - 1e-6 <= quantiles[0] and quantiles[-1] <= observed_s.max() + 1e-6
     for route in STAGES:
         assert metrics[("mmserve_drift_active", (("route", route),))] == 0.0
+        # Six requests cannot fill a baseline of drift_min_samples (5000): the route still learns.
+        labels = (("route", route),)
+        assert metrics[("mmserve_drift_baseline_frozen", labels)] == 0.0
+        assert metrics[("mmserve_drift_baseline_min_samples", labels)] == 5000.0
+        assert 0.0 <= metrics[("mmserve_drift_baseline_samples", labels)] <= len(timings[route])
 
 
 def test_errors_and_protocol_rows(live_server_factory):

@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitoring import SUMMARY_QUANTILES, ManualClock, Monitor, MonitorConfig, ServingMetrics
+from monitoring_traffic import lognormal_ns
 
 
 def scrape(registry: CollectorRegistry) -> dict[str, object]:
@@ -140,3 +141,39 @@ def test_dropped_records_are_counted_and_exported() -> None:
     assert families["mmserve_monitor_dropped_records"].samples[0].value == 2.0
     count = [s for s in families["mmserve_stage_latency_seconds"].samples if s.name.endswith("_count")]
     assert [s.value for s in count] == [3.0]
+
+
+def baseline_gauges(registry: CollectorRegistry) -> dict[str, dict[str, float]]:
+    """``{route: {"samples", "min_samples", "frozen"}}`` from the ``mmserve_drift_baseline_*`` families."""
+    families = scrape(registry)
+    gauges: dict[str, dict[str, float]] = {}
+    for key in ("samples", "min_samples", "frozen"):
+        family = families[f"mmserve_drift_baseline_{key}"]
+        assert family.type == "gauge"
+        for sample in family.samples:
+            assert set(sample.labels) == {"route"}
+            gauges.setdefault(sample.labels["route"], {})[key] = sample.value
+    return gauges
+
+
+def steady_text(rng: np.random.Generator, n: int, now_s: float, hits: np.ndarray | None) -> dict[str, np.ndarray]:
+    return {"queue": lognormal_ns(rng, 0.001, 0.5, n), "text": lognormal_ns(rng, 0.004, 0.3, n)}
+
+
+def test_baseline_gauges_follow_a_baseline_as_traffic_fills_it(simulator_factory, small_config: MonitorConfig) -> None:
+    """An idle start: the route learns past baseline_s, its samples grow, and frozen turns 1 once they suffice."""
+    sim = simulator_factory(small_config, seed=21, route="text")
+    registry = CollectorRegistry()
+    sim.monitor.register(registry)
+    assert baseline_gauges(registry) == {}  # no route seen yet: no series
+    sim.monitor.mark_ready()
+    sim.run(2 * int(small_config.baseline_s), 0, steady_text)  # idle past baseline_s
+    sim.run(int(small_config.baseline_s), 5, steady_text)  # a trickle: 300 samples of the 2000 needed
+    assert baseline_gauges(registry) == {"text": {"samples": 300.0, "min_samples": 2000.0, "frozen": 0.0}}
+    sim.run(10, 300, steady_text)  # 3000 more, of which the closed sub-windows' suffice
+    (gauges,) = baseline_gauges(registry).values()
+    baseline = sim.monitor.baselines()["text"]
+    assert baseline.is_frozen and baseline.num_samples >= small_config.min_samples
+    assert gauges == {"samples": float(baseline.num_samples), "min_samples": 2000.0, "frozen": 1.0}
+    sim.monitor.relearn_baseline()  # forgotten: learning again, from nothing
+    assert baseline_gauges(registry) == {"text": {"samples": 0.0, "min_samples": 2000.0, "frozen": 0.0}}

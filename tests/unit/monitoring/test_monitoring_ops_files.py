@@ -72,7 +72,7 @@ def test_promtool_accepts_the_config(prometheus_binary) -> None:
 
 
 def test_promtool_accepts_the_rules(prometheus_binary) -> None:
-    assert "SUCCESS: 6 rules found" in run_promtool(prometheus_binary("promtool"), "check", "rules", "alerts.yml")
+    assert "SUCCESS: 7 rules found" in run_promtool(prometheus_binary("promtool"), "check", "rules", "alerts.yml")
 
 
 def test_promtool_rule_unit_tests_pass(prometheus_binary) -> None:
