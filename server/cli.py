@@ -344,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_train_fusion(args)
         return _init_model_repo(args)
     except (*CONFIGURATION_ERRORS, StartupError) as e:
-        print(f"mmserve: {e}", file=sys.stderr)
+        # One line, whatever the message: a library's own text (transformers' tokenizer errors) may span several,
+        # and the last line is what a user (and a log scraper) reads.
+        print("mmserve: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
 
 
