@@ -78,6 +78,9 @@ CASES = [
     # transformers built a BertTokenizer of the 5 special tokens from config.json, and every text served as [UNK]
     BrokenRepository("text.hf_dir without tokenizer files", _remove_bert_tokenizer,
                      ("vit-bert/bert", "no vocabulary", "save_pretrained"), base="vit-bert"),
+    # safetensors' own error escaped the load: a traceback and exit 3
+    BrokenRepository("fusion head not safetensors", lambda repo: (repo / "fusion_head.safetensors").write_text("x"),
+                     ("fusion_head.safetensors", "cannot read the fusion head")),
     # transformers' message spans lines: the last line was its tail, not the "mmserve: " line
     BrokenRepository("tokenizer folder empty", lambda repo: _empty(repo / "tokenizer"), ("tokenizer",)),
 ]
