@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from models.errors import ModelRepositoryError
 from models.fusion import LowRankCrossAttention
@@ -61,7 +61,7 @@ def load_fusion_head(path: Path, head: LowRankCrossAttention, *, towers_fingerpr
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
             tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, SafetensorError) as e:  # SafetensorError: not safetensors, or truncated
         raise ModelRepositoryError(f"cannot read the fusion head {path}: {e}") from e
     if metadata.get("format") != FORMAT:
         raise ModelRepositoryError(f"{path} is not an mmserve fusion head (metadata format is "

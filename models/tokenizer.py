@@ -51,14 +51,33 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     """A tokenizer saved by ``save_pretrained``, read from local files only.
 
     A folder that does not exist is named as such: transformers would take its
-    path for a Hub repo id and complain about the id's form.
+    path for a Hub repo id and complain about the id's form. A folder without
+    the tokenizer's files is refused too (``require_vocabulary``).
     """
     if not Path(directory).is_dir():
         raise ModelRepositoryError(f"cannot load the tokenizer from {directory}: the folder does not exist")
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelRepositoryError(f"cannot load the tokenizer from {directory}: {e}") from e
+    require_vocabulary(tokenizer, directory)
+    return tokenizer
+
+
+def require_vocabulary(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Refuse a tokenizer that knows only its special tokens.
+
+    Without tokenizer.json / vocab.txt / vocab.json, transformers still builds
+    the class that config.json names (a BERT folder gives a ``BertTokenizer``
+    of its 5 special tokens), and every text becomes ``[UNK]``: a server that
+    starts and answers wrong for every text.
+    """
+    special = len(set(tokenizer.all_special_ids))
+    if len(tokenizer) <= special:
+        raise ModelRepositoryError(
+            f"cannot load the tokenizer from {directory}: it has no vocabulary, only its {special} special tokens "
+            "(no tokenizer.json, vocab.txt or vocab.json there?); save the tokenizer into that folder with "
+            "tokenizer.save_pretrained(DIR)")
 
 
 def turn_off_whole_text_cache(tokenizer: PreTrainedTokenizerBase) -> bool:

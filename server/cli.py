@@ -194,7 +194,8 @@ def _serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from server.runtime.startup_checks import (CONFIGURATION_ERRORS, OneLineStartupFailure, StartupError,
-                                               bind_listening_socket, check_without_torch, settings_error)
+                                               bind_listening_socket, check_other_ports, check_without_torch,
+                                               settings_error)
     from server.settings import load_settings
 
     try:
@@ -237,6 +238,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = plan.settings
         os.environ.update(plan.environment)  # the GPU it names, alone visible: torch is not imported yet
     listening = bind_listening_socket(settings.host, settings.port)  # a bad address fails before the model loads
+    check_other_ports(settings)
     from server.runtime.model_loading import plan_device  # torch: this process loads the model anyway
 
     try:
@@ -344,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_train_fusion(args)
         return _init_model_repo(args)
     except (*CONFIGURATION_ERRORS, StartupError) as e:
-        print(f"mmserve: {e}", file=sys.stderr)
+        # One line, whatever the message: a library's own text (transformers' tokenizer errors) may span several,
+        # and the last line is what a user (and a log scraper) reads.
+        print("mmserve: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
 
 

@@ -48,7 +48,7 @@ from models.families.processor_settings import preprocess_from_hf_processor
 from models.loading.repository import CONFIG_FILE, ModelBundle, attach_fusion_head, finish_bundle, load_repository
 from models.scores import CalibratedScore, ScoreKind
 from models.families.timm_checkpoint import is_timm_checkpoint
-from models.tokenizer import TextTokenizer
+from models.tokenizer import TextTokenizer, require_vocabulary
 
 _TRANSFORMERS_SCORES = {"siglip": ScoreKind.SIGLIP_SIGMOID, "clip": ScoreKind.CLIP_LOGIT}
 # Families whose reference library cuts an over-long text rather than refusing it (module docstring).
@@ -113,6 +113,7 @@ def _load_transformers(directory: Path, family: str, name: str, rank: int, backe
         processor = AutoImageProcessor.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelRepositoryError(f"cannot load the {family} model in {directory}: {e}") from e
+    require_vocabulary(hf_tokenizer, directory)
     model.eval()
     preprocess = preprocess_from_hf_processor(processor, str(directory))
     text_config = model.config.text_config

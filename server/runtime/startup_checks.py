@@ -12,6 +12,7 @@ minute, and not inside a 25-line traceback from Starlette's lifespan:
     --model (a directory or a cached id)   before any weight     the path or id and how to get it
     key files, keys                        before any weight     the variable and the file
     --host / --port                        bound before loading  the address and what to change
+    --grpc-port / metrics_port             free before loading   the setting, the port and what to change
 
 What can only fail while the model loads (a malformed repository, a config
 the family's library refuses) fails inside the app's lifespan; ``OneLineStartupFailure``
@@ -93,6 +94,29 @@ def bind_listening_socket(host: str, port: int) -> socket.socket:
                            f"({e.strerror or e}); choose a free port or an address of this machine") from e
     sock.set_inheritable(True)
     return sock
+
+
+def check_other_ports(settings: Settings) -> None:
+    """``grpc_port`` and ``metrics_port`` free at ``host``, before the model loads (after the HTTP port is bound).
+
+    Their listeners start inside the app's lifespan, once the model has loaded
+    (with ``--api-workers N`` in every API process): a port in use ended the
+    start there, a minute later, with grpcio's traceback and exit 3. Each is
+    bound and closed here, as the listener will bind it (``SO_REUSEADDR``), so
+    a port held by another listener, or the HTTP port itself, fails in a second.
+    """
+    for port, setting in ((settings.grpc_port, "--grpc-port {} (MMSERVE_GRPC_PORT)"),
+                          (settings.metrics_port, "metrics_port {} (MMSERVE_METRICS_PORT)")):  # no flag of its own
+        if port is None:
+            continue
+        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((settings.host, port))
+            except OSError as e:
+                raise StartupError(f"{setting.format(port)}: cannot listen on {settings.host}:{port} "
+                                   f"({e.strerror or e}); choose a free port") from e
 
 
 class OneLineStartupFailure:

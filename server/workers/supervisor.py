@@ -68,7 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.runtime.startup_checks import StartupError, bind_listening_socket
+from server.runtime.startup_checks import StartupError, bind_listening_socket, check_other_ports
 from server.settings import Settings
 from server.workers.engine_plan import EnginePlan, engine_plans
 from server.workers.handoff import (
@@ -132,6 +132,11 @@ class Supervisor:
         self._policy = policy
         self._clock = clock
         self._listening = bind_listening_socket(settings.host, settings.port)  # StartupError: one line, no run dir
+        try:
+            check_other_ports(settings)  # the API processes' gRPC and the ops port: taken ones fail here, in a second
+        except StartupError:
+            self._listening.close()
+            raise
         self._run_directory = tempfile.mkdtemp(prefix="mmserve-")
         self._engines = [_EngineSlot(plan, str(Path(self._run_directory) / f"engine-{plan.index}.sock"))
                          for plan in engine_plans(settings)]

@@ -19,6 +19,8 @@ from typing import Callable
 import pytest
 import yaml
 
+from benchmarks.random_pretrained import write_timm_bert_repository
+
 MMSERVE = [sys.executable, "-m", "server.cli"]
 PARALLEL_STARTS = 4
 START_TIMEOUT_S = 120  # a start that fails takes seconds; one that succeeds would serve on
@@ -29,6 +31,7 @@ class BrokenRepository:
     name: str
     breaks: Callable[[Path], None]
     names_in_last_line: tuple[str, ...]
+    base: str = "tiny"  # or "vit-bert": a timm ViT (vision.timm_dir) and a BERT (text.hf_dir)
 
 
 def _edit_yaml(edit: Callable[[dict], None]) -> Callable[[Path], None]:
@@ -42,6 +45,17 @@ def _edit_yaml(edit: Callable[[dict], None]) -> Callable[[Path], None]:
 def _truncate_weights(repo: Path) -> None:
     weights = repo / "weights.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1000])
+
+
+def _remove_bert_tokenizer(repo: Path) -> None:
+    """``text.hf_dir``'s folder with the model's config and weights but not its tokenizer (a half-copied folder)."""
+    (repo / "bert" / "tokenizer.json").unlink()
+    (repo / "bert" / "tokenizer_config.json").unlink()
+
+
+def _empty(folder: Path) -> None:
+    shutil.rmtree(folder)
+    folder.mkdir()
 
 
 CASES = [
@@ -61,6 +75,14 @@ CASES = [
                      ("tokenizer", "does not exist")),
     BrokenRepository("text.hf_dir missing", _edit_yaml(lambda d: d["text"].update(hf_dir="no-such-bert")),
                      ("model.yaml", "text.hf_dir", "no-such-bert", "does not exist")),
+    # transformers built a BertTokenizer of the 5 special tokens from config.json, and every text served as [UNK]
+    BrokenRepository("text.hf_dir without tokenizer files", _remove_bert_tokenizer,
+                     ("vit-bert/bert", "no vocabulary", "save_pretrained"), base="vit-bert"),
+    # safetensors' own error escaped the load: a traceback and exit 3
+    BrokenRepository("fusion head not safetensors", lambda repo: (repo / "fusion_head.safetensors").write_text("x"),
+                     ("fusion_head.safetensors", "cannot read the fusion head")),
+    # transformers' message spans lines: the last line was its tail, not the "mmserve: " line
+    BrokenRepository("tokenizer folder empty", lambda repo: _empty(repo / "tokenizer"), ("tokenizer",)),
 ]
 
 
@@ -71,6 +93,11 @@ def tiny_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return repo
+
+
+@pytest.fixture(scope="module")
+def vit_bert_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_timm_bert_repository(tmp_path_factory.mktemp("repos") / "vit-bert")
 
 
 def _problems(case: BrokenRepository, output: str, returncode: int) -> list[str]:
@@ -94,13 +121,15 @@ def _finish(process: subprocess.Popen) -> tuple[str, int]:
         return process.communicate()[0] + f"\n(still serving after {START_TIMEOUT_S} s)", -9
 
 
-def test_every_broken_repository_ends_start_up_in_one_line_naming_the_file(tiny_repo: Path, tmp_path: Path):
+def test_every_broken_repository_ends_start_up_in_one_line_naming_the_file(tiny_repo: Path, vit_bert_repo: Path,
+                                                                          tmp_path: Path):
+    bases = {"tiny": tiny_repo, "vit-bert": vit_bert_repo}
     outputs = []
     for first in range(0, len(CASES), PARALLEL_STARTS):
         running = []
         for case in CASES[first:first + PARALLEL_STARTS]:
-            repo = tmp_path / case.name.replace(" ", "-")
-            shutil.copytree(tiny_repo, repo)
+            repo = tmp_path / case.name.replace(" ", "-") / case.base
+            shutil.copytree(bases[case.base], repo)
             case.breaks(repo)
             running.append((case, subprocess.Popen([*MMSERVE, "serve", "--model-repo", str(repo), "--port", "0"],
                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))

@@ -64,6 +64,9 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
                  ("--decode-device cuda", "--decode-device cpu")),
         BadStart("port out of range", ("--preset", "tiny", "--port", "99999"), ("--port", "65535")),
         BadStart("port taken", ("--preset", "tiny", "--port", str(taken_port)), ("--port", str(taken_port))),
+        # bound in the lifespan once the model had loaded: grpcio's traceback, exit 3
+        BadStart("gRPC port taken", ("--preset", "tiny", "--grpc-port", str(taken_port)),
+                 ("--grpc-port", str(taken_port), "MMSERVE_GRPC_PORT")),
         BadStart("host not an address", ("--preset", "tiny", "--host", "999.0.0.1", "--port", "0"), ("--host",)),
         BadStart("key file unreadable", ("--preset", "tiny", "--port", "0"), ("MMSERVE_API_KEY_FILE",),
                  env=(("MMSERVE_API_KEY_FILE", str(tmp_path / "no-such-keys")),)),
@@ -92,10 +95,14 @@ def _unwritable_cache_dir(tmp_path: Path) -> Path:
     return blocker / "onnx"
 
 
-def _split_bad_starts(tmp_path: Path) -> list[BadStart]:
+def _split_bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
     """Settings only the engine can judge (it holds torch and the model), with the process split."""
     unwritable = _unwritable_cache_dir(tmp_path)
     cases = [
+        # each API process bound it after the engine's model had loaded: a traceback each, exit 5
+        BadStart("gRPC port taken, two API processes",
+                 ("--preset", "tiny", "--grpc-port", str(taken_port), "--api-workers", "2"),
+                 ("--grpc-port", str(taken_port), "MMSERVE_GRPC_PORT")),
         BadStart("export cache directory not writable, two engines",
                  ("--preset", "tiny", "--runtime", "onnxruntime", "--export-cache-dir", str(unwritable),
                   "--engines", "2"),
@@ -159,11 +166,14 @@ def test_every_bad_configuration_ends_in_one_line_naming_its_setting(tmp_path: P
 
 def test_settings_only_an_engine_can_judge_end_as_in_one_process(tmp_path: Path):
     """Exit 2 with the single process's line, however many engines refused; no engine is started again."""
-    cases = _split_bad_starts(tmp_path)
-    outputs = []
-    for first in range(0, len(cases), PARALLEL_STARTS // 2):  # each starts an engine or two and API processes
-        running = [(case, _start(case, {})) for case in cases[first:first + PARALLEL_STARTS // 2]]
-        outputs += [(case, *process.communicate(timeout=300), process.returncode) for case, process in running]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cases = _split_bad_starts(tmp_path, taken.getsockname()[1])
+        outputs = []
+        for first in range(0, len(cases), PARALLEL_STARTS // 2):  # each starts an engine or two and API processes
+            running = [(case, _start(case, {})) for case in cases[first:first + PARALLEL_STARTS // 2]]
+            outputs += [(case, *process.communicate(timeout=300), process.returncode) for case, process in running]
     failures = []
     for case, output, _, returncode in outputs:
         problems = _problems(case, output, returncode, expected_returncode=2)
