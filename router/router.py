@@ -287,14 +287,7 @@ class Router:
         answer comes back. A plan whose request never reaches the model is
         the caller's to settle; ``router.intake`` does.
         """
-        pending = self._admit(request, plan)
-        self._num_in_flight += 1
-        self._waiting.add(pending)
-        try:
-            return await pending.future
-        finally:
-            self._num_in_flight -= 1
-            self._waiting.discard(pending)
+        return await self.enqueue(request, plan)  # cancelling this task cancels the future, and the queued item
 
     def enqueue(self, request: InferenceRequest, plan: SegmentPlan | None = None) -> asyncio.Future[InferenceResult]:
         """``submit`` without a task awaiting it: the future of ``request``'s result, the router's typed

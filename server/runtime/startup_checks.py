@@ -82,17 +82,28 @@ def check_without_torch(settings: Settings) -> None:
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:
     """``host:port`` bound and listening, before the model loads, so a bad address fails in a second."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = None
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        sock = _bound_socket(host, port)
         sock.listen(2048)
     except OSError as e:  # socket.gaierror included: a host name that does not resolve
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise StartupError(f"--host {host} --port {port} (MMSERVE_HOST, MMSERVE_PORT): cannot listen there "
                            f"({e.strerror or e}); choose a free port or an address of this machine") from e
     sock.set_inheritable(True)
+    return sock
+
+
+def _bound_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` as the server's listeners bind (``SO_REUSEADDR``); ``OSError`` if not."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
@@ -109,14 +120,11 @@ def check_other_ports(settings: Settings) -> None:
                           (settings.metrics_port, "metrics_port {} (MMSERVE_METRICS_PORT)")):  # no flag of its own
         if port is None:
             continue
-        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind((settings.host, port))
-            except OSError as e:
-                raise StartupError(f"{setting.format(port)}: cannot listen on {settings.host}:{port} "
-                                   f"({e.strerror or e}); choose a free port") from e
+        try:
+            _bound_socket(settings.host, port).close()
+        except OSError as e:
+            raise StartupError(f"{setting.format(port)}: cannot listen on {settings.host}:{port} "
+                               f"({e.strerror or e}); choose a free port") from e
 
 
 class OneLineStartupFailure:
