@@ -101,7 +101,11 @@ class Served:
 def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     grpc_port = free_port()
     env = {"MMSERVE_API_KEYS": KEY, "MMSERVE_ADMIN_API_KEYS": ADMIN_KEY, "MMSERVE_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
-           "MMSERVE_CACHE_IMAGE_BYTES": "0", "MMSERVE_CACHE_TEXT_BYTES": "0"}
+           "MMSERVE_CACHE_IMAGE_BYTES": "0", "MMSERVE_CACHE_TEXT_BYTES": "0",
+           # A call's rows batch together even on a loaded machine: the bit-for-bit comparisons need the same
+           # batches over both protocols (a text in a batch of 1 or of 2 differs by an ulp), and a full-suite run
+           # once saw a two-text call split past the default 5 ms.
+           "MMSERVE_MAX_QUEUE_DELAY_MS": "20"}
     args = ["--preset", "tiny", "--device", "cpu", "--api-workers", str(request.param), "--enable-fault-injection",
             "--grpc-port", str(grpc_port)]
     with run_serve_process(args, env, ready_timeout_s=300) as process:
