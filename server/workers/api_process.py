@@ -68,7 +68,7 @@ from server.workers.handoff import (
     settings_from_environment,
     supervisor_pid,
 )
-from server.workers.pixel_slots import PixelSlots, pixel_slots_of
+from server.workers.pixel_slots import PixelSlots, block_prefix, pixel_slots_of, remove_blocks
 from server.workers.readiness import ReadyMarks
 from server.workers.metrics_snapshots import answer_snapshot_requests
 from server.workers.metrics_view import merged_registry
@@ -96,7 +96,7 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
                                         on_refused=metrics.decode_queue_refused.inc)
         preprocess = facts.config.preprocess
         slots = PixelSlots((preprocess.input_size, preprocess.input_size, 3), pixel_slots_of(settings),
-                           on_full=metrics.pixel_slots_refused.inc)
+                           on_full=metrics.pixel_slots_refused.inc, supervisor_pid=supervisor_pid())
         texts = ItemTextFitter(tokenizer, joint_token_budget(settings, facts), decode_pool)
         faults = FaultInjector() if settings.enable_fault_injection else None  # the engine's drills, copied
         keys = SegmentCatalog(None, facts.fingerprint, facts.preprocess_id)  # type: ignore[arg-type]  # keys only
@@ -178,7 +178,12 @@ def main(listening_fd: int | None = None) -> int:
     settings = settings_from_environment()
     configure_logging(settings.log_level, f"%(asctime)s %(levelname)s api-{os.getpid()} %(name)s: %(message)s")
     rate_buckets_path = os.environ.get(RATE_BUCKETS_VARIABLE)  # the supervisor's to remove, unless it was killed
-    exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=lambda: remove_table(rate_buckets_path))
+
+    def remove_shared_memory() -> None:  # what a killed supervisor cannot remove: the rate table, its pixel slots
+        remove_table(rate_buckets_path)
+        remove_blocks(block_prefix(supervisor_pid() or os.getpid(), os.getpid()))
+
+    exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=remove_shared_memory)
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path)

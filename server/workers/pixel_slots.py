@@ -30,13 +30,29 @@ images as the image lanes' largest queue bound holds requests of the most
 images. Free slots are handed out lowest number first, so the block's pages
 are touched only as deep as the most images ever in transit at once (the
 block is sparse until written).
+
+Whose block: a file in ``/dev/shm`` named ``block_prefix(supervisor pid, API
+process pid)`` + a random part, opened and mapped as ``shared_rate_buckets``
+maps its table, not through ``multiprocessing.shared_memory``: that module
+registers every block it creates or attaches with the process's resource
+tracker (Python 3.11, 3.12), which unlinks what is still registered when the
+process dies and warns ``There appear to be N leaked shared_memory objects``:
+after an API process killed with SIGKILL, a warning of a leak there was not.
+Its owner unlinks it instead (``close``), and when it cannot, the supervisor
+as it notes the process's death, and when the server stops, removes every
+block under the prefix (``remove_blocks``); an API process orphaned by a
+killed supervisor removes its own (``server.workers.orphan_guard``).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
+import secrets
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +62,35 @@ from server.settings import Settings
 _HEADER_ALIGN = 64
 _PACE_SMOOTHING = 0.1
 _INITIAL_HOLD_S = 0.001
+_SHARED_MEMORY_DIRECTORY = Path("/dev/shm")
+
+
+def block_prefix(supervisor_pid: int, api_pid: int | None = None) -> str:
+    """How the names of a server's blocks (of its API process ``api_pid``'s, when given) begin."""
+    return f"mmserve-pixels-{supervisor_pid}-" + ("" if api_pid is None else f"{api_pid}-")
+
+
+def _directory() -> Path:
+    """``/dev/shm`` where there is one (Linux: memory), else the temporary directory."""
+    return _SHARED_MEMORY_DIRECTORY if _SHARED_MEMORY_DIRECTORY.is_dir() else Path(tempfile.gettempdir())
+
+
+def remove_blocks(prefix: str) -> None:
+    """Unlink every block whose name begins with ``prefix`` (a process mapping one keeps its memory)."""
+    for path in _directory().glob(f"{prefix}*"):
+        path.unlink(missing_ok=True)
+
+
+def _mapped(path: Path, size_bytes: int | None = None) -> mmap.mmap:
+    """The file at ``path`` mapped; created first (mode 0600, it must not exist) with ``size_bytes``."""
+    flags = os.O_RDWR if size_bytes is None else os.O_RDWR | os.O_CREAT | os.O_EXCL
+    fd = os.open(path, flags, 0o600)
+    try:
+        if size_bytes is not None:
+            os.ftruncate(fd, size_bytes)
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
 
 def pixel_slots_of(settings: Settings) -> int:
@@ -66,7 +111,8 @@ class PixelSlots:
     """The API process's side: owns the block, writes images into free slots (on the event loop's thread)."""
 
     def __init__(self, slot_shape: tuple[int, int, int], num_slots: int,
-                 on_full: Callable[[], object] | None = None) -> None:
+                 on_full: Callable[[], object] | None = None, supervisor_pid: int | None = None) -> None:
+        """``supervisor_pid``: the server's, whose prefix the block's name takes (default: this process's)."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.slot_shape = slot_shape
@@ -74,8 +120,10 @@ class PixelSlots:
         self.num_slots = num_slots
         self._on_full = on_full
         self._offset = _layout(num_slots)
-        self._memory = shared_memory.SharedMemory(create=True, size=self._offset + self.slot_bytes * num_slots)
-        header = np.ndarray((1 + num_slots,), np.int64, self._memory.buf[:8 * (1 + num_slots)])
+        prefix = block_prefix(os.getpid() if supervisor_pid is None else supervisor_pid, os.getpid())
+        self._path = _directory() / f"{prefix}{secrets.token_hex(4)}"
+        self._memory = _mapped(self._path, self._offset + self.slot_bytes * num_slots)
+        header = np.ndarray((1 + num_slots,), np.int64, self._memory, 0)
         header[0] = num_slots
         self._states = header[1:]  # (num_slots,) the protocol above
         self._taken_ns = np.zeros(num_slots, np.int64)  # when each held slot was taken (this side's copy)
@@ -83,7 +131,8 @@ class PixelSlots:
 
     @property
     def name(self) -> str:
-        return self._memory.name
+        """The block's path, which the engine attaches."""
+        return str(self._path)
 
     @property
     def num_held(self) -> int:
@@ -146,24 +195,22 @@ class PixelSlots:
 
     def view(self, slot: int) -> np.ndarray:
         start = self._offset + slot * self.slot_bytes
-        return np.ndarray(self.slot_shape, np.uint8, self._memory.buf[start:start + self.slot_bytes])
+        return np.ndarray(self.slot_shape, np.uint8, self._memory, start)
 
     def close(self) -> None:
         self._states = self._taken_ns = None  # type: ignore[assignment]  # views of the buffer go first
         self._memory.close()
-        self._memory.unlink()
+        self._path.unlink(missing_ok=True)
 
 
 class AttachedSlots:
     """The engine's side of one API process's block: copies pixels out of a slot and frees it."""
 
     def __init__(self, name: str, slot_shape: tuple[int, int, int]) -> None:
-        # Attaching registers the block with this process's resource tracker, which would unlink it
-        # at exit although the API process owns it: unregister (the owner unlinks).
-        self._memory = shared_memory.SharedMemory(name=name)
-        resource_tracker.unregister(self._memory._name, "shared_memory")  # type: ignore[attr-defined]
-        num_slots = int(np.ndarray((1,), np.int64, self._memory.buf[:8])[0])
-        self._states = np.ndarray((num_slots,), np.int64, self._memory.buf[8:8 * (1 + num_slots)])
+        """``name``: the block's path (``PixelSlots.name``); the API process owns and unlinks it."""
+        self._memory = _mapped(Path(name))
+        num_slots = int(np.ndarray((1,), np.int64, self._memory, 0)[0])
+        self._states = np.ndarray((num_slots,), np.int64, self._memory, 8)
         self._offset = _layout(num_slots)
         self.slot_shape = slot_shape
         self.slot_bytes = int(np.prod(slot_shape))
@@ -171,7 +218,7 @@ class AttachedSlots:
     def take_out(self, slot: int) -> np.ndarray:
         """The slot's pixels, copied; the slot is the API process's again once this returns."""
         start = self._offset + slot * self.slot_bytes
-        pixels = np.ndarray(self.slot_shape, np.uint8, self._memory.buf[start:start + self.slot_bytes]).copy()
+        pixels = np.ndarray(self.slot_shape, np.uint8, self._memory, start).copy()
         self._states[slot] = -time.perf_counter_ns()
         return pixels
 

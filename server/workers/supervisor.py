@@ -83,6 +83,7 @@ from server.workers.handoff import (
 )
 from server.workers.forked_process import ForkedProcess, ForkFailed, ForkServer, reap_strays
 from server.workers.metrics_snapshots import remove_request_socket
+from server.workers.pixel_slots import block_prefix, remove_blocks
 from server.workers.readiness import forget, is_marked
 from server.workers.restart_backoff import RestartBackoff, RestartPolicy
 from server.workers.restarts import write_engine_restart_count, write_restart_count
@@ -266,6 +267,7 @@ class Supervisor:
             for process in (*self._engine_processes(), *running()):
                 process.wait()  # nobody writes to the run directory any more
             shutil.rmtree(self._run_directory, ignore_errors=True)  # the engine's socket, snapshots, restart count
+            remove_blocks(block_prefix(os.getpid()))  # pixel slots of API processes that could not unlink theirs
 
     def _watch_engines(self, backoff: RestartBackoff, running: Callable[[], list[ApiProcess]]) -> int | None:
         """Start again the engines whose time has come, and note the ones that died; the server's exit status
@@ -319,10 +321,12 @@ class Supervisor:
 
     def _forget(self, pid: int) -> None:
         """What a dead API process left in the run directory: its ready mark (it no longer counts as serving),
-        its metrics request socket (no scrape waits for it); its snapshot stays for the next scrape to fold into
+        its metrics request socket (no scrape waits for it), its pixel slots' shared memory when it died without
+        unlinking it (``server.workers.pixel_slots``); its snapshot stays for the next scrape to fold into
         the carried counts (``server.workers.counter_carry``: the server's counters do not go down)."""
         forget(self._run_directory, pid)
         remove_request_socket(self._run_directory, pid)
+        remove_blocks(block_prefix(os.getpid(), pid))
 
     def _stop(self, processes: list[ApiProcess], sig: int) -> None:
         for process in processes:

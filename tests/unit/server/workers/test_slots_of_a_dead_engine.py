@@ -10,7 +10,6 @@ until the API process answered 503 ``overloaded`` to every image.
 from __future__ import annotations
 
 import asyncio
-from multiprocessing import resource_tracker
 
 import numpy as np
 import pytest
@@ -33,9 +32,6 @@ def test_give_back_uncopied_frees_only_what_the_engine_did_not_copy():
     try:
         taken = slots.put([_pixels(1), _pixels(2), _pixels(3)])
         engine_side = AttachedSlots(slots.name, SHAPE)
-        # The engine is another process; attaching here unregistered the owner's block from this process's
-        # resource tracker, so register it again for the owner's unlink.
-        resource_tracker.register(slots._memory._name, "shared_memory")
         np.testing.assert_array_equal(engine_side.take_out(taken[0]), _pixels(1))  # copied before it died
         engine_side.close()
         slots.give_back_uncopied(taken)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from multiprocessing import resource_tracker
 
 import numpy as np
 import pytest
@@ -66,9 +65,6 @@ def test_raw_pixels_decoded_into_a_slot_do_not_travel_to_the_engine():
 def test_pixel_slots_are_free_once_the_engine_copied_them_out_and_run_out_with_a_paced_503():
     slots = PixelSlots((4, 4, 3), num_slots=2)
     attached = AttachedSlots(slots.name, (4, 4, 3))
-    # The engine is another process; here attaching unregistered the owner's block from this
-    # process's resource tracker, so register it again for the owner's unlink.
-    resource_tracker.register(slots._memory._name, "shared_memory")
     try:
         pixels = [np.arange(48, dtype=np.uint8).reshape(4, 4, 3), np.full((4, 4, 3), 7, np.uint8)]
         first, second = slots.put(pixels)
