@@ -13,6 +13,8 @@ minute, and not inside a 25-line traceback from Starlette's lifespan:
     key files, keys                        before any weight     the variable and the file
     --host / --port                        bound before loading  the address and what to change
     --grpc-port / metrics_port             free before loading   the setting, the port and what to change
+    ... taken since (ListenerPortError)    as its listener binds the same, from the lifespan (one process,
+                                                                 API process or engine)
 
 What can only fail while the model loads (a malformed repository, a config
 the family's library refuses) fails inside the app's lifespan; ``OneLineStartupFailure``
@@ -39,9 +41,14 @@ from server.http.auth import ApiKeyConfigError, access_policy
 from server.settings import ConfigFileError, Settings
 from server.workers.default_count import DeviceProbeError
 
+class ListenerPortError(Exception):
+    """A listener the lifespan starts (``--grpc-port``, ``metrics_port``) cannot bind its port: the message names
+    the setting. ``check_other_ports`` finds a taken port before the model loads; this is the port taken since."""
+
+
 # Errors a user fixes by changing a setting: printed as one line, without a traceback.
 CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError, DeviceProbeError,
-                                                     ConfigFileError)
+                                                     ConfigFileError, ListenerPortError)
 
 
 class StartupError(Exception):
