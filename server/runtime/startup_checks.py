@@ -85,6 +85,19 @@ def check_without_torch(settings: Settings) -> None:
     elif settings.model_repo is not None and not Path(settings.model_repo).is_dir():
         raise ModelRepositoryError(f"--model-repo {settings.model_repo} (MMSERVE_MODEL_REPO) is not a directory: "
                                    "write one with `mmserve init-model-repo DIR --preset NAME`")
+    if settings.fusion_head is not None:
+        _check_fusion_head_path(Path(settings.fusion_head))
+
+
+def _check_fusion_head_path(path: Path) -> None:
+    """``--fusion-head`` names a file: the one ``mmserve train-fusion --out DIR`` wrote, DIR/fusion_head.safetensors."""
+    flag = f"--fusion-head {path} (MMSERVE_FUSION_HEAD)"
+    if path.is_dir():
+        inside = path / "fusion_head.safetensors"
+        raise ModelRepositoryError(f"{flag} is a directory, not a safetensors file"
+                                   + (f": give the file in it, {inside}" if inside.is_file() else ""))
+    if not path.exists():
+        raise ModelRepositoryError(f"{flag} does not exist")
 
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:
