@@ -31,6 +31,7 @@ process as it starts.
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -55,8 +56,12 @@ class StartupError(Exception):
     """A start-up failure already phrased for the user: one line naming the setting and what to do."""
 
 
-def settings_error(error: ValidationError) -> StartupError:
+def settings_error(error: ValidationError, flags: Collection[str] = ()) -> StartupError:
     """Pydantic's report on ``Settings`` as one line: per field ``--port (MMSERVE_PORT): ... (got 99999)``.
+
+    ``flags``: the settings the command has a flag for (its ``argparse`` destinations); any other is named as
+    ``max_batch_size (MMSERVE_MAX_BATCH_SIZE)``, the name its config file and variable take, not a flag the
+    command would refuse.
 
     A validator's own message is given as it was raised (not pydantic's "Value error, ..."), with the value
     only where it does not already say it; a check across settings (no field) is its message alone, which
@@ -69,7 +74,7 @@ def settings_error(error: ValidationError) -> StartupError:
         if not name:
             problems.append(message)
             continue
-        flag = f"--{name.replace('_', '-')} (MMSERVE_{name.upper()})"
+        flag = f"{'--' + name.replace('_', '-') if name in flags else name} (MMSERVE_{name.upper()})"
         value = repr(detail.get("input"))
         problems.append(f"{flag}: {message}" + ("" if value in message else f" (got {value})"))
     return StartupError("; ".join(problems))
