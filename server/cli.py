@@ -211,7 +211,7 @@ def _serve(args: argparse.Namespace) -> int:
             engines=args.engines, devices=args.devices, engine_dispatch=args.engine_dispatch,
         )
     except ValidationError as e:
-        raise settings_error(e) from e
+        raise settings_error(e, flags=vars(args)) from e
     from server.runtime.log_output import configure_logging
 
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -280,7 +280,7 @@ def _export(args: argparse.Namespace) -> int:
             runtime=args.runtime, quantize=args.quantize, compute_threads=args.compute_threads,
             export_cache_dir=args.export_cache_dir)
     except ValidationError as e:
-        raise settings_error(e) from e
+        raise settings_error(e, flags=vars(args)) from e
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
     return run_export(settings)
 

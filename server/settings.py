@@ -21,6 +21,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from models.families.presets import PRESET_NAMES
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
 
 LaneName = Literal["text", "vision", "fusion"]
@@ -250,6 +251,14 @@ class Settings(BaseSettings):
                                       "requests and a sampled traceparent are always kept.")
     trace_slow_ms: float = Field(
         1000.0, ge=0, description="A request slower than this is always traced (0: no slow rule).")
+
+    @field_validator("preset")
+    @classmethod
+    def _preset_is_known(cls, value: str) -> str:
+        """Checked here, not when the model loads: ``MMSERVE_PRESET`` skips the flag's ``choices``."""
+        if value not in PRESET_NAMES:
+            raise ValueError(f"unknown preset {value!r}; choose one of {', '.join(PRESET_NAMES)}")
+        return value
 
     @field_validator("rate_limit")
     @classmethod

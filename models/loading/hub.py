@@ -36,6 +36,9 @@ def resolve_model_directory(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
+    if path.is_file():  # a weights or config file: the model is the directory around it
+        raise ModelRepositoryError(f"--model {name_or_path!r} is a file, not a directory: pass the model's directory "
+                                   f"({str(path.parent)!r}?)")
     repo_id, revision = _split_revision(name_or_path)
     if path.exists() or repo_id.count("/") != 1:
         raise ModelRepositoryError(f"--model {name_or_path!r} is neither a directory nor a Hub id (org/name)")

@@ -184,6 +184,10 @@ def attach_fusion_head(model: MultimodalModel, tokenizer: TextTokenizer, config:
     if head_path.is_file():
         towers = fingerprint(model, tokenizer, config, skip_prefix="fusion.")
         return load_fusion_head(head_path, model.fusion, towers_fingerprint=towers)
+    if fusion_head is not None and fusion_head.is_dir():
+        inside = fusion_head / FUSION_HEAD_FILE  # `mmserve train-fusion --out DIR` writes DIR/fusion_head.safetensors
+        raise ModelRepositoryError(f"fusion head {fusion_head} is a directory, not a safetensors file"
+                                   + (f": give the file in it, {inside}" if inside.is_file() else ""))
     if fusion_head is not None:
         raise ModelRepositoryError(f"fusion head {fusion_head} does not exist")
     return FusionHeadInfo(is_trained=False)

@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 
+from server.runtime.startup_checks import ListenerPortError
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -35,8 +36,8 @@ logger = logging.getLogger(__name__)
 KEEPALIVE_MIN_PING_INTERVAL_MS = 10_000
 
 
-class GrpcPortError(RuntimeError):
-    """The gRPC port cannot be bound."""
+class GrpcPortError(ListenerPortError):
+    """The gRPC port cannot be bound: a configuration error, one line and exit 2 (``server.runtime.startup_checks``)."""
 
 
 def server_options(settings: Settings) -> list[tuple[str, int]]:
@@ -74,9 +75,11 @@ async def serve_grpc(app: FastAPI, settings: Settings) -> AsyncIterator[None]:
     try:
         bound = server.add_insecure_port(address)
     except RuntimeError as e:
-        raise GrpcPortError(f"cannot bind the gRPC port {address} (MMSERVE_GRPC_PORT): {e}") from e
+        raise GrpcPortError(f"--grpc-port {settings.grpc_port} (MMSERVE_GRPC_PORT): cannot listen on {address} "
+                            f"({e}); choose a free port") from e
     if bound == 0:
-        raise GrpcPortError(f"cannot bind the gRPC port {address} (MMSERVE_GRPC_PORT): in use or not allowed")
+        raise GrpcPortError(f"--grpc-port {settings.grpc_port} (MMSERVE_GRPC_PORT): cannot listen on {address} "
+                            "(in use or not allowed); choose a free port")
     await server.start()
     logger.info("serving KServe v2 gRPC on %s", address)
     try:

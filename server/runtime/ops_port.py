@@ -25,14 +25,15 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.routes import health
+from server.runtime.startup_checks import ListenerPortError
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-class OpsPortError(RuntimeError):
-    """The metrics port cannot be bound."""
+class OpsPortError(ListenerPortError):
+    """The metrics port cannot be bound: a configuration error, one line and exit 2 (``startup_checks``)."""
 
 
 def ops_app(main_app: FastAPI) -> FastAPI:
@@ -54,8 +55,8 @@ async def serve_ops_port(main_app: FastAPI, settings: Settings) -> AsyncIterator
         family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
         sock = socket.create_server((settings.host, settings.metrics_port), family=family)
     except OSError as e:
-        raise OpsPortError(f"cannot listen on {settings.host}:{settings.metrics_port} "
-                           f"(MMSERVE_METRICS_PORT): {e}") from e
+        raise OpsPortError(f"metrics_port {settings.metrics_port} (MMSERVE_METRICS_PORT): cannot listen on "
+                           f"{settings.host}:{settings.metrics_port} ({e.strerror or e}); choose a free port") from e
     config = uvicorn.Config(ops_app(main_app), lifespan="off", log_level=settings.log_level, access_log=False)
     config.load()
     server = uvicorn.Server(config)

@@ -13,6 +13,8 @@ minute, and not inside a 25-line traceback from Starlette's lifespan:
     key files, keys                        before any weight     the variable and the file
     --host / --port                        bound before loading  the address and what to change
     --grpc-port / metrics_port             free before loading   the setting, the port and what to change
+    ... taken since (ListenerPortError)    as its listener binds the same, from the lifespan (one process,
+                                                                 API process or engine)
 
 What can only fail while the model loads (a malformed repository, a config
 the family's library refuses) fails inside the app's lifespan; ``OneLineStartupFailure``
@@ -29,6 +31,7 @@ process as it starts.
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -39,17 +42,26 @@ from server.http.auth import ApiKeyConfigError, access_policy
 from server.settings import ConfigFileError, Settings
 from server.workers.default_count import DeviceProbeError
 
+class ListenerPortError(Exception):
+    """A listener the lifespan starts (``--grpc-port``, ``metrics_port``) cannot bind its port: the message names
+    the setting. ``check_other_ports`` finds a taken port before the model loads; this is the port taken since."""
+
+
 # Errors a user fixes by changing a setting: printed as one line, without a traceback.
 CONFIGURATION_ERRORS: tuple[type[Exception], ...] = (ModelError, ApiKeyConfigError, DeviceProbeError,
-                                                     ConfigFileError)
+                                                     ConfigFileError, ListenerPortError)
 
 
 class StartupError(Exception):
     """A start-up failure already phrased for the user: one line naming the setting and what to do."""
 
 
-def settings_error(error: ValidationError) -> StartupError:
+def settings_error(error: ValidationError, flags: Collection[str] = ()) -> StartupError:
     """Pydantic's report on ``Settings`` as one line: per field ``--port (MMSERVE_PORT): ... (got 99999)``.
+
+    ``flags``: the settings the command has a flag for (its ``argparse`` destinations); any other is named as
+    ``max_batch_size (MMSERVE_MAX_BATCH_SIZE)``, the name its config file and variable take, not a flag the
+    command would refuse.
 
     A validator's own message is given as it was raised (not pydantic's "Value error, ..."), with the value
     only where it does not already say it; a check across settings (no field) is its message alone, which
@@ -62,7 +74,7 @@ def settings_error(error: ValidationError) -> StartupError:
         if not name:
             problems.append(message)
             continue
-        flag = f"--{name.replace('_', '-')} (MMSERVE_{name.upper()})"
+        flag = f"{'--' + name.replace('_', '-') if name in flags else name} (MMSERVE_{name.upper()})"
         value = repr(detail.get("input"))
         problems.append(f"{flag}: {message}" + ("" if value in message else f" (got {value})"))
     return StartupError("; ".join(problems))
@@ -78,6 +90,19 @@ def check_without_torch(settings: Settings) -> None:
     elif settings.model_repo is not None and not Path(settings.model_repo).is_dir():
         raise ModelRepositoryError(f"--model-repo {settings.model_repo} (MMSERVE_MODEL_REPO) is not a directory: "
                                    "write one with `mmserve init-model-repo DIR --preset NAME`")
+    if settings.fusion_head is not None:
+        _check_fusion_head_path(Path(settings.fusion_head))
+
+
+def _check_fusion_head_path(path: Path) -> None:
+    """``--fusion-head`` names a file: the one ``mmserve train-fusion --out DIR`` wrote, DIR/fusion_head.safetensors."""
+    flag = f"--fusion-head {path} (MMSERVE_FUSION_HEAD)"
+    if path.is_dir():
+        inside = path / "fusion_head.safetensors"
+        raise ModelRepositoryError(f"{flag} is a directory, not a safetensors file"
+                                   + (f": give the file in it, {inside}" if inside.is_file() else ""))
+    if not path.exists():
+        raise ModelRepositoryError(f"{flag} does not exist")
 
 
 def bind_listening_socket(host: str, port: int) -> socket.socket:

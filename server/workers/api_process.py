@@ -54,6 +54,7 @@ from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.log_output import configure_logging
+from server.runtime.startup_checks import OneLineStartupFailure
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
@@ -74,6 +75,7 @@ from server.workers.metrics_snapshots import answer_snapshot_requests
 from server.workers.metrics_view import merged_registry
 from server.workers.orphan_guard import exit_when_orphaned
 from server.workers.shared_rate_buckets import SharedTokenBuckets, remove_table
+from server.workers.start_failure import EXIT_CONFIGURATION_ERROR, api_process_name, write_start_failure
 from server.workers.zero_shot_client import ZeroShotClient
 
 logger = logging.getLogger(__name__)
@@ -187,8 +189,18 @@ def main(listening_fd: int | None = None) -> int:
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path)
-    server = DrainingServer(uvicorn_config(app, settings), app, settings.drain_timeout_s, stopped_by_supervisor=True)
-    server.run(sockets=[listening])
+    config = uvicorn_config(app, settings)
+    startup = OneLineStartupFailure(config.app, is_debug=settings.log_level == "debug")
+    config.app = startup
+    server = DrainingServer(config, app, settings.drain_timeout_s, stopped_by_supervisor=True)
+    try:
+        server.run(sockets=[listening])
+    except SystemExit:  # uvicorn's exit on a failed start-up
+        if startup.error is None:
+            raise
+    if startup.error is not None:  # a setting (--grpc-port taken): the supervisor prints the line and exits 2
+        write_start_failure(os.environ[RUN_DIRECTORY_VARIABLE], api_process_name(os.getpid()), str(startup.error))
+        return EXIT_CONFIGURATION_ERROR
     return server.exit_code if server.started else 1
 
 

@@ -102,7 +102,7 @@ from server.workers.handoff import (
 )
 from server.workers.metrics_snapshots import exemplars_of
 from server.workers.pixel_slots import AttachedSlots
-from server.workers.start_failure import EXIT_CONFIGURATION_ERROR, write_start_failure
+from server.workers.start_failure import EXIT_CONFIGURATION_ERROR, engine_name, write_start_failure
 from server.workers.zero_shot_engine import ZeroShotEngine
 
 logger = logging.getLogger(__name__)
@@ -332,7 +332,7 @@ def main() -> int:
     except (*CONFIGURATION_ERRORS, StartupError) as e:
         if settings.log_level == "debug":
             logger.exception("engine %d: a setting this machine cannot meet", index)
-        write_start_failure(run_directory, index, str(e))
+        write_start_failure(run_directory, engine_name(index), str(e))
         return EXIT_CONFIGURATION_ERROR
 
 

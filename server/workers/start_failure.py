@@ -8,7 +8,10 @@ model), so it writes the same line to ``<run directory>/engine-<i>.start-failure
 and exits ``EXIT_CONFIGURATION_ERROR``; the supervisor, seeing an engine exit
 with that status before its model loaded, stops the server and raises the
 line as a ``StartupError``, which the CLI prints as its last line, exit 2. It
-is not started again: the same settings would fail the same way.
+is not started again: the same settings would fail the same way. An API
+process started with the server does the same (``api-<pid>.start-failure``)
+for what only it finds out: a ``--grpc-port`` taken after the supervisor
+checked it.
 
     engine                                       supervisor
     CONFIGURATION_ERRORS while starting
@@ -24,18 +27,27 @@ from pathlib import Path
 EXIT_CONFIGURATION_ERROR = 2  # what `mmserve serve` exits with for a setting the user must change
 
 
-def _path(run_directory: str, engine_index: int) -> Path:
-    return Path(run_directory) / f"engine-{engine_index}.start-failure"
+def engine_name(engine_index: int) -> str:
+    return f"engine-{engine_index}"
 
 
-def write_start_failure(run_directory: str, engine_index: int, reason: str) -> None:
-    """Leave ``reason`` (one line naming the setting) for the supervisor."""
-    _path(run_directory, engine_index).write_text(" ".join(reason.split()), encoding="utf-8")
+def api_process_name(pid: int) -> str:
+    return f"api-{pid}"
 
 
-def read_start_failure(run_directory: str, engine_index: int) -> str | None:
-    """The line engine ``engine_index`` left, or ``None`` when it left none."""
+def _path(run_directory: str, process_name: str) -> Path:
+    return Path(run_directory) / f"{process_name}.start-failure"
+
+
+def write_start_failure(run_directory: str, process_name: str, reason: str) -> None:
+    """Leave ``reason`` (one line naming the setting) for the supervisor; ``process_name``: ``engine_name``'s
+    or ``api_process_name``'s."""
+    _path(run_directory, process_name).write_text(" ".join(reason.split()), encoding="utf-8")
+
+
+def read_start_failure(run_directory: str, process_name: str) -> str | None:
+    """The line process ``process_name`` left, or ``None`` when it left none."""
     try:
-        return _path(run_directory, engine_index).read_text(encoding="utf-8").strip() or None
+        return _path(run_directory, process_name).read_text(encoding="utf-8").strip() or None
     except OSError:
         return None

@@ -88,7 +88,8 @@ from server.workers.readiness import forget, is_marked
 from server.workers.restart_backoff import RestartBackoff, RestartPolicy
 from server.workers.restarts import write_engine_restart_count, write_restart_count
 from server.workers.shared_rate_buckets import SharedBucketTable
-from server.workers.start_failure import EXIT_CONFIGURATION_ERROR, read_start_failure
+from server.workers.start_failure import (EXIT_CONFIGURATION_ERROR, api_process_name, engine_name,
+                                          read_start_failure)
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +233,10 @@ class Supervisor:
                         continue
                     self._forget(process.pid)
                     if slot.is_first and process.pid not in ever_ready:
+                        reason = read_start_failure(self._run_directory, api_process_name(process.pid))
+                        if process.returncode == EXIT_CONFIGURATION_ERROR and reason is not None:
+                            self._stop_all([p for p in running() if p is not process], EXIT_CONFIGURATION_ERROR)
+                            raise StartupError(reason)  # a setting (a --grpc-port taken since it was checked)
                         logger.critical("API process %d exited with status %d before it was ever ready: its start-up "
                                         "fails (its log above says why); stopping the server", process.pid,
                                         process.returncode)
@@ -286,7 +291,7 @@ class Supervisor:
                 slot.has_listened = slot.has_listened or slot.listens()
                 continue
             if not slot.has_listened:
-                reason = read_start_failure(self._run_directory, index)
+                reason = read_start_failure(self._run_directory, engine_name(index))
                 if process.returncode == EXIT_CONFIGURATION_ERROR and reason is not None:
                     self._stop_all(running(), EXIT_CONFIGURATION_ERROR)
                     raise StartupError(self._in_context(slot.plan, reason))

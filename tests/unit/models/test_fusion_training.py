@@ -64,6 +64,18 @@ def test_a_head_trained_on_other_towers_is_refused(tmp_path: Path):
         load_repository(second, fusion_head=tmp_path / "absent.safetensors")
 
 
+def test_a_head_path_that_is_a_directory_says_so_and_names_the_file_in_it(tmp_path: Path):
+    """`mmserve train-fusion --out DIR` writes DIR/fusion_head.safetensors: DIR is what a user passes by mistake."""
+    repository = tmp_path / "tiny"
+    write_repository(repository, build_preset("tiny", seed=0))
+    head = _trained_head_beside(repository)
+    in_it = f"is a directory, not a safetensors file: give the file in it, {head}$"
+    with pytest.raises(ModelRepositoryError, match=in_it):
+        load_repository(repository, fusion_head=repository)
+    with pytest.raises(ModelRepositoryError, match=r"is a directory, not a safetensors file$"):
+        load_repository(repository, fusion_head=tmp_path)
+
+
 def test_packed_text_rows_gather_each_texts_own_tokens_in_order():
     from models.training.features import TowerFeatures
 
