@@ -9,7 +9,8 @@ from server.cli import build_parser
 
 def _help(command: str) -> str:
     parser = build_parser()
-    subparsers = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction))  # noqa: SLF001
+    subparsers = next(action for action in parser._actions  # noqa: SLF001 - argparse keeps its subparsers there
+                      if isinstance(action, argparse._SubParsersAction))
     return " ".join(subparsers.choices[command].format_help().split())
 
 
