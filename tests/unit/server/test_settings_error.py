@@ -33,10 +33,3 @@ def test_a_check_across_settings_is_its_message_alone_not_every_value_given():
 def test_devices_beside_engines_that_agree_or_no_engines_at_all_are_accepted():
     assert Settings(devices="cpu,cpu", engines=2).devices == ["cpu", "cpu"]
     assert Settings(devices="cpu,cpu").engines == 1  # devices sets the count where the server plans engines
-
-
-def test_int8_with_the_torch_runtime_is_refused_before_the_model_loads():
-    assert _line(runtime="torch", quantize="int8") == (
-        "--quantize int8 (MMSERVE_QUANTIZE) runs in ONNX Runtime only; with --runtime torch (MMSERVE_RUNTIME) "
-        "leave it out (or use --runtime onnxruntime or auto)")
-    assert Settings(runtime="auto", quantize="int8").quantize == "int8"
