@@ -91,9 +91,9 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="with no admin keys, leave the admin routes open off loopback too (default: 403 there)")
 
 
-def _runtime_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--runtime", choices=("auto", "torch", "onnxruntime"),
-                        help="what runs the towers (default auto: ONNX Runtime on the CPU, torch on CUDA)")
+def _runtime_arguments(parser: argparse.ArgumentParser, runtime_help: str = "what runs the towers (default auto: "
+                       "ONNX Runtime on the CPU, torch on CUDA)") -> None:
+    parser.add_argument("--runtime", choices=("auto", "torch", "onnxruntime"), help=runtime_help)
     parser.add_argument("--quantize", choices=("int8",),
                         help="run the towers' matrix multiplies in int8 (ONNX Runtime only; default off)")
     parser.add_argument("--compute-threads", type=_positive_int, metavar="N",
@@ -118,7 +118,9 @@ def _export_parser(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--seed", type=int, help="seed of a preset's random weights (default 0)")
     export.add_argument("--served-model-name", metavar="NAME")
     export.add_argument("--config", type=Path, metavar="FILE", help="YAML file of settings")
-    _runtime_arguments(export)
+    # torch stays a choice so that it is refused naming why (it has nothing to export), not as a bad spelling.
+    _runtime_arguments(export, "auto or onnxruntime, the same here: export writes ONNX Runtime's graphs "
+                               "(torch has nothing to export)")
 
 
 def _init_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -19,8 +19,9 @@ from server.settings import Settings
 def run_export(settings: Settings) -> int:
     """Export (or find) ``settings``' model's graphs; 0 when ONNX Runtime can serve it, else raises the reason."""
     if settings.runtime == "torch":
-        raise DeviceSettingError("mmserve export --runtime torch: torch runs the modules themselves and has nothing "
-                                 "to export; use --runtime onnxruntime (or auto)")
+        raise DeviceSettingError("mmserve export --runtime torch (MMSERVE_RUNTIME, which may be meant for "
+                                 "`mmserve serve`): torch runs the modules themselves and has nothing to export; use "
+                                 "--runtime onnxruntime (or auto)")
     # ONNX Runtime serves the CPU in float32 only: a device or dtype from the environment or a config file
     # (meant for `mmserve serve`) would refuse the export naming a flag export does not have.
     settings = settings.model_copy(update={"runtime": "onnxruntime", "device": "cpu", "dtype": "float32"})

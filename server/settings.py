@@ -290,6 +290,14 @@ class Settings(BaseSettings):
                              "sets the engine count, leave --engines out")
         return self
 
+    @model_validator(mode="after")
+    def _int8_needs_onnx_runtime(self) -> Settings:
+        """int8 runs in ONNX Runtime only: refused before a weight loads, not after a minute of loading."""
+        if self.quantize is not None and self.runtime == "torch":
+            raise ValueError(f"--quantize {self.quantize} (MMSERVE_QUANTIZE) runs in ONNX Runtime only; with "
+                             "--runtime torch (MMSERVE_RUNTIME) leave it out (or use --runtime onnxruntime or auto)")
+        return self
+
     @field_validator("engines")
     @classmethod
     def _engines_in_range(cls, value: int | str) -> int | str:

@@ -123,9 +123,13 @@ class ExportCache:
             raise
         except (OSError, ValueError) as e:
             return f"no readable {MANIFEST_FILE}: {e}"
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict) or not all(
+                isinstance(facts, dict) and {"size_bytes", "blake2b"} <= facts.keys()
+                for facts in manifest["files"].values()):
+            return f"{MANIFEST_FILE} is not a manifest (a key and each file's size_bytes and blake2b)"
         if manifest.get("key") != asdict(key):
             return f"{MANIFEST_FILE} was written for another key: {manifest.get('key')}"
-        for name, facts in manifest.get("files", {}).items():
+        for name, facts in manifest["files"].items():
             path = directory / name
             if not path.is_file():
                 return f"{name} is missing"

@@ -191,8 +191,15 @@ def probe_images(size: int, num_images: int = NUM_PROBE_IMAGES, seed: int = PROB
 
 
 class _DropQuantizerLines(logging.Filter):
+    """The quantizer's lines: made by the module-level ``logging.info``/``warning`` calls, so on the root logger.
+
+    Told apart by logger name, not by ``pathname``: a serving process's logging
+    (``server.runtime.log_output``) skips the caller lookup, and every record's
+    pathname is then ``(unknown file)``. mmserve itself never logs on the root logger.
+    """
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return "/onnxruntime/quantization/" not in record.pathname.replace(os.sep, "/")
+        return record.name != "root" and "/onnxruntime/quantization/" not in record.pathname.replace(os.sep, "/")
 
 
 @contextmanager

@@ -86,7 +86,9 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
             logger.info("--runtime auto: torch runs the towers (%s)", reason)
         _leave_onnx(bundle)
         return with_runtime(bundle, "torch")
-    ignored = [name for name in ("torchscript_encoders", "cuda_graphs") if getattr(settings, name)]
+    # Only what the user set: both are on by default, and a default the user never gave is not "ignored".
+    ignored = [name for name in ("torchscript_encoders", "cuda_graphs")
+               if getattr(settings, name) and name in settings.model_fields_set]
     model.drop_encoder_graphs()
     plan = OnnxPlan(cache_dir=export_cache_dir(settings), intra_op_threads=settings.compute_threads,
                     quantization=quantization, min_cosine=settings.quantize_min_cosine)

@@ -179,7 +179,8 @@ def test_int8_is_refused_with_the_torch_runtime_and_changes_the_fingerprint(tmp_
     from models.loading.repository import with_runtime
 
     with pytest.raises(QuantizationError, match="--quantize int8 runs in ONNX Runtime only"):
-        choose_runtime(tiny_bundle, Settings(runtime="torch", quantize="int8", export_cache_dir=tmp_path))
+        choose_runtime(tiny_bundle, Settings.model_construct(  # past Settings' own check, which refuses it first
+            **{**Settings().model_dump(), "runtime": "torch", "quantize": "int8", "export_cache_dir": tmp_path}))
     fingerprints = {with_runtime(tiny_bundle, "torch").fingerprint,
                     with_runtime(tiny_bundle, "onnxruntime").fingerprint,
                     with_runtime(tiny_bundle, "onnxruntime", "int8").fingerprint}
@@ -236,3 +237,17 @@ def test_an_int8_floor_not_met_under_auto_ends_in_its_one_line_naming_quantize_n
     assert done.returncode == 2 and "Traceback" not in output, output[-2000:]
     assert last.startswith("mmserve: --quantize int8") and "quantize_min_cosine" in last, last
     assert output.count("below quantize_min_cosine") == 1 and "--runtime onnxruntime" not in output, output[-2000:]
+
+
+@pytest.mark.parametrize("given", [{}, {"torchscript_encoders": True}])
+def test_the_start_up_line_names_only_the_torch_graph_settings_the_user_gave_as_ignored(tiny_bundle, caplog,
+                                                                                          given: dict):
+    """Both are on by default: a start that never mentioned them is not told they were ignored."""
+    with caplog.at_level(logging.INFO, logger="server.runtime.runtime_choice"):
+        choose_runtime(tiny_bundle, Settings(runtime="onnxruntime", **given))  # the run's shared export cache
+    (line,) = [message for message in (record.getMessage() for record in caplog.records)
+               if "the towers run in ONNX Runtime" in message]
+    if given:
+        assert line.endswith("; torchscript_encoders ignored under ONNX Runtime")
+    else:
+        assert "ignored" not in line

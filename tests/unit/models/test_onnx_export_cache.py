@@ -227,3 +227,16 @@ def test_an_unusable_entry_this_user_cannot_remove_is_reported_in_one_line(tmp_p
     monkeypatch.setattr(export_cache.os, "replace", refused)
     with pytest.raises(OnnxExportError, match=r"cannot remove the unusable entry .*\(Permission denied\)"):
         cache.lookup(_KEY)
+
+
+@pytest.mark.parametrize("manifest", ["[]", "null", '{"files": {"vision.onnx": {}}}', '{"files": []}'])
+def test_a_manifest_that_is_json_but_no_manifest_is_an_unusable_entry_not_a_crash(tmp_path: Path, manifest: str):
+    cache = ExportCache(tmp_path / "cache")
+    key = export_key("f" * 64)
+    entry = cache.entry_dir(key)
+    entry.mkdir(parents=True)
+    (entry / "vision.onnx").write_bytes(b"graph")
+    (entry / MANIFEST_FILE).write_text(manifest.replace("{}", '{"size_bytes": 5}'))
+    found = cache.lookup(key)
+    assert found.directory is None and "is not a manifest" in found.reason
+    assert not entry.exists()  # removed, so the caller exports again

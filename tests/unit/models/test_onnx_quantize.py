@@ -117,3 +117,12 @@ def test_the_quantizers_per_tensor_lines_stay_out_of_the_log(exported, tmp_path:
     assert not from_quantizer, [record.getMessage() for record in from_quantizer[:3]]
     logging.getLogger().info("after quantizing")  # the root logger's filter is gone again
     assert caplog.records[-1].getMessage() == "after quantizing"
+
+
+def test_the_quantizers_lines_stay_out_of_a_serving_processs_log(exported, tmp_path: Path, caplog, monkeypatch):
+    """``server.runtime.log_output`` turns off the caller lookup: records carry no pathname to tell the quantizer by."""
+    monkeypatch.setattr(logging, "_srcfile", None)
+    caplog.set_level(logging.DEBUG)
+    quantize_onnx_int8(exported[0], tmp_path / "int8.onnx")
+    from_quantizer = [record.getMessage() for record in caplog.records if record.name == "root"]
+    assert not from_quantizer, from_quantizer[:3]
