@@ -110,6 +110,8 @@ def test_the_metrics_port_answers_health_and_nothing_else(servers, name):
         assert probes.post("/v1/infer", json={"text": "a"}).status_code == 404
         assert probes.get("/v1/models").status_code == 404
         assert probes.get("/docs").status_code == 404
+    # The server's readiness, as the API processes judge it (server.workers.readiness), not an engine's own.
+    assert _answering_processes(served, port, num_connections=4) <= _api_processes(served)
 
 
 @pytest.mark.parametrize("name", ["engines", "api"])
