@@ -165,9 +165,11 @@ def create_app(settings: Settings, bundle: ModelBundle | None = None, *,
         baseline_start = asyncio.create_task(mark_ready_when_ready(monitor, lambda: router.is_ready))
         graphs_sealed = asyncio.create_task(seal_graphs_when_ready(model, lambda: router.is_ready))
         try:
-            # gRPC is the API side's: an engine behind API processes (traced_process given) serves none.
+            # gRPC and the metrics port are the API side's: an engine behind API processes (traced_process
+            # given) serves neither; the API processes serve the server's merged view on the supervisor's socket.
             grpc_settings = settings if traced_process is None else settings.model_copy(update={"grpc_port": None})
-            async with (watch_compute(router, settings.compute_hang_s), serve_ops_port(app, settings),
+            ops_settings = settings if traced_process is None else settings.model_copy(update={"metrics_port": None})
+            async with (watch_compute(router, settings.compute_hang_s), serve_ops_port(app, ops_settings),
                         serve_grpc(app, grpc_settings)):
                 yield
         finally:

@@ -11,6 +11,12 @@ the health routes from the same ``ServerState``:
 
 It is driven through ``startup``/``main_loop``/``shutdown`` rather than
 ``serve``: ``serve`` would take over SIGTERM from the main server's drain.
+
+Split (``--api-workers N``, ``--engines M``), the supervisor binds
+``metrics_port`` once before loading and hands the socket to every API
+process, which serves these routes on it from its own state (the server's
+merged ``/metrics`` and readiness, as its public port does); the engines
+serve none. So the port answers as the public port does whatever N and M.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.routes import health
-from server.runtime.startup_checks import ListenerPortError
+from server.runtime.startup_checks import ListenerPortError, listen_on_metrics_port
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF
 from server.settings import Settings
 
@@ -46,17 +52,19 @@ def ops_app(main_app: FastAPI) -> FastAPI:
 
 
 @contextlib.asynccontextmanager
-async def serve_ops_port(main_app: FastAPI, settings: Settings) -> AsyncIterator[None]:
-    """Serve ``ops_app`` on ``settings.metrics_port`` for the block's duration (no-op when unset)."""
+async def serve_ops_port(main_app: FastAPI, settings: Settings,
+                         listening: socket.socket | None = None) -> AsyncIterator[None]:
+    """Serve ``ops_app`` on ``settings.metrics_port`` for the block's duration (no-op when unset).
+
+    ``listening``: the port already bound (an API process's, from the supervisor); else it is bound here.
+    """
     if settings.metrics_port is None:
         yield
         return
     try:
-        family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-        sock = socket.create_server((settings.host, settings.metrics_port), family=family)
-    except OSError as e:
-        raise OpsPortError(f"metrics_port {settings.metrics_port} (MMSERVE_METRICS_PORT): cannot listen on "
-                           f"{settings.host}:{settings.metrics_port} ({e.strerror or e}); choose a free port") from e
+        sock = listening if listening is not None else listen_on_metrics_port(settings)
+    except ListenerPortError as e:
+        raise OpsPortError(str(e)) from e
     config = uvicorn.Config(ops_app(main_app), lifespan="off", log_level=settings.log_level, access_log=False)
     config.load()
     server = uvicorn.Server(config)

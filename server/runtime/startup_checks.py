@@ -13,6 +13,7 @@ minute, and not inside a 25-line traceback from Starlette's lifespan:
     key files, keys                        before any weight     the variable and the file
     --host / --port                        bound before loading  the address and what to change
     --grpc-port / metrics_port             free before loading   the setting, the port and what to change
+    metrics_port (API processes)           bound before loading  the same (the supervisor binds it for them)
     ... taken since (ListenerPortError)    as its listener binds the same, from the lifespan (one process,
                                                                  API process or engine)
 
@@ -142,14 +143,38 @@ def check_other_ports(settings: Settings) -> None:
     a port held by another listener, or the HTTP port itself, fails in a second.
     """
     for port, setting in ((settings.grpc_port, "--grpc-port {} (MMSERVE_GRPC_PORT)"),
-                          (settings.metrics_port, "metrics_port {} (MMSERVE_METRICS_PORT)")):  # no flag of its own
+                          (settings.metrics_port, METRICS_PORT_SETTING)):
         if port is None:
             continue
         try:
             _bound_socket(settings.host, port).close()
         except OSError as e:
-            raise StartupError(f"{setting.format(port)}: cannot listen on {settings.host}:{port} "
-                               f"({e.strerror or e}); choose a free port") from e
+            raise StartupError(_port_refusal(setting.format(port), settings.host, port, e)) from e
+
+
+METRICS_PORT_SETTING = "metrics_port {} (MMSERVE_METRICS_PORT)"  # no flag of its own
+
+
+def listen_on_metrics_port(settings: Settings) -> socket.socket:
+    """``metrics_port`` at ``host`` bound and listening (inheritable: the supervisor hands it to its API
+    processes); ``ListenerPortError`` in one line naming the setting if it cannot be."""
+    port = settings.metrics_port
+    assert port is not None
+    sock = None
+    try:
+        sock = _bound_socket(settings.host, port)
+        sock.listen(2048)
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        raise ListenerPortError(_port_refusal(METRICS_PORT_SETTING.format(port), settings.host, port, e)) from e
+    sock.set_inheritable(True)
+    return sock
+
+
+def _port_refusal(setting: str, host: str, port: int, error: OSError) -> str:
+    """One line: the setting, the address and the system's reason alone (``strerror``, not ``str(error)``)."""
+    return f"{setting}: cannot listen on {host}:{port} ({error.strerror or error}); choose a free port"
 
 
 class OneLineStartupFailure:

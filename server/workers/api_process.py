@@ -54,6 +54,7 @@ from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests
 from server.runtime.lifecycle import DrainingServer, uvicorn_config
 from server.runtime.log_output import configure_logging
+from server.runtime.ops_port import serve_ops_port
 from server.runtime.startup_checks import OneLineStartupFailure
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.settings import Settings
@@ -66,6 +67,7 @@ from server.workers.handoff import (
     RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
     engine_sockets_from_environment,
+    metrics_socket_from_environment,
     settings_from_environment,
     supervisor_pid,
 )
@@ -84,9 +86,10 @@ ENGINE_CONNECT_TIMEOUT_S = 600.0  # the engine loads and warms its model meanwhi
 
 
 def create_api_app(settings: Settings, socket_paths: list[str], run_directory: str,
-                   rate_buckets_path: str | None = None) -> FastAPI:
+                   rate_buckets_path: str | None = None, metrics_socket: socket.socket | None = None) -> FastAPI:
     """``socket_paths``: every engine's, in engine order. ``rate_buckets_path``: the table of token buckets
-    every API process shares (with a rate limit)."""
+    every API process shares (with a rate limit). ``metrics_socket``: the metrics port the supervisor bound,
+    served here as the public port's ``/metrics`` and ``/health/*`` (``server.runtime.ops_port``)."""
     registry = CollectorRegistry()
     metrics = ServingMetrics(registry)
 
@@ -127,7 +130,7 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
         snapshots = asyncio.create_task(answer_snapshot_requests(run_directory, registry,
                                                                  metrics.request_duration_seconds))
         try:
-            async with serve_grpc(app, settings):
+            async with serve_grpc(app, settings), serve_ops_port(app, settings, metrics_socket):
                 yield
         finally:
             snapshots.cancel()
@@ -188,7 +191,7 @@ def main(listening_fd: int | None = None) -> int:
     exit_when_orphaned(parent_pid=supervisor_pid(), on_orphaned=remove_shared_memory)
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
-                         rate_buckets_path)
+                         rate_buckets_path, metrics_socket_from_environment())
     config = uvicorn_config(app, settings)
     startup = OneLineStartupFailure(config.app, is_debug=settings.log_level == "debug")
     config.app = startup

@@ -97,8 +97,10 @@ class ForkServer:
         self._num_forked = 0
 
     @classmethod
-    def start(cls, environment: Mapping[str, str], listening_fd: int) -> ForkServer | None:
-        """Start the fork server (it imports meanwhile); ``None`` where forks cannot become this process's children."""
+    def start(cls, environment: Mapping[str, str], listening_fd: int,
+              inherited_fds: tuple[int, ...] = ()) -> ForkServer | None:
+        """Start the fork server (it imports meanwhile); ``None`` where forks cannot become this process's children.
+        ``inherited_fds``: other sockets its forks keep (the metrics port's)."""
         if not become_child_subreaper():
             logger.warning("API processes start as new interpreters: this process cannot adopt forked ones")
             return None
@@ -106,7 +108,7 @@ class ForkServer:
         with theirs:
             process = subprocess.Popen(
                 [sys.executable, "-m", "server.workers.api_forkserver", str(theirs.fileno()), str(listening_fd)],
-                env={**environment, **SINGLE_THREADED}, pass_fds=(theirs.fileno(), listening_fd))
+                env={**environment, **SINGLE_THREADED}, pass_fds=(theirs.fileno(), listening_fd, *inherited_fds))
         return cls(process, ours)
 
     def fork(self) -> ForkedProcess:

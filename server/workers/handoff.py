@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 from pydantic import SecretStr
 
@@ -21,6 +22,7 @@ ENGINE_SOCKETS_VARIABLE = "MMSERVE_WORKER_ENGINE_SOCKETS"  # every engine's, in 
 ENGINE_INDEX_VARIABLE = "MMSERVE_WORKER_ENGINE_INDEX"  # an engine's number (0: the one holding the monitor)
 RUN_DIRECTORY_VARIABLE = "MMSERVE_WORKER_RUN_DIR"
 RATE_BUCKETS_VARIABLE = "MMSERVE_WORKER_RATE_BUCKETS"  # the shared bucket table's path, only with a rate limit
+METRICS_FD_VARIABLE = "MMSERVE_WORKER_METRICS_FD"  # the metrics port's listening socket, only with metrics_port
 SUPERVISOR_PID_VARIABLE = "MMSERVE_WORKER_SUPERVISOR_PID"  # the parent a child must have (server.workers.orphan_guard)
 
 
@@ -46,6 +48,12 @@ def supervisor_pid() -> int | None:
 def engine_sockets_from_environment() -> list[str]:
     """Every engine's socket, in engine order, as an API process was handed them."""
     return os.environ[ENGINE_SOCKETS_VARIABLE].split(os.pathsep)
+
+
+def metrics_socket_from_environment() -> socket.socket | None:
+    """The metrics port's listening socket the supervisor bound and handed down (``None`` without one)."""
+    value = os.environ.get(METRICS_FD_VARIABLE)
+    return socket.socket(fileno=int(value)) if value else None
 
 
 def engine_index_from_environment() -> int:

@@ -68,13 +68,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.runtime.startup_checks import StartupError, bind_listening_socket, check_other_ports
+from server.runtime.startup_checks import (ListenerPortError, StartupError, bind_listening_socket, check_other_ports,
+                                           listen_on_metrics_port)
 from server.settings import Settings
 from server.workers.engine_plan import EnginePlan, engine_plans
 from server.workers.handoff import (
     ENGINE_INDEX_VARIABLE,
     ENGINE_SOCKET_VARIABLE,
     ENGINE_SOCKETS_VARIABLE,
+    METRICS_FD_VARIABLE,
     RATE_BUCKETS_VARIABLE,
     RUN_DIRECTORY_VARIABLE,
     SUPERVISOR_PID_VARIABLE,
@@ -136,15 +138,20 @@ class Supervisor:
         self._listening = bind_listening_socket(settings.host, settings.port)  # StartupError: one line, no run dir
         try:
             check_other_ports(settings)  # the API processes' gRPC and the ops port: taken ones fail here, in a second
-        except StartupError:
+            # The metrics port, bound once here and served by every API process (the engines serve none).
+            self._metrics = listen_on_metrics_port(settings) if settings.metrics_port is not None else None
+        except (StartupError, ListenerPortError):
             self._listening.close()
             raise
+        self._inherited_fds = (self._listening.fileno(), *([self._metrics.fileno()] if self._metrics else []))
         self._run_directory = tempfile.mkdtemp(prefix="mmserve-")
         self._engines = [_EngineSlot(plan, str(Path(self._run_directory) / f"engine-{plan.index}.sock"))
                          for plan in engine_plans(settings)]
         self._environment = {**os.environ, SETTINGS_VARIABLE: settings_json(settings),
                              ENGINE_SOCKETS_VARIABLE: os.pathsep.join(slot.socket_path for slot in self._engines),
                              RUN_DIRECTORY_VARIABLE: self._run_directory, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
+        if self._metrics is not None:
+            self._environment[METRICS_FD_VARIABLE] = str(self._metrics.fileno())
         self._rate_buckets = SharedBucketTable.create() if settings.rate_limit is not None else None
         if self._rate_buckets is not None:
             self._environment[RATE_BUCKETS_VARIABLE] = self._rate_buckets.path
@@ -155,7 +162,7 @@ class Supervisor:
 
     def _start(self, module: str, *args: str) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", module, *args], env=self._environment,
-                                pass_fds=(self._listening.fileno(),))
+                                pass_fds=self._inherited_fds)
 
     def _start_engine(self, slot: _EngineSlot) -> None:
         """Engine ``slot.plan.index``: its own settings, socket and GPU; no listening socket (it serves none)."""
@@ -195,7 +202,7 @@ class Supervisor:
             self._start_engine(engine_slot)
         engine_backoff = RestartBackoff(len(self._engines), self._policy, self._clock)
         if self._settings.api_process_start == "forkserver":
-            self._fork_server = ForkServer.start(self._environment, self._listening.fileno())
+            self._fork_server = ForkServer.start(self._environment, self._listening.fileno(), self._inherited_fds[1:])
         adopts = self._fork_server is not None  # a subreaper: orphans below it are its children to reap
         slots = [_Slot(self._start_api_process()) for _ in range(self._num_api_workers)]
         backoff = RestartBackoff(len(slots), self._policy, self._clock)
@@ -264,6 +271,8 @@ class Supervisor:
             if self._fork_server is not None:
                 self._fork_server.close()
             self._listening.close()
+            if self._metrics is not None:
+                self._metrics.close()
             for process in (*self._engine_processes(), *running()):
                 if process.poll() is None:
                     process.kill()
