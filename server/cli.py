@@ -195,7 +195,7 @@ def _serve(args: argparse.Namespace) -> int:
     """Settings, then every check that needs no weights (``server.runtime.startup_checks``), then the server."""
     from pydantic import ValidationError
 
-    from server.runtime.startup_checks import (CONFIGURATION_ERRORS, OneLineStartupFailure, StartupError,
+    from server.runtime.startup_checks import (CONFIGURATION_ERRORS, StartupError,
                                                bind_listening_socket, check_other_ports, check_without_torch,
                                                settings_error)
     from server.settings import load_settings
@@ -250,20 +250,12 @@ def _serve(args: argparse.Namespace) -> int:
             raise
         raise StartupError(f"{named_device}: {e}") from e  # the setting the user gave, as several engines name it
     from server.app import create_app
-    from server.runtime.lifecycle import DrainingServer, uvicorn_config
+    from server.runtime.lifecycle import serve_until_stopped
 
-    app = create_app(settings)
-    config = uvicorn_config(app, settings)
-    startup = OneLineStartupFailure(config.app, is_debug=settings.log_level == "debug")
-    config.app = startup
-    server = DrainingServer(config, app, settings.drain_timeout_s, announce_address=True)
-    try:
-        server.run(sockets=[listening])
-    except SystemExit:  # uvicorn's exit on a failed start-up
-        if startup.error is not None:
-            raise startup.error from None  # printed as one line by main()
-        raise
-    return server.exit_code if server.started else 1
+    exit_code, start_up_error = serve_until_stopped(create_app(settings), settings, listening, announce_address=True)
+    if start_up_error is not None:
+        raise start_up_error from None  # printed as one line by main()
+    return exit_code
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from types import FrameType
 
@@ -36,6 +37,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.http.header_timeout import header_timeout_protocol
+from server.runtime.startup_checks import OneLineStartupFailure
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -109,3 +111,24 @@ class DrainingServer(uvicorn.Server):
         # Plain should_exit, not uvicorn's handle_exit: that one re-raises the
         # signal after shutdown, and a drained server should exit 0.
         self.should_exit = True
+
+
+def serve_until_stopped(app: FastAPI, settings: Settings, listening: socket.socket,
+                        **server_options: bool) -> tuple[int, Exception | None]:
+    """uvicorn on ``listening`` until stopped (``DrainingServer``, given ``server_options``), a configuration
+    error in the lifespan's start-up held back as one line (``OneLineStartupFailure``).
+
+    Returns the exit status and that error (``None`` when start-up went
+    through): one process raises it for ``main`` to print, an API process
+    leaves it for the supervisor. Any other failed start-up exits as uvicorn does.
+    """
+    config = uvicorn_config(app, settings)
+    startup = OneLineStartupFailure(config.app, is_debug=settings.log_level == "debug")
+    config.app = startup
+    server = DrainingServer(config, app, settings.drain_timeout_s, **server_options)
+    try:
+        server.run(sockets=[listening])
+    except SystemExit:  # uvicorn's exit on a failed start-up
+        if startup.error is None:
+            raise
+    return (server.exit_code if server.started else 1), startup.error

@@ -52,10 +52,9 @@ from server.grpc_api.server import serve_grpc
 from server.http.rate_limit import RateLimit
 from server.ingest.inputs import image_decoder
 from server.runtime.garbage_collection import settle_collector_for_requests
-from server.runtime.lifecycle import DrainingServer, uvicorn_config
+from server.runtime.lifecycle import serve_until_stopped
 from server.runtime.log_output import configure_logging
 from server.runtime.ops_port import serve_ops_port
-from server.runtime.startup_checks import OneLineStartupFailure
 from server.runtime.tracing_setup import FASTAPI_TELEMETRY_OFF, TracedProcess, build_tracing
 from server.settings import Settings
 from server.state import ServerState
@@ -192,20 +191,11 @@ def main(listening_fd: int | None = None) -> int:
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path, metrics_socket_from_environment())
-    config = uvicorn_config(app, settings)
-    startup = OneLineStartupFailure(config.app, is_debug=settings.log_level == "debug")
-    config.app = startup
-    server = DrainingServer(config, app, settings.drain_timeout_s, stopped_by_supervisor=True)
-    try:
-        server.run(sockets=[listening])
-    except SystemExit:  # uvicorn's exit on a failed start-up
-        if startup.error is None:
-            raise
-    if startup.error is not None:  # a setting (--grpc-port taken): the supervisor prints the line and exits 2
-        write_start_failure(os.environ[RUN_DIRECTORY_VARIABLE], api_process_name(os.getpid()), str(startup.error))
+    exit_code, start_up_error = serve_until_stopped(app, settings, listening, stopped_by_supervisor=True)
+    if start_up_error is not None:  # a setting (--grpc-port taken): the supervisor prints the line and exits 2
+        write_start_failure(os.environ[RUN_DIRECTORY_VARIABLE], api_process_name(os.getpid()), str(start_up_error))
         return EXIT_CONFIGURATION_ERROR
-    return server.exit_code if server.started else 1
-
+    return exit_code
 
 if __name__ == "__main__":
     sys.exit(main())
