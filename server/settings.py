@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from models.families.presets import PRESET_NAMES
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
+from server.runtime_settings import runtime_conflict
 
 LaneName = Literal["text", "vision", "fusion"]
 
@@ -291,11 +292,12 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _int8_needs_onnx_runtime(self) -> Settings:
-        """int8 runs in ONNX Runtime only: refused before a weight loads, not after a minute of loading."""
-        if self.quantize is not None and self.runtime == "torch":
-            raise ValueError(f"--quantize {self.quantize} (MMSERVE_QUANTIZE) runs in ONNX Runtime only; with "
-                             "--runtime torch (MMSERVE_RUNTIME) leave it out (or use --runtime onnxruntime or auto)")
+    def _runtime_can_serve_it(self) -> Settings:
+        """What ONNX Runtime cannot serve (``server.runtime_settings``): refused before a weight loads."""
+        is_synthetic = self.preset == "synthetic" and self.model is None and self.model_repo is None
+        if why := runtime_conflict(runtime=self.runtime, quantize=self.quantize, device=self.device,
+                                   dtype=self.dtype, is_synthetic=is_synthetic):
+            raise ValueError(why)
         return self
 
     @field_validator("engines")
