@@ -261,6 +261,12 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown preset {value!r}; choose one of {', '.join(PRESET_NAMES)}")
         return value
 
+    @field_validator("export_cache_dir", "model_repo", "fusion_head", "api_key_file", "admin_api_key_file")
+    @classmethod
+    def _home_expanded(cls, value: Path | None) -> Path | None:
+        """``~/x`` from a config file or a quoted variable as the shell expands it in a flag (no shell there)."""
+        return None if value is None else value.expanduser()
+
     @field_validator("rate_limit")
     @classmethod
     def _rate_limit_is_positive(cls, value: str | None) -> str | None:
