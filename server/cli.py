@@ -272,7 +272,7 @@ def _export(args: argparse.Namespace) -> int:
             args.config, preset=args.preset, model_repo=args.model_repo, model=args.model,
             fusion_head=args.fusion_head, seed=args.seed, served_model_name=args.served_model_name,
             runtime=args.runtime, quantize=args.quantize, compute_threads=args.compute_threads,
-            export_cache_dir=args.export_cache_dir)
+            export_cache_dir=args.export_cache_dir, device="cpu", dtype="float32")  # over serve's, from env or file
     except ValidationError as e:
         raise settings_error(e, flags=vars(args)) from e
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")

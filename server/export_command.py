@@ -24,8 +24,10 @@ def run_export(settings: Settings) -> int:
                                  "--runtime onnxruntime (or auto)")
     # ONNX Runtime serves the CPU in float32 only: a device or dtype from the environment or a config file
     # (meant for `mmserve serve`) would refuse the export naming a flag export does not have.
-    settings = settings.model_copy(update={"runtime": "onnxruntime", "device": "cpu", "dtype": "float32"})
+    # The runtime as given while loading: plan_device would name --runtime onnxruntime, a flag not given here.
+    settings = settings.model_copy(update={"device": "cpu", "dtype": "float32"})
     bundle = load_model(settings)
+    settings = settings.model_copy(update={"runtime": "onnxruntime"})
     reason = onnx_unavailable_reason(bundle)  # said as export's need, not as a --runtime flag the user never gave
     if reason is not None:
         raise DeviceSettingError(f"mmserve export writes ONNX Runtime graphs, and ONNX Runtime cannot serve "

@@ -23,6 +23,7 @@ from pydantic_settings import (
 
 from models.families.presets import PRESET_NAMES
 from router.inline_decode import INLINE_IMAGE_MAX_PIXELS
+from server.runtime_settings import runtime_conflict
 
 LaneName = Literal["text", "vision", "fusion"]
 
@@ -260,6 +261,12 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown preset {value!r}; choose one of {', '.join(PRESET_NAMES)}")
         return value
 
+    @field_validator("export_cache_dir", "model_repo", "fusion_head", "api_key_file", "admin_api_key_file")
+    @classmethod
+    def _home_expanded(cls, value: Path | None) -> Path | None:
+        """``~/x`` from a config file or a quoted variable as the shell expands it in a flag (no shell there)."""
+        return None if value is None else value.expanduser()
+
     @field_validator("rate_limit")
     @classmethod
     def _rate_limit_is_positive(cls, value: str | None) -> str | None:
@@ -291,11 +298,12 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
-    def _int8_needs_onnx_runtime(self) -> Settings:
-        """int8 runs in ONNX Runtime only: refused before a weight loads, not after a minute of loading."""
-        if self.quantize is not None and self.runtime == "torch":
-            raise ValueError(f"--quantize {self.quantize} (MMSERVE_QUANTIZE) runs in ONNX Runtime only; with "
-                             "--runtime torch (MMSERVE_RUNTIME) leave it out (or use --runtime onnxruntime or auto)")
+    def _runtime_can_serve_it(self) -> Settings:
+        """What ONNX Runtime cannot serve (``server.runtime_settings``): refused before a weight loads."""
+        is_synthetic = self.preset == "synthetic" and self.model is None and self.model_repo is None
+        if why := runtime_conflict(runtime=self.runtime, quantize=self.quantize, device=self.device,
+                                   dtype=self.dtype, is_synthetic=is_synthetic):
+            raise ValueError(why)
         return self
 
     @field_validator("engines")

@@ -140,18 +140,27 @@ class ExportCache:
         return None
 
     @contextlib.contextmanager
-    def exporting(self, key: ExportKey) -> Iterator[None]:
+    def exporting(self, key: ExportKey) -> Iterator[float]:
         """Hold ``key``'s lock (an ``flock`` on ``.locks/<digest>``) while looking it up and exporting, so processes
-        of this machine that start together export it once; where the root is not writable, no lock."""
+        of this machine that start together export it once; where the root is not writable, no lock.
+
+        Yields the seconds spent waiting for another holder (one exporting the key), 0.0 when the lock was free:
+        a start that waited says so, not that reading the cache took that long."""
         try:
             (self.root / _LOCKS).mkdir(parents=True, exist_ok=True)
             lock = (self.root / _LOCKS / key.digest()).open("a")
         except OSError:
-            yield
+            yield 0.0
             return
-        with lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes, or the process dies
-            yield
+        with lock:  # the flock is released when the file closes, or the process dies
+            waited_s = 0.0
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # another process holds it: exporting this key
+                started = time.perf_counter()
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                waited_s = time.perf_counter() - started
+            yield waited_s
 
     def store(self, key: ExportKey, write: Callable[[Path], None]) -> Path:
         """Run ``write(tmp_dir)`` and publish what it wrote as ``key``'s entry; returns the entry's directory.

@@ -58,8 +58,9 @@ class OnnxTowers:
     directory: Path
     key: ExportKey
     is_exported: bool  # False: read from the cache
-    elapsed_s: float  # export (if any), sessions and probe check
+    elapsed_s: float  # export (if any), sessions and probe check; waited_s included
     int8_cosine: float | None = None  # int8 only: the lowest cosine of int8 to float32 outputs on the probe set
+    waited_s: float = 0.0  # of elapsed_s, waiting for another process exporting the same key (ExportCache.exporting)
 
 
 def export_key(fingerprint: str, quantization: str = "none") -> ExportKey:
@@ -78,20 +79,21 @@ def export_graphs(model: MultimodalModel, directory: Path) -> None:
     export_text(model.text, directory / TEXT_GRAPH)
 
 
-def ensure_exported(model: MultimodalModel, cache: ExportCache, key: ExportKey) -> tuple[Path, bool]:
-    """``key``'s cache entry, exported now if the cache has none; and whether it was exported now.
+def ensure_exported(model: MultimodalModel, cache: ExportCache, key: ExportKey) -> tuple[Path, bool, float]:
+    """``key``'s cache entry, exported now if the cache has none; whether it was exported now; and the seconds
+    spent waiting for another process's export of it.
 
     Several engines starting at once (``--engines N``) export once: the first
     takes the key's lock and exports, the others wait on it and read its entry.
     """
-    with cache.exporting(key):
+    with cache.exporting(key) as waited_s:
         found = cache.lookup(key)
         if found.directory is not None:
-            return found.directory, False
+            return found.directory, False, waited_s
         logger.info("exporting the towers to ONNX into %s (once per model; later starts read it)", cache.root)
         if key.quantization == "none":
-            return cache.store(key, lambda directory: export_graphs(model, directory)), True
-        return cache.store(key, lambda directory: _export_int8(model, directory)), True
+            return cache.store(key, lambda directory: export_graphs(model, directory)), True, waited_s
+        return cache.store(key, lambda directory: _export_int8(model, directory)), True, waited_s
 
 
 def _export_int8(model: MultimodalModel, directory: Path) -> None:
@@ -118,7 +120,7 @@ def serve_towers_from_onnx(model: MultimodalModel, fingerprint: str, plan: OnnxP
     key = export_key(fingerprint, plan.quantization)
     if _holds_graphs_of(model, key):  # a model shared between apps, already on these graphs
         return OnnxTowers(model.vision.graph.path.parent, key, False, 0.0)
-    directory, is_exported = ensure_exported(model, cache, key)
+    directory, is_exported, waited_s = ensure_exported(model, cache, key)
     try:
         vision, text, int8_cosine = _checked_graphs(model, directory, key, plan)
     except OnnxExportError as e:
@@ -126,14 +128,15 @@ def serve_towers_from_onnx(model: MultimodalModel, fingerprint: str, plan: OnnxP
         if is_exported:
             raise
         logger.warning("%s: removed, exporting them again", e)
-        directory, is_exported = ensure_exported(model, cache, key)
+        directory, is_exported, waited_again_s = ensure_exported(model, cache, key)
+        waited_s += waited_again_s
         try:
             vision, text, int8_cosine = _checked_graphs(model, directory, key, plan)
         except OnnxExportError:
             cache.remove(key)
             raise
     model.vision.graph, model.text.graph = vision, text
-    return OnnxTowers(directory, key, is_exported, time.perf_counter() - started, int8_cosine)
+    return OnnxTowers(directory, key, is_exported, time.perf_counter() - started, int8_cosine, waited_s)
 
 
 def _checked_graphs(model: MultimodalModel, directory: Path, key: ExportKey,

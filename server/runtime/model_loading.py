@@ -18,6 +18,7 @@ from models.cuda_graphs import CudaGraphBackend
 from models.families.presets import SYNTHETIC_ARCHITECTURE
 from models.library_warnings import drop_unactionable_library_warnings
 from models.precision import resolve_dtype
+from server.runtime_settings import runtime_conflict
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,10 @@ def plan_device(settings: Settings) -> DevicePlan:
         raise DeviceSettingError(
             "--decode-device cuda (MMSERVE_DECODE_DEVICE) decodes JPEGs with nvJPEG on the GPU, but this server "
             f"runs on the CPU ({why}); use --decode-device cpu")
+    is_synthetic = synthetic_service_times(settings) is not None
+    if why := runtime_conflict(runtime=settings.runtime, quantize=settings.quantize, device=device, dtype=dtype,
+                               is_synthetic=is_synthetic, device_setting=settings.device, dtype_setting=settings.dtype):
+        raise DeviceSettingError(why)  # auto's device or dtype, resolved here, that ONNX Runtime cannot serve
     return DevicePlan(device=device, dtype=dtype, decode_device=settings.decode_device)
 
 

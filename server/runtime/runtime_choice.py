@@ -101,6 +101,8 @@ def choose_runtime(bundle: ModelBundle, settings: Settings) -> ModelBundle:
         logger.warning("--runtime auto: torch runs the towers, ONNX Runtime cannot: %s", e)
         return with_runtime(bundle, "torch")
     how = "exported to" if towers.is_exported else "read from the export cache"
+    if towers.waited_s >= 0.05:  # another server held the key's lock: most of the time was its export
+        how = f"waited {towers.waited_s:.1f} s for another process exporting the same graphs, then {how}"
     logger.info("the towers run in ONNX Runtime (%s %s in %.1f s; %s intra-op threads each, no spinning)%s",
                 how, towers.directory, towers.elapsed_s, settings.compute_threads or "default",
                 f"; {' and '.join(ignored)} ignored under ONNX Runtime" if ignored else "")

@@ -8,6 +8,8 @@ minute, and not inside a 25-line traceback from Starlette's lifespan:
     check                                  when                  error names
     --config (readable, a mapping, keys)   before anything       --config and the path, or the key and the path
     settings' own validation (pydantic)    before anything       the flag and its variable
+    --runtime/--quantize vs what ONNX      before anything       both settings (server.runtime_settings)
+      Runtime serves (dtype, synthetic)
     --device / --dtype / --decode-device   before any weight     the setting and what to use instead
     --model (a directory or a cached id)   before any weight     the path or id and how to get it
     key files, keys                        before any weight     the variable and the file

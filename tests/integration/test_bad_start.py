@@ -75,6 +75,12 @@ def _bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
         BadStart("export cache directory not writable",
                  ("--preset", "tiny", "--runtime", "onnxruntime", "--export-cache-dir", str(unwritable)),
                  ("--export-cache-dir", str(unwritable.parent), "Not a directory"), fails_before_loading=False),
+        BadStart("runtime onnxruntime in bfloat16", ("--preset", "tiny", "--runtime", "onnxruntime", "--dtype", "bfloat16"),
+                 ("--runtime onnxruntime", "--dtype is bfloat16", "--dtype float32")),
+        BadStart("runtime onnxruntime with the synthetic preset", ("--preset", "synthetic", "--runtime", "onnxruntime"),
+                 ("--runtime onnxruntime", "--preset synthetic", "--runtime torch")),
+        BadStart("int8 with the synthetic preset", ("--preset", "synthetic", "--quantize", "int8"),
+                 ("--quantize int8", "--preset synthetic", "leave --quantize out")),
         BadStart("conflicting flags", ("--preset", "tiny", "--model", "someorg/x"), ("--model", "--preset")),
         BadStart("engines and devices disagree", ("--preset", "tiny", "--engines", "3", "--devices", "cpu"),
                  ("--engines 3", "--devices cpu", "leave --engines out")),
@@ -115,7 +121,7 @@ def _split_bad_starts(tmp_path: Path, taken_port: int) -> list[BadStart]:
                  ("--decode-device cuda", "--decode-device cpu")),
         BadStart("runtime the synthetic preset cannot run on, two API processes",
                  ("--preset", "synthetic", "--runtime", "onnxruntime", "--api-workers", "2"),
-                 ("--runtime onnxruntime", "synthetic", "--runtime torch"), fails_before_loading=False),
+                 ("--runtime onnxruntime", "--preset synthetic", "--runtime torch")),
     ]
     if not torch.cuda.is_available():
         cases += [BadStart("no CUDA, two API processes", ("--preset", "tiny", "--device", "cuda", "--api-workers", "2"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -251,3 +252,25 @@ def test_the_start_up_line_names_only_the_torch_graph_settings_the_user_gave_as_
         assert line.endswith("; torchscript_encoders ignored under ONNX Runtime")
     else:
         assert "ignored" not in line
+
+
+def test_a_start_that_waited_for_another_servers_export_says_it_waited(caplog):
+    """Not "read from the export cache ... in 10.5 s" when 10 s of it was another server's export."""
+    from models.loading.repository import build_preset
+    from models.onnx.export_cache import ExportCache
+    from models.onnx.towers import export_key
+    from server.runtime.runtime_choice import export_cache_dir
+
+    settings = Settings(runtime="onnxruntime")  # the run's shared export cache
+    bundle = build_preset("tiny", seed=0)  # its own model: the shared one may hold these graphs already
+    other_server = ExportCache(export_cache_dir(settings))
+    with caplog.at_level(logging.INFO, logger="server.runtime.runtime_choice"), ThreadPoolExecutor(1) as pool:
+        with other_server.exporting(export_key(bundle.torch_fingerprint or bundle.fingerprint)):
+            starting = pool.submit(choose_runtime, bundle, settings)
+            time.sleep(1.0)
+        assert starting.result(timeout=300).runtime == "onnxruntime"
+    (line,) = [message for message in (record.getMessage() for record in caplog.records)
+               if "the towers run in ONNX Runtime" in message]
+    waited = re.search(r"\(waited (\d+\.\d) s for another process exporting the same graphs, then "
+                       r"(read from the export cache|exported to) ", line)
+    assert waited is not None and float(waited.group(1)) >= 0.2, line

@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,25 @@ def test_a_manifest_that_is_json_but_no_manifest_is_an_unusable_entry_not_a_cras
     found = cache.lookup(key)
     assert found.directory is None and "is not a manifest" in found.reason
     assert not entry.exists()  # removed, so the caller exports again
+
+
+def test_exporting_yields_the_seconds_spent_waiting_for_another_holder(tmp_path: Path):
+    """A start that waited on another's export says so (``server.runtime.runtime_choice``'s start-up line)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cache = ExportCache(tmp_path / "cache")
+    key = ExportKey(fingerprint="fp", runtime="onnxruntime", exporter="torch 2", onnxruntime="1", opset=18,
+                    quantization="none")
+
+    def second() -> float:
+        with cache.exporting(key) as waited_s:
+            return waited_s
+
+    with ThreadPoolExecutor(1) as pool:
+        with cache.exporting(key) as first_waited_s:
+            waiting = pool.submit(second)  # its own open file, as another engine process has
+            time.sleep(0.5)
+        assert first_waited_s == 0.0
+        assert 0.2 <= waiting.result(timeout=10) < 10
+    with cache.exporting(key) as free_waited_s:
+        assert free_waited_s == 0.0
