@@ -196,3 +196,14 @@ def test_a_trailing_slash_is_a_404_in_the_paths_shape_not_a_redirect(tiny_server
     assert embeddings.status_code == 404 and embeddings.json()["error"]["code"] == "route_not_found"
     assert set(embeddings.json()["error"]) == {"message", "type", "param", "code"}, "OpenAI's shape"
     assert infer.status_code == 404 and infer.json()["error"]["code"] == "route_not_found"
+
+
+def test_the_models_paths_refuse_in_openais_shape_before_their_route_runs(client):
+    """A wrong method on /v1/models (routing's 405, as a bad key's 401 there) is in OpenAI's shape, so the
+    openai client reads its code and param as it does /v1/embeddings' and /v1/models/{id}'s own 404."""
+    for path in ("/models", "/models/tiny"):
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.post(path, cast_to=object, body={})
+        assert refused.value.status_code == 405
+        assert (refused.value.code, refused.value.param) == ("method_not_allowed", "method")
+        assert set(refused.value.body) == {"message", "type", "param", "code"}
