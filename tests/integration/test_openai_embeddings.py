@@ -207,3 +207,14 @@ def test_the_models_paths_refuse_in_openais_shape_before_their_route_runs(client
         assert refused.value.status_code == 405
         assert (refused.value.code, refused.value.param) == ("method_not_allowed", "method")
         assert set(refused.value.body) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("value, param, named", [([None], "input[0]", "null"), (["ok", {"text": "x"}], "input[1]", "dict"),
+                                                 ({"text": "x"}, "input", "dict"), (3.5, "input", "float")])
+def test_an_input_of_the_wrong_type_is_named_plainly(client, value, param, named):
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        client.embeddings.create(model="tiny", input=value)
+    assert (refused.value.code, refused.value.param) == ("invalid_request", param)
+    message = refused.value.body["message"]
+    assert message.startswith(f"{param} must be a string") and named in message
+    assert ".str" not in message, "pydantic's union branch is no field of the request"
