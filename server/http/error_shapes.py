@@ -8,7 +8,8 @@ they can get on its paths:
     /v2, /v2/...      KServe v2   {"error": "missing_api_key: ..."}             tritonclient reads "error" as a
                                                                               string; an object breaks its
                                                                               exception's text
-    /v1/embeddings    OpenAI      {"error": {"message", "type", "param", "code"}}
+    /v1/embeddings,   OpenAI      {"error": {"message", "type", "param", "code"}}   the openai client reads
+    /v1/models[/...]                                                              code and param from it
     anything else     mmserve     {"error": {"code", "message", "field"}}
 
 Once they run, the v2 and OpenAI routes render their own errors in the same
@@ -25,14 +26,16 @@ from server.protocols import kserve_v2_model, openai_embeddings
 from server.schemas import error_location
 
 KSERVE_V2_ROOT = "/v2"
-OPENAI_PATHS = frozenset({"/v1/embeddings"})
+OPENAI_PATHS = frozenset({"/v1/embeddings", "/v1/models"})
+OPENAI_MODEL_PREFIX = "/v1/models/"  # /v1/models/{id}: a model id may hold slashes (a Hub id)
 
 
 def error_response(error: ApiError, path: str) -> JSONResponse:
     """``error``'s answer (its status and headers) in the shape of ``path``'s protocol."""
     if path == KSERVE_V2_ROOT or path.startswith(KSERVE_V2_ROOT + "/"):
         return error.response(kserve_v2_model.error_body(error))
-    if path.rstrip("/") in OPENAI_PATHS:  # an OpenAI client's typo gets the error its client reads
+    # an OpenAI client's typo, bad key or wrong method gets the error its client reads
+    if path.rstrip("/") in OPENAI_PATHS or path.startswith(OPENAI_MODEL_PREFIX):
         return error.response(openai_embeddings.error_body(error, error.field))
     return error.response()
 

@@ -79,6 +79,7 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     if isinstance(raw_input, list) and any(isinstance(item, (int, list)) for item in raw_input):
         raise ApiError(422, "token_input_not_supported",
                        "input holds token ids; this server tokenizes with its own model, send strings", "input")
+    _check_input_type(raw_input)
     try:
         request = EmbeddingsRequest.model_validate(document)
     except ValidationError as e:
@@ -86,6 +87,21 @@ def parse_embeddings_request(body: bytes) -> EmbeddingsRequest:
     if isinstance(request.input, list) and not request.input:
         raise ApiError(422, "empty_request", "input is an empty list", "input")
     return request
+
+
+def _check_input_type(raw_input: object) -> None:
+    """``input`` that is neither a string nor a list of strings is named plainly (pydantic's union error
+    read "input.str: Input should be a valid string" for a list holding a null)."""
+    if raw_input is None or isinstance(raw_input, str):
+        return  # a missing input is pydantic's "Field required"
+    wanted = "a string or a list of strings (texts, and images as data:image/...;base64,... URIs)"
+    if not isinstance(raw_input, list):
+        raise ApiError(422, "invalid_request", f"input must be {wanted}, not {type(raw_input).__name__}", "input")
+    for row_index, item in enumerate(raw_input):
+        if not isinstance(item, str):
+            raise ApiError(422, "invalid_request", f"input[{row_index}] must be a string, not "
+                           f"{'null' if item is None else type(item).__name__}; input is {wanted}",
+                           f"input[{row_index}]")
 
 
 def check_model(requested: str | None, names: ServedModelNames) -> None:

@@ -68,6 +68,7 @@ from server.workers.handoff import (
     engine_sockets_from_environment,
     metrics_socket_from_environment,
     settings_from_environment,
+    started_unix_s_from_environment,
     supervisor_pid,
 )
 from server.workers.pixel_slots import PixelSlots, block_prefix, pixel_slots_of, remove_blocks
@@ -191,6 +192,9 @@ def main(listening_fd: int | None = None) -> int:
     listening = socket.socket(fileno=int(sys.argv[1]) if listening_fd is None else listening_fd)
     app = create_api_app(settings, engine_sockets_from_environment(), os.environ[RUN_DIRECTORY_VARIABLE],
                          rate_buckets_path, metrics_socket_from_environment())
+    started_unix_s = started_unix_s_from_environment()
+    if started_unix_s is not None:  # OpenAI's model "created": the server's, not this (maybe restarted) process's
+        app.state.created_unix_s = started_unix_s
     exit_code, start_up_error = serve_until_stopped(app, settings, listening, stopped_by_supervisor=True)
     if start_up_error is not None:  # a setting (--grpc-port taken): the supervisor prints the line and exits 2
         write_start_failure(os.environ[RUN_DIRECTORY_VARIABLE], api_process_name(os.getpid()), str(start_up_error))

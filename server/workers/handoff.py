@@ -24,6 +24,7 @@ RUN_DIRECTORY_VARIABLE = "MMSERVE_WORKER_RUN_DIR"
 RATE_BUCKETS_VARIABLE = "MMSERVE_WORKER_RATE_BUCKETS"  # the shared bucket table's path, only with a rate limit
 METRICS_FD_VARIABLE = "MMSERVE_WORKER_METRICS_FD"  # the metrics port's listening socket, only with metrics_port
 SUPERVISOR_PID_VARIABLE = "MMSERVE_WORKER_SUPERVISOR_PID"  # the parent a child must have (server.workers.orphan_guard)
+STARTED_UNIX_S_VARIABLE = "MMSERVE_WORKER_STARTED_UNIX_S"  # when the supervisor started: OpenAI's model "created"
 
 
 def settings_json(settings: Settings) -> str:
@@ -42,6 +43,12 @@ def settings_from_environment() -> Settings:
 def supervisor_pid() -> int | None:
     """The supervisor's pid as it handed it down (``None`` outside a supervised process)."""
     value = os.environ.get(SUPERVISOR_PID_VARIABLE)
+    return int(value) if value else None
+
+
+def started_unix_s_from_environment() -> int | None:
+    """When the supervisor started (Unix seconds), one value for every API process, a restarted one's too."""
+    value = os.environ.get(STARTED_UNIX_S_VARIABLE)
     return int(value) if value else None
 
 

@@ -81,6 +81,7 @@ from server.workers.handoff import (
     RUN_DIRECTORY_VARIABLE,
     SUPERVISOR_PID_VARIABLE,
     SETTINGS_VARIABLE,
+    STARTED_UNIX_S_VARIABLE,
     settings_json,
 )
 from server.workers.forked_process import ForkedProcess, ForkFailed, ForkServer, reap_strays
@@ -149,7 +150,8 @@ class Supervisor:
                          for plan in engine_plans(settings)]
         self._environment = {**os.environ, SETTINGS_VARIABLE: settings_json(settings),
                              ENGINE_SOCKETS_VARIABLE: os.pathsep.join(slot.socket_path for slot in self._engines),
-                             RUN_DIRECTORY_VARIABLE: self._run_directory, SUPERVISOR_PID_VARIABLE: str(os.getpid())}
+                             RUN_DIRECTORY_VARIABLE: self._run_directory, SUPERVISOR_PID_VARIABLE: str(os.getpid()),
+                             STARTED_UNIX_S_VARIABLE: str(int(time.time()))}
         if self._metrics is not None:
             self._environment[METRICS_FD_VARIABLE] = str(self._metrics.fileno())
         self._rate_buckets = SharedBucketTable.create() if settings.rate_limit is not None else None

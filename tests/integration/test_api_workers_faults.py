@@ -192,6 +192,7 @@ def kill_one_and_ask_its_successor(served: ServeProcess) -> tuple[int, list[int]
     supervisor = served.process.pid
     killed, survivor = sorted(api_processes_of(supervisor))
     restarts_before = restarts(served.url)
+    created = httpx.get(f"{served.url}/v1/models").json()["data"][0]["created"]
     os.kill(killed, signal.SIGKILL)
     deadline = time.monotonic() + 180  # a new interpreter imports for seconds, more on a loaded machine
     while True:
@@ -206,6 +207,9 @@ def kill_one_and_ask_its_successor(served: ServeProcess) -> tuple[int, list[int]
     try:
         statuses = [httpx.post(f"{served.url}/v1/infer", json=body, headers={"Connection": "close"},
                                timeout=60).status_code for body in ({"text": "after a restart"}, {"image": image})]
+        # OpenAI's model "created" is the server's start, not the successor's: one model, one value, whoever answers
+        models = httpx.get(f"{served.url}/v1/models", headers={"Connection": "close"}, timeout=60).json()
+        assert models["data"][0]["created"] == created
     finally:
         os.kill(survivor, signal.SIGCONT)
     return successor, statuses

@@ -72,6 +72,8 @@ def test_keys_guard_every_route_but_health_and_metrics(live_server_factory):
                              ("POST", "/v1/monitoring/baseline"), ("POST", "/v1/embeddings"),
                              ("POST", "/v2/models/tiny/infer")):
             assert client.request(method, path).status_code == 401, path
+        for path in ("/v1/models", "/v1/models/tiny", "/v1/embeddings"):  # OpenAI's paths: OpenAI's shape
+            assert client.get(path).json()["error"]["param"] == "authorization", path
         # An inference key is no admin key: the cache stays (server.http.access_policy; test_auth_roles.py).
         assert client.delete("/v1/cache", headers=_bearer(KEYS[1])).status_code == 403
 

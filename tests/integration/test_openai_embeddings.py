@@ -196,3 +196,25 @@ def test_a_trailing_slash_is_a_404_in_the_paths_shape_not_a_redirect(tiny_server
     assert embeddings.status_code == 404 and embeddings.json()["error"]["code"] == "route_not_found"
     assert set(embeddings.json()["error"]) == {"message", "type", "param", "code"}, "OpenAI's shape"
     assert infer.status_code == 404 and infer.json()["error"]["code"] == "route_not_found"
+
+
+def test_the_models_paths_refuse_in_openais_shape_before_their_route_runs(client):
+    """A wrong method on /v1/models (routing's 405, as a bad key's 401 there) is in OpenAI's shape, so the
+    openai client reads its code and param as it does /v1/embeddings' and /v1/models/{id}'s own 404."""
+    for path in ("/models", "/models/tiny"):
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.post(path, cast_to=object, body={})
+        assert refused.value.status_code == 405
+        assert (refused.value.code, refused.value.param) == ("method_not_allowed", "method")
+        assert set(refused.value.body) == {"message", "type", "param", "code"}
+
+
+@pytest.mark.parametrize("value, param, named", [([None], "input[0]", "null"), (["ok", {"text": "x"}], "input[1]", "dict"),
+                                                 ({"text": "x"}, "input", "dict"), (3.5, "input", "float")])
+def test_an_input_of_the_wrong_type_is_named_plainly(client, value, param, named):
+    with pytest.raises(openai.UnprocessableEntityError) as refused:
+        client.embeddings.create(model="tiny", input=value)
+    assert (refused.value.code, refused.value.param) == ("invalid_request", param)
+    message = refused.value.body["message"]
+    assert message.startswith(f"{param} must be a string") and named in message
+    assert ".str" not in message, "pydantic's union branch is no field of the request"
