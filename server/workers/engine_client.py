@@ -216,9 +216,12 @@ class EngineClient:
         routes by engine 0, a drill change by every engine (or the one ``?engine=N`` names), engine 0's answer;
         an answer listing the drills in force lists every engine's (``merged_fault_lists``)."""
         targets = forwarded_targets(method, path, len(self.engines))
-        if any(self.engines[index].fault is not None for index in targets):
-            raise ApiError(503, "engine_unavailable", f"engine {targets} is not serving (it is starting again)",
-                           retry_after_s=1.0)
+        if method == "GET" and is_fault_list(path) and len(targets) > 1:  # one starting again holds no drills
+            targets = [index for index in targets if self.engines[index].fault is None] or targets
+        gone = [str(index) for index in targets if self.engines[index].fault is not None]
+        if gone:  # a change must reach every engine it names, and the monitor's routes need engine 0
+            raise ApiError(503, "engine_unavailable", f"engine {', '.join(gone)} is not serving (it is starting "
+                                                      "again)", retry_after_s=1.0)
         answers = await asyncio.gather(*(self.engines[index].send("http", method, path, headers, body, client)[1]
                                          for index in targets))
         if is_fault_list(path):  # the drills of every engine, not only of those this request went to
