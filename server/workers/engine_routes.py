@@ -46,6 +46,7 @@ only their scoring is the engine's (``server.workers.zero_shot_client``).
 from __future__ import annotations
 
 import json
+import logging
 
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -81,6 +82,15 @@ def forwarded_targets(method: str, path: str, num_engines: int) -> list[int]:
 
 
 FAULTS_PATH = "/v1/admin/faults"
+ENGINE_BASE_URL = "http://mmserve-engine"  # the engine's in-process calls to its own routes
+
+
+class _NotForwardedCalls(logging.Filter):
+    """Drops httpx's ``HTTP Request: ...`` line for a call the engine makes to its own routes: the API process
+    that forwarded it already logs the request (access log, audit); other httpx lines pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return ENGINE_BASE_URL not in record.getMessage()
 
 
 def is_fault_list(path: str) -> bool:
@@ -191,6 +201,9 @@ class EngineRoutes:
         import httpx  # the engine's side only: API processes import this module too, and httpx brings rich
 
         transport = httpx.ASGITransport(app=self._routes, client=client)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mmserve-engine") as http:
+        httpx_logger = logging.getLogger("httpx")  # logs each request at INFO: not a line per forwarded call
+        if not any(isinstance(each, _NotForwardedCalls) for each in httpx_logger.filters):
+            httpx_logger.addFilter(_NotForwardedCalls())
+        async with httpx.AsyncClient(transport=transport, base_url=ENGINE_BASE_URL) as http:
             answer = await http.request(method, path, headers=headers, content=body)
         return answer.status_code, list(answer.headers.multi_items()), answer.content
