@@ -216,12 +216,11 @@ class EngineClient:
         routes by engine 0, a drill change by every engine (or the one ``?engine=N`` names), engine 0's answer;
         an answer listing the drills in force lists every engine's (``merged_fault_lists``)."""
         targets = forwarded_targets(method, path, len(self.engines))
-        if method == "GET" and is_fault_list(path) and len(targets) > 1:  # one starting again holds no drills
-            targets = [index for index in targets if self.engines[index].fault is None] or targets
-        gone = [str(index) for index in targets if self.engines[index].fault is not None]
-        if gone:  # a change must reach every engine it names, and the monitor's routes need engine 0
-            raise ApiError(503, "engine_unavailable", f"engine {', '.join(gone)} is not serving (it is starting "
-                                                      "again)", retry_after_s=1.0)
+        gone = [index for index in targets if self.engines[index].fault is not None]
+        if gone and not (method == "GET" and is_fault_list(path) and len(gone) < len(targets)):  # a list: those up
+            raise ApiError(503, "engine_unavailable", f"engine {gone[0]} is not serving (it is starting again)",
+                           retry_after_s=1.0)  # a change must reach each engine; the monitor is engine 0's
+        targets = [index for index in targets if index not in gone]  # one starting again holds no drills
         answers = await asyncio.gather(*(self.engines[index].send("http", method, path, headers, body, client)[1]
                                          for index in targets))
         if is_fault_list(path):  # the drills of every engine, not only of those this request went to
