@@ -93,6 +93,9 @@ class _NotForwardedCalls(logging.Filter):
         return ENGINE_BASE_URL not in record.getMessage()
 
 
+_NOT_FORWARDED_CALLS = _NotForwardedCalls()  # one instance: addFilter skips a filter already added
+
+
 def is_fault_list(path: str) -> bool:
     """Whether the answer to ``path`` lists the drills in force (``GET``/``POST``/``DELETE /v1/admin/faults``)."""
     return path.partition("?")[0] == FAULTS_PATH
@@ -183,6 +186,8 @@ class EngineRoutes:
     """
 
     def __init__(self, app: FastAPI) -> None:
+        # httpx logs each request at INFO: not a line per forwarded call (one filter per engine process).
+        logging.getLogger("httpx").addFilter(_NOT_FORWARDED_CALLS)
         guards = app.user_middleware
         app.user_middleware = []
         try:
@@ -201,9 +206,6 @@ class EngineRoutes:
         import httpx  # the engine's side only: API processes import this module too, and httpx brings rich
 
         transport = httpx.ASGITransport(app=self._routes, client=client)
-        httpx_logger = logging.getLogger("httpx")  # logs each request at INFO: not a line per forwarded call
-        if not any(isinstance(each, _NotForwardedCalls) for each in httpx_logger.filters):
-            httpx_logger.addFilter(_NotForwardedCalls())
         async with httpx.AsyncClient(transport=transport, base_url=ENGINE_BASE_URL) as http:
             answer = await http.request(method, path, headers=headers, content=body)
         return answer.status_code, list(answer.headers.multi_items()), answer.content
