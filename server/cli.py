@@ -61,7 +61,7 @@ def _serve_parser(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, help="port to bind (default 8000)")
     serve.add_argument("--grpc-port", type=int, help="also serve KServe v2 over gRPC here (Triton's: 8001; default off)")
     serve.add_argument("--api-workers", type=int, metavar="N",  # the range: Settings' one-line refusal
-                       help="API processes sharing the port in front of one engine process; 1: one process "
+                       help="API processes sharing the port in front of the engines; 1 with one engine: one process "
                             "(default: 1 on a CPU device or 2 CPUs, else min(CPUs - 1, 3))")
     serve.add_argument("--engines", type=_engine_count, metavar="N|auto",
                        help="engine processes behind the API processes, each with its own model and cache; a "

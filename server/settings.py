@@ -102,10 +102,11 @@ class Settings(BaseSettings):
                                           "off when unset. Needs the grpc extra (pip install mmserve[grpc]).")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     api_workers: int | None = Field(
-        None, ge=1, le=64, description="API processes in front of one engine process (HTTP, protocols, keys, limits, "
-                                       "image decode); 1: one process serves everything. Unset: chosen from the "
-                                       "usable CPUs and the device (server/workers/default_count.py): 1 on a CPU "
-                                       "device or on 2 CPUs, else min(CPUs - 1, 3).")
+        None, ge=1, le=64, description="API processes in front of the engines (HTTP, protocols, keys, limits, "
+                                       "image decode); 1 with one engine: one process serves everything. Unset: "
+                                       "chosen from the usable CPUs and the device "
+                                       "(server/workers/default_count.py): 1 on a CPU device or on 2 CPUs, else "
+                                       "min(CPUs - 1, 3).")
 
     engines: int | Literal["auto"] = Field(
         1, description="Engine processes behind the API processes, each with its own model, lanes, batcher and "

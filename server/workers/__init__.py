@@ -1,1 +1,1 @@
-"""``--api-workers N``: N API processes in front of one engine process (``supervisor`` starts them)."""
+"""``--api-workers N``: N API processes in front of the engines (one, or `--engines N`) (``supervisor`` starts them)."""

@@ -216,9 +216,11 @@ class EngineClient:
         routes by engine 0, a drill change by every engine (or the one ``?engine=N`` names), engine 0's answer;
         an answer listing the drills in force lists every engine's (``merged_fault_lists``)."""
         targets = forwarded_targets(method, path, len(self.engines))
-        if any(self.engines[index].fault is not None for index in targets):
-            raise ApiError(503, "engine_unavailable", f"engine {targets} is not serving (it is starting again)",
-                           retry_after_s=1.0)
+        gone = [index for index in targets if self.engines[index].fault is not None]
+        if gone and not (method == "GET" and is_fault_list(path) and len(gone) < len(targets)):  # a list: those up
+            raise ApiError(503, "engine_unavailable", f"engine {gone[0]} is not serving (it is starting again)",
+                           retry_after_s=1.0)  # a change must reach each engine; the monitor is engine 0's
+        targets = [index for index in targets if index not in gone]  # one starting again holds no drills
         answers = await asyncio.gather(*(self.engines[index].send("http", method, path, headers, body, client)[1]
                                          for index in targets))
         if is_fault_list(path):  # the drills of every engine, not only of those this request went to

@@ -46,6 +46,7 @@ only their scoring is the engine's (``server.workers.zero_shot_client``).
 from __future__ import annotations
 
 import json
+import logging
 
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -81,6 +82,18 @@ def forwarded_targets(method: str, path: str, num_engines: int) -> list[int]:
 
 
 FAULTS_PATH = "/v1/admin/faults"
+ENGINE_BASE_URL = "http://mmserve-engine"  # the engine's in-process calls to its own routes
+
+
+class _NotForwardedCalls(logging.Filter):
+    """Drops httpx's ``HTTP Request: ...`` line for a call the engine makes to its own routes: the API process
+    that forwarded it already logs the request (access log, audit); other httpx lines pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return ENGINE_BASE_URL not in record.getMessage()
+
+
+_NOT_FORWARDED_CALLS = _NotForwardedCalls()  # one instance: addFilter skips a filter already added
 
 
 def is_fault_list(path: str) -> bool:
@@ -173,6 +186,8 @@ class EngineRoutes:
     """
 
     def __init__(self, app: FastAPI) -> None:
+        # httpx logs each request at INFO: not a line per forwarded call (one filter per engine process).
+        logging.getLogger("httpx").addFilter(_NOT_FORWARDED_CALLS)
         guards = app.user_middleware
         app.user_middleware = []
         try:
@@ -191,6 +206,6 @@ class EngineRoutes:
         import httpx  # the engine's side only: API processes import this module too, and httpx brings rich
 
         transport = httpx.ASGITransport(app=self._routes, client=client)
-        async with httpx.AsyncClient(transport=transport, base_url="http://mmserve-engine") as http:
+        async with httpx.AsyncClient(transport=transport, base_url=ENGINE_BASE_URL) as http:
             answer = await http.request(method, path, headers=headers, content=body)
         return answer.status_code, list(answer.headers.multi_items()), answer.content

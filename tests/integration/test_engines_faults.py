@@ -182,6 +182,8 @@ def test_a_killed_engine_fails_only_its_requests_and_comes_back(two_engines):
         os.kill(old_pids[1], signal.SIGKILL)
         killed_at = time.monotonic()
         held_answers = [future.result() for future in in_flight]
+        listed = httpx.get(f"{url}/v1/admin/faults", timeout=30)  # engine 1's drill died with it
+        change = httpx.delete(f"{url}/v1/admin/faults", timeout=30)  # cannot reach engine 1
         deadline = time.monotonic() + RESTART_WITHIN_S
         back = None
         for seed in later * 100:  # its keys go to engine 0 while it is gone, to engine 1 once it serves
@@ -198,6 +200,8 @@ def test_a_killed_engine_fails_only_its_requests_and_comes_back(two_engines):
     assert [failure(answer) for answer in held_answers] == [
         (503, "engine_unavailable", "engine 1 is not serving (it is starting again)")] * len(held)
     assert all("retry-after" in answer.headers for answer in held_answers)
+    assert (listed.status_code, listed.json()) == (200, {"active": []}), listed.text
+    assert failure(change) == (503, "engine_unavailable", "engine 1 is not serving (it is starting again)")
     assert back is not None and back.json()["cache"]["image"] == "miss"  # a new engine: an empty cache
     assert new_pids[0] == old_pids[0] and new_pids[1] != old_pids[1]
     assert supervisor.poll() is None

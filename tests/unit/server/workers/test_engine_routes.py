@@ -128,3 +128,13 @@ def test_the_engine_answers_with_the_routes_and_no_guards():
     assert added[0] == 200 and added[2] == b'{"active":["text"]}'
     assert invalid[0] == 422  # the app's exception handlers still answer
     assert guarded.status_code == 401  # the same app, called with its guards, refuses
+
+
+def test_the_engine_logs_no_httpx_line_per_forwarded_call(caplog):
+    """The API process logs the forwarded request (access log, audit); the engine adds no ``HTTP Request:``
+    line of its own for each (httpx logs every request at INFO)."""
+    routes = EngineRoutes(guarded_app())
+    with caplog.at_level("INFO", logger="httpx"):
+        status, _, _ = asyncio.run(routes.answer("GET", "/v1/monitoring/drift", [], b"", ("10.0.0.7", 1234)))
+    assert status == 200
+    assert [record.getMessage() for record in caplog.records if record.name == "httpx"] == []
