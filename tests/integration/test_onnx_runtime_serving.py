@@ -241,11 +241,15 @@ def test_an_int8_floor_not_met_under_auto_ends_in_its_one_line_naming_quantize_n
 
 
 @pytest.mark.parametrize("given", [{}, {"torchscript_encoders": True}])
-def test_the_start_up_line_names_only_the_torch_graph_settings_the_user_gave_as_ignored(tiny_bundle, caplog,
-                                                                                          given: dict):
+def test_the_start_up_line_names_only_the_torch_graph_settings_the_user_gave_as_ignored(caplog, given: dict):
     """Both are on by default: a start that never mentioned them is not told they were ignored."""
+    from models.loading.repository import build_preset
+
+    # Its own model: choose_runtime puts ONNX Runtime's towers into the model it is given, and the session's
+    # shared tiny bundle must stay torch's for the tests after this one on the same worker.
+    bundle = build_preset("tiny", seed=0)
     with caplog.at_level(logging.INFO, logger="server.runtime.runtime_choice"):
-        choose_runtime(tiny_bundle, Settings(runtime="onnxruntime", **given))  # the run's shared export cache
+        choose_runtime(bundle, Settings(runtime="onnxruntime", **given))  # the run's shared export cache
     (line,) = [message for message in (record.getMessage() for record in caplog.records)
                if "the towers run in ONNX Runtime" in message]
     if given:
