@@ -201,5 +201,6 @@ def main(listening_fd: int | None = None) -> int:
         return EXIT_CONFIGURATION_ERROR
     return exit_code
 
+
 if __name__ == "__main__":
     sys.exit(main())
