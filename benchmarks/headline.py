@@ -52,6 +52,8 @@ ROWS = (
         "python -m benchmarks.frontend"),
     Row("engine_capacity", "engine capacity (`--api-workers 2`)", "cpu-per-request-and-engine-capacity",
         "python -m benchmarks.frontend"),
+    Row("engine_floor", "engine vs a bare batcher (texts)", "the-engine-against-a-bare-batcher",
+        "python -m benchmarks.engine_floor"),
     Row("overload", "overload at 3x saturation", "overload-and-soak", "python -m benchmarks.overload"),
     Row("tail_under_load", "P99.99 and memory under sustained load (soak)", "overload-and-soak",
         "python -m benchmarks.soak"),
