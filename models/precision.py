@@ -29,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from models.errors import DeviceSettingError, ModelRepositoryError
+from models.torch_free.device_refusals import float16_on_cpu
 
 DTYPE_SETTINGS: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 SERVED_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
@@ -69,10 +70,7 @@ def resolve_dtype(setting: str, device: str | torch.device) -> str:
             return "float32"
         return "bfloat16" if is_bf16_supported(device) else "float16"
     if setting == "float16" and not is_cuda:
-        raise DeviceSettingError(
-            "--dtype float16 (MMSERVE_DTYPE) needs a CUDA device, and this server runs on the CPU (no CUDA device "
-            "is visible, or --device cpu was given): CPUs have no fast float16 matrix path. Use --dtype float32 "
-            "(the CPU default, or auto) or bfloat16")
+        raise float16_on_cpu()
     if setting == "bfloat16" and is_cuda and not is_bf16_supported(device):
         raise DeviceSettingError(
             f"--dtype bfloat16 (MMSERVE_DTYPE) needs a GPU of compute capability 8.0 or newer; "

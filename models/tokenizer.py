@@ -15,6 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from models.errors import ModelRepositoryError
+from models.torch_free.model_files import missing_tokenizer_folder
 from models.torch_free.json_tokenizer import turn_off_whole_text_cache_of
 from models.torch_free.text_ids import LimitedTokenizer
 from models.torch_free.text_ids import TokenizedText as TokenizedText  # re-exported: the engine's modules
@@ -55,7 +56,7 @@ def load_tokenizer(directory: Path) -> PreTrainedTokenizerBase:
     the tokenizer's files is refused too (``require_vocabulary``).
     """
     if not Path(directory).is_dir():
-        raise ModelRepositoryError(f"cannot load the tokenizer from {directory}: the folder does not exist")
+        raise missing_tokenizer_folder(directory)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except (OSError, ValueError) as e:

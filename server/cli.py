@@ -221,7 +221,7 @@ def _serve(args: argparse.Namespace) -> int:
         from server.workers.default_count import api_workers_for
 
         settings = settings.model_copy(update={"api_workers": api_workers_for(settings.device)})
-    check_without_torch(settings)  # keys and the model's location, in a second, before torch is imported
+    check_without_torch(settings)  # keys, the model's files, --device cpu, the export cache: before torch
     from server.workers.engine_plan import num_engines
 
     engines = num_engines(settings)
@@ -340,8 +340,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_train_fusion(args)
         return _init_model_repo(args)
     except (*CONFIGURATION_ERRORS, StartupError) as e:
-        # One line, whatever the message: a library's own text (transformers' tokenizer errors) may span several,
-        # and the last line is what a user (and a log scraper) reads.
+        import logging
+
+        # The traceback at --log-level debug only (refused before the lifespan as inside it); then one line,
+        # whatever the message: a library's own text (transformers' tokenizer errors) may span several, and the
+        # last line is what a user (and a log scraper) reads.
+        logging.getLogger(__name__).debug("start-up refused", exc_info=True)
         print("mmserve: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
 

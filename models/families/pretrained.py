@@ -46,6 +46,7 @@ from models.families.open_clip import is_open_clip_checkpoint, load_open_clip
 from models.families.transformers_towers import TransformersTextEncoder, TransformersVisionEncoder
 from models.families.processor_settings import preprocess_from_hf_processor
 from models.loading.repository import CONFIG_FILE, ModelBundle, attach_fusion_head, finish_bundle, load_repository
+from models.torch_free.model_files import SUPPORTED_FAMILIES, no_model_files
 from models.scores import CalibratedScore, ScoreKind
 from models.families.timm_checkpoint import is_timm_checkpoint
 from models.tokenizer import TextTokenizer, require_vocabulary
@@ -53,8 +54,6 @@ from models.tokenizer import TextTokenizer, require_vocabulary
 _TRANSFORMERS_SCORES = {"siglip": ScoreKind.SIGLIP_SIGMOID, "clip": ScoreKind.CLIP_LOGIT}
 # Families whose reference library cuts an over-long text rather than refusing it (module docstring).
 _TRUNCATING_FAMILIES = frozenset({"siglip"})
-SUPPORTED_FAMILIES = ("mmserve model repository (model.yaml, optionally vision.timm_dir + text.hf_dir)", "siglip",
-                      "clip", "open_clip (open_clip_config.json)")
 _NOT_YET_SERVED = {
     "siglip2": "SigLIP 2 NaFlex (Siglip2Model) takes a variable number of patches per image with its own "
                "resize to a patch budget and a pixel attention mask; mmserve's vision lane batches fixed-size "
@@ -72,8 +71,7 @@ def detect_family(directory: Path) -> str:
     if is_open_clip_checkpoint(directory) and not _is_servable_transformers(config_path):
         return "open_clip"
     if not config_path.is_file():
-        raise ModelRepositoryError(f"{directory} has neither {CONFIG_FILE} nor config.json; supported: "
-                                   f"{', '.join(SUPPORTED_FAMILIES)}")
+        raise no_model_files(directory)  # also judged before torch loads (server.runtime.startup_checks)
     try:
         config = json.loads(config_path.read_text())
     except (OSError, ValueError) as e:

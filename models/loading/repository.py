@@ -43,6 +43,8 @@ from transformers import PreTrainedTokenizerBase
 
 from models.loading.config import ModelConfig
 from models.torch_free.description import ModelDescription
+from models.torch_free.model_files import (CONFIG_FILE, TOKENIZER_DIR, read_repository_config, resolve_inside,
+                                          text_folder)
 from models.errors import ModelRepositoryError
 from models.fusion_head_file import FUSION_HEAD_FILE, FusionHeadInfo, load_fusion_head
 from models.multimodal import MultimodalModel
@@ -61,9 +63,7 @@ from models.vision import VisionEncoder
 
 logger = logging.getLogger(__name__)
 
-CONFIG_FILE = "model.yaml"
 WEIGHTS_FILE = "weights.safetensors"
-TOKENIZER_DIR = "tokenizer"
 TEXT_PREFIX = "text."
 VISION_PREFIX = "vision."
 # What timm, transformers and torch raise on architecture numbers they cannot build.
@@ -277,19 +277,6 @@ def write_repository(directory: Path, bundle: ModelBundle) -> None:
         bundle.tokenizer.tokenizer.save_pretrained(str(directory / TOKENIZER_DIR))
 
 
-def _resolve_inside(repository: Path, relative: str, key: str) -> Path:
-    """A path from model.yaml: absolute as written, relative ones may not leave the repository."""
-    candidate = Path(relative)
-    if candidate.is_absolute():
-        return candidate
-    resolved = (repository / candidate).resolve()
-    if not resolved.is_relative_to(repository.resolve()):
-        raise ModelRepositoryError(
-            f"{CONFIG_FILE}: {key} {relative!r} points outside the repository {repository}"
-        )
-    return resolved
-
-
 def _check_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> None:
     """Compare names and shapes in the weights file with the architecture; name every mismatch."""
     try:
@@ -315,7 +302,7 @@ def _check_tensors(weights_path: Path, expected: dict[str, torch.Tensor]) -> Non
 def _timm_tower(directory: Path, config: ModelConfig, raw: dict) -> tuple[ModelConfig, nn.Module]:
     """``vision.timm_dir``'s model, and ``config`` with its architecture and preprocessing (checked if written)."""
     backbone, preprocess, architecture = load_timm_checkpoint(
-        _resolve_inside(directory, config.vision.timm_dir, "vision.timm_dir"))
+        resolve_inside(directory, config.vision.timm_dir, "vision.timm_dir"))
     written = raw["vision"].get("architecture")
     if written not in (None, architecture):
         raise ModelRepositoryError(f"{CONFIG_FILE}: vision.architecture {written!r} is not the timm checkpoint's "
@@ -341,17 +328,8 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     (which is the dtype its weights are kept in).
     """
     directory = Path(directory)
-    config_path = directory / CONFIG_FILE
     weights_path = directory / WEIGHTS_FILE
-    if not config_path.is_file():
-        raise ModelRepositoryError(f"model repository {directory} has no {CONFIG_FILE}")
-    try:
-        raw = yaml.safe_load(config_path.read_text())
-    except yaml.YAMLError as e:
-        raise ModelRepositoryError(f"{config_path} is not valid YAML: {e}") from e
-    if not isinstance(raw, dict):
-        raise ModelRepositoryError(f"{config_path} must hold a mapping")
-    config = ModelConfig.from_dict(raw)
+    raw, config = read_repository_config(directory)  # also judged before torch loads (server.runtime.startup_checks)
     if backend is not None:
         config = _with_backend(config, backend)
 
@@ -359,15 +337,10 @@ def load_repository(directory: Path, *, device: str = "cpu", backend: str | None
     if config.vision.timm_dir is not None:
         config, backbone = _timm_tower(directory, config, raw)
     text: TextEncoder | None = None
+    tokenizer_dir = text_folder(directory, config)  # also judged before torch loads
+    tokenizer = load_tokenizer(tokenizer_dir)
     if config.text.hf_dir is not None:
-        hf_dir = _resolve_inside(directory, config.text.hf_dir, "text.hf_dir")
-        if not hf_dir.is_dir():
-            raise ModelRepositoryError(f"{CONFIG_FILE}: text.hf_dir {config.text.hf_dir!r}: "
-                                       f"the folder {hf_dir} does not exist")
-        tokenizer = load_tokenizer(hf_dir)
-        text = TextEncoder.from_pretrained(hf_dir)
-    else:
-        tokenizer = load_tokenizer(_resolve_inside(directory, TOKENIZER_DIR, TOKENIZER_DIR))
+        text = TextEncoder.from_pretrained(tokenizer_dir)
     is_weights_optional = backbone is not None and text is not None
     if not weights_path.is_file() and not is_weights_optional:
         raise ModelRepositoryError(f"model repository {directory} has no {WEIGHTS_FILE}")

@@ -162,6 +162,16 @@ class ExportCache:
                 waited_s = time.perf_counter() - started
             yield waited_s
 
+    def check_writable(self) -> None:
+        """Create the cache and an export's temporary directory in it as ``store`` does, and remove that again:
+        ``OnnxExportError`` (``cache_error``) now, before any model is loaded, if the OS refuses. ``store``
+        still reports a refusal that comes later (a permission changed meanwhile)."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self._new_tmp().rmdir()
+        except OSError as e:
+            raise cache_error("write into", self.root, e) from e
+
     def store(self, key: ExportKey, write: Callable[[Path], None]) -> Path:
         """Run ``write(tmp_dir)`` and publish what it wrote as ``key``'s entry; returns the entry's directory.
 

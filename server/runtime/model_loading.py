@@ -18,6 +18,7 @@ from models.cuda_graphs import CudaGraphBackend
 from models.families.presets import SYNTHETIC_ARCHITECTURE
 from models.library_warnings import drop_unactionable_library_warnings
 from models.precision import resolve_dtype
+from models.torch_free.device_refusals import decode_device_on_cpu
 from server.runtime_settings import runtime_conflict
 from server.settings import Settings
 
@@ -50,10 +51,8 @@ def plan_device(settings: Settings) -> DevicePlan:
     device = resolve_device(settings.device)
     dtype = resolve_dtype(settings.dtype, device)
     if settings.decode_device == "cuda" and device != "cuda":
-        why = "no CUDA device is visible" if not torch.cuda.is_available() else "--device cpu"
-        raise DeviceSettingError(
-            "--decode-device cuda (MMSERVE_DECODE_DEVICE) decodes JPEGs with nvJPEG on the GPU, but this server "
-            f"runs on the CPU ({why}); use --decode-device cpu")
+        why = "--device cpu" if settings.device == "cpu" else "no CUDA device is visible"  # auto found no GPU
+        raise decode_device_on_cpu(why)
     is_synthetic = synthetic_service_times(settings) is not None
     if why := runtime_conflict(runtime=settings.runtime, quantize=settings.quantize, device=device, dtype=dtype,
                                is_synthetic=is_synthetic, device_setting=settings.device, dtype_setting=settings.dtype):

@@ -17,8 +17,6 @@ the model's fingerprint (``models.loading.repository.with_runtime``), its
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 
 import torch
 
@@ -26,17 +24,10 @@ from models.errors import DeviceSettingError, OnnxExportError, QuantizationError
 from models.families.presets import SYNTHETIC_ARCHITECTURE
 from models.loading.repository import ModelBundle, with_runtime
 from models.onnx.towers import OnnxPlan, serve_towers_from_onnx
+from server.runtime.startup_checks import export_cache_dir
 from server.settings import Settings
 
 logger = logging.getLogger(__name__)
-
-
-def export_cache_dir(settings: Settings) -> Path:
-    """``export_cache_dir``, else ``$XDG_CACHE_HOME/mmserve/onnx`` (``~/.cache/mmserve/onnx``); read at start-up."""
-    if settings.export_cache_dir is not None:
-        return settings.export_cache_dir
-    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache_home) / "mmserve" / "onnx"
 
 
 def onnx_unavailable_reason(bundle: ModelBundle) -> str | None:

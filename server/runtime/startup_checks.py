@@ -10,8 +10,16 @@ minute, and not inside a 25-line traceback from Starlette's lifespan:
     settings' own validation (pydantic)    before anything       the flag and its variable
     --runtime/--quantize vs what ONNX      before anything       both settings (server.runtime_settings)
       Runtime serves (dtype, synthetic)
+    --device cpu with --dtype float16 or   before torch          the setting and what to use instead
+      --decode-device cuda (no probe)
     --device / --dtype / --decode-device   before any weight     the setting and what to use instead
-    --model (a directory or a cached id)   before any weight     the path or id and how to get it
+      that need a CUDA probe
+    --model (a directory or a cached id    before torch          the path or id and how to get it, or the
+      holding a config file)                                     files it lacks
+    --model-repo (model.yaml parses, its   before torch          the file and the key, or the folder
+      tokenizer's folder exists)
+    --export-cache-dir (created, written)  before torch, under   --export-cache-dir, the path, the OS's reason
+                                           --runtime onnxruntime
     key files, keys                        before any weight     the variable and the file
     --host / --port                        bound before loading  the address and what to change
     --grpc-port / metrics_port             free before loading   the setting, the port and what to change
@@ -26,13 +34,15 @@ error back, so ``mmserve serve`` prints it as its last line and exits 2. With
 ``--log-level debug`` the traceback is logged as before.
 
 The checks here import no torch (the supervisor of ``--api-workers N`` runs
-them too); the device checks are ``server.runtime.model_loading.plan_device``,
-which ``mmserve serve`` runs before loading in one process and the engine
-process as it starts.
+them too); the device checks that need the machine's answer are
+``server.runtime.model_loading.plan_device``, which ``mmserve serve`` runs
+before loading in one process and the engine process as it starts. What is
+judged here before torch is judged there again, in the same words.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 from collections.abc import Collection
 from pathlib import Path
@@ -41,6 +51,9 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from models.errors import ModelError, ModelRepositoryError
+from models.onnx.export_cache import ExportCache
+from models.torch_free.device_refusals import refuse_on_cpu
+from models.torch_free.model_files import read_repository_config, require_model_files, text_folder
 from server.http.auth import ApiKeyConfigError, access_policy
 from server.settings import ConfigFileError, Settings
 from server.workers.default_count import DeviceProbeError
@@ -84,17 +97,35 @@ def settings_error(error: ValidationError, flags: Collection[str] = ()) -> Start
 
 
 def check_without_torch(settings: Settings) -> None:
-    """The checks that import no model library: keys, the model's location."""
+    """The checks that import no model library: keys, the model's files, ``--device cpu``'s refusals and the
+    export cache's directory. Each is judged again where it is used (the loaders, ``plan_device``, the export):
+    the same refusal, in the same words, from there too."""
     access_policy(settings)  # reads every key file: ApiKeyConfigError names the variable and the file
     if settings.model is not None:
         from models.loading.hub import resolve_model_directory
 
-        resolve_model_directory(settings.model)  # a directory, or a Hub id found in the local cache
-    elif settings.model_repo is not None and not Path(settings.model_repo).is_dir():
-        raise ModelRepositoryError(f"--model-repo {settings.model_repo} (MMSERVE_MODEL_REPO) is not a directory: "
-                                   "write one with `mmserve init-model-repo DIR --preset NAME`")
+        # a directory, or a Hub id found in the local cache; holding a config some family is read from
+        require_model_files(resolve_model_directory(settings.model))
+    elif settings.model_repo is not None:
+        if not Path(settings.model_repo).is_dir():
+            raise ModelRepositoryError(f"--model-repo {settings.model_repo} (MMSERVE_MODEL_REPO) is not a "
+                                       "directory: write one with `mmserve init-model-repo DIR --preset NAME`")
+        repository = Path(settings.model_repo)
+        text_folder(repository, read_repository_config(repository)[1])  # model.yaml parsed, the tokenizer's folder
     if settings.fusion_head is not None:
         _check_fusion_head_path(Path(settings.fusion_head))
+    if settings.devices is None:  # --devices: each engine's device is judged with the entry it runs on named
+        refuse_on_cpu(device=settings.device, dtype=settings.dtype, decode_device=settings.decode_device)
+    if settings.runtime == "onnxruntime":  # auto never refuses for the cache: it serves torch and logs why
+        ExportCache(export_cache_dir(settings)).check_writable()
+
+
+def export_cache_dir(settings: Settings) -> Path:
+    """``export_cache_dir``, else ``$XDG_CACHE_HOME/mmserve/onnx`` (``~/.cache/mmserve/onnx``); read at start-up."""
+    if settings.export_cache_dir is not None:
+        return settings.export_cache_dir
+    cache_home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache_home) / "mmserve" / "onnx"
 
 
 def _check_fusion_head_path(path: Path) -> None:

@@ -182,6 +182,26 @@ def test_a_cache_directory_the_os_refuses_raises_one_line_naming_the_setting(tmp
         ExportCache(Path("/proc/mmserve-export-cache")).store(_KEY, _write_graph)
 
 
+@pytest.mark.parametrize("where", ["a regular file", "under a regular file", "/proc"])
+def test_check_writable_refuses_what_store_would_in_the_same_words(tmp_path: Path, where: str):
+    """The check ``mmserve serve --runtime onnxruntime`` makes before loading: the refusal ``store`` makes later."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    root = {"a regular file": blocker, "under a regular file": blocker / "onnx",
+            "/proc": Path("/proc/mmserve-export-cache")}[where]
+    with pytest.raises(OnnxExportError) as checked:
+        ExportCache(root).check_writable()
+    with pytest.raises(OnnxExportError) as stored:
+        ExportCache(root).store(_KEY, _write_graph)
+    assert str(checked.value) == str(stored.value)
+
+
+def test_check_writable_creates_the_cache_and_leaves_nothing_in_it(tmp_path: Path):
+    root = tmp_path / "a" / "b" / "onnx"
+    ExportCache(root).check_writable()
+    assert root.is_dir() and not any(root.iterdir())
+
+
 def test_a_published_entry_has_the_modes_the_umask_gives_not_0700(tmp_path: Path):
     """Filled by root at image build, read by the server's user: the entry and its files as mkdir and open make them,
     even a file its writer made with mkstemp (0600, as the int8 quantizer does)."""
