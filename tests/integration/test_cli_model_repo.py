@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,11 +32,19 @@ def _init_repo(directory: Path) -> None:
     assert "mmserve serve --model-repo" in done.stdout
 
 
-def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny_server, serve_process):
+@pytest.fixture(scope="module")
+def tiny_repo(tmp_path_factory) -> Path:
+    """``mmserve init-model-repo DIR --preset tiny --seed 0`` run once for the module; a test that changes the
+    repository changes its own copy."""
+    repo = tmp_path_factory.mktemp("cli-model-repo") / "tiny-repo"
+    _init_repo(repo)
+    return repo
+
+
+def test_init_then_serve_gives_the_in_memory_models_outputs(tiny_repo: Path, tiny_server, serve_process):
     """Served as ``--model DIR``, the repository answers under the directory's name (README: the served name
     defaults to the directory name of --model), with the preset's fingerprint and outputs."""
-    repo = tmp_path / "tiny-repo"
-    _init_repo(repo)
+    repo = tiny_repo
     with serve_process(["--model", str(repo), "--device", "cpu"]) as served:
         body = {"text": "a lighthouse at dusk", "image": {"b64": encoded_image_b64(9, (36, 24))}}
         from_repo = httpx.post(f"{served.url}/v1/infer", json=body, timeout=30).json()
@@ -47,9 +56,9 @@ def test_init_then_serve_gives_the_in_memory_models_outputs(tmp_path: Path, tiny
         np.testing.assert_allclose(from_repo[key], in_memory[key], rtol=0, atol=1e-5)
 
 
-def test_serving_a_repository_with_a_wrong_shape_fails_naming_it(tmp_path: Path):
+def test_serving_a_repository_with_a_wrong_shape_fails_naming_it(tmp_path: Path, tiny_repo: Path):
     repo = tmp_path / "broken"
-    _init_repo(repo)
+    shutil.copytree(tiny_repo, repo)
     weights = load_file(str(repo / "weights.safetensors"))
     weights["vision.backbone.cls_token"] = torch.zeros(1, 1, 65)
     save_file(weights, str(repo / "weights.safetensors"))

@@ -258,6 +258,17 @@ def test_the_start_up_line_names_only_the_torch_graph_settings_the_user_gave_as_
         assert "ignored" not in line
 
 
+def _until_blocked_on(lock_path: Path, starting, timeout_s: float = 300.0) -> None:
+    """Until a process of this machine waits for ``lock_path``'s flock (a ``->`` line of ``/proc/locks`` on its
+    inode): the start has reached the lock another holder holds, however long it took to get there."""
+    inode = f":{lock_path.stat().st_ino} "
+    deadline = time.monotonic() + timeout_s
+    while not any(" -> " in line and inode in line for line in Path("/proc/locks").read_text().splitlines()):
+        assert not starting.done(), starting.result()  # it returned (or raised) without waiting
+        assert time.monotonic() < deadline, "the start never waited for the export lock"
+        time.sleep(0.01)
+
+
 def test_a_start_that_waited_for_another_servers_export_says_it_waited(caplog):
     """Not "read from the export cache ... in 10.5 s" when 10 s of it was another server's export."""
     from models.loading.repository import build_preset
@@ -268,10 +279,12 @@ def test_a_start_that_waited_for_another_servers_export_says_it_waited(caplog):
     settings = Settings(runtime="onnxruntime")  # the run's shared export cache
     bundle = build_preset("tiny", seed=0)  # its own model: the shared one may hold these graphs already
     other_server = ExportCache(export_cache_dir(settings))
+    key = export_key(bundle.torch_fingerprint or bundle.fingerprint)
     with caplog.at_level(logging.INFO, logger="server.runtime.runtime_choice"), ThreadPoolExecutor(1) as pool:
-        with other_server.exporting(export_key(bundle.torch_fingerprint or bundle.fingerprint)):
+        with other_server.exporting(key):
             starting = pool.submit(choose_runtime, bundle, settings)
-            time.sleep(1.0)
+            _until_blocked_on(export_cache_dir(settings) / ".locks" / key.digest(), starting)
+            time.sleep(0.3)  # the start's wait, measured from before it blocked, passes the 0.2 s asserted below
         assert starting.result(timeout=300).runtime == "onnxruntime"
     (line,) = [message for message in (record.getMessage() for record in caplog.records)
                if "the towers run in ONNX Runtime" in message]

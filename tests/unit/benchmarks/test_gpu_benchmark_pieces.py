@@ -7,11 +7,14 @@ on the CPU, wrk, the summary) for two seconds on a tiny SigLIP.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from benchmarks.gpu.served import (
-    WrkResult, kserve_uint8_body, metric_sum, metric_value, parse_wrk, post_image_embeddings, run_wrk,
+    Server, WrkResult, kserve_uint8_body, metric_sum, metric_value, parse_wrk, post_image_embeddings, run_wrk,
     scrape, start_server,
 )
 from benchmarks.gpu.siglip_large import jpeg_bytes, random_images
@@ -20,6 +23,23 @@ from server.protocols.kserve_v2_codec import decode_infer_request
 from tests.conftest import find_wrk_binary
 
 pytestmark = pytest.mark.long  # minutes together: started first (tests/conftest.py)
+
+
+@pytest.fixture(scope="module")
+def siglip_dir(tmp_path_factory) -> Path:
+    """One tiny SigLIP for the module's servers (each only reads it)."""
+    return write_siglip(tmp_path_factory.mktemp("gpu-pieces") / "tiny-siglip")
+
+
+@pytest.fixture(scope="module")
+def siglip_server(siglip_dir: Path) -> Iterator[Server]:
+    """``mmserve serve`` of the tiny SigLIP on the CPU as the benchmark starts it, shared by the tests that only
+    send it requests (wrk's run, the decode check: it counts decoded images as a difference across its call)."""
+    server = start_server(siglip_dir, {"MMSERVE_VISION_MAX_BATCH_SIZE": "4"}, ready_timeout_s=120, device="cpu")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def test_the_uint8_body_is_a_request_the_server_decodes_to_the_same_pixels():
@@ -57,16 +77,11 @@ def test_images_are_distinct_and_jpegs_decode():
     assert all(data[:3] == b"\xff\xd8\xff" for data in jpeg_bytes(images))
 
 
-def test_the_served_path_runs_end_to_end_on_a_tiny_model(tmp_path):
+def test_the_served_path_runs_end_to_end_on_a_tiny_model(siglip_dir: Path, siglip_server: Server):
     wrk = find_wrk_binary()
-    model_dir = write_siglip(tmp_path / "tiny-siglip")
-    server = start_server(model_dir, {"MMSERVE_VISION_MAX_BATCH_SIZE": "4"}, ready_timeout_s=120, device="cpu")
-    try:
-        body = kserve_uint8_body(random_images(2, 32, seed=3))
-        result = run_wrk(wrk, server.url, str(model_dir), body, connections=2, duration_s=2, threads=1)
-        exposition = scrape(server.url)
-    finally:
-        server.stop()
+    body = kserve_uint8_body(random_images(2, 32, seed=3))
+    result = run_wrk(wrk, siglip_server.url, str(siglip_dir), body, connections=2, duration_s=2, threads=1)
+    exposition = scrape(siglip_server.url)
     assert result.num_requests > 0 and result.num_non_2xx == 0 and result.num_socket_errors == 0
     assert metric_sum(exposition, "mmserve_cold_compiles_total") in (None, 0.0)
     assert metric_sum(exposition, "mmserve_device_memory_bytes") is None  # the CPU has no device series
@@ -80,7 +95,8 @@ def test_metric_value_reads_one_labelled_series():
     assert metric_value(exposition, 'mmserve_device_decode_images_total{outcome="other"}') is None
 
 
-def test_the_served_decode_check_fails_a_server_that_did_not_decode_on_the_device(tmp_path):
+def test_the_served_decode_check_fails_a_server_that_did_not_decode_on_the_device(siglip_dir: Path,
+                                                                                   siglip_server: Server):
     """A CPU-decoding tiny SigLIP: the embeddings match the in-process Pillow reference, the device count does not.
 
     So on the GPU the check passes only when the server's own intake took the
@@ -93,19 +109,15 @@ def test_the_served_decode_check_fails_a_server_that_did_not_decode_on_the_devic
     from models.families.pretrained import load_pretrained
     from models.jpeg_decode import cpu_decode_to_input
 
-    model_dir = write_siglip(tmp_path / "tiny-siglip")
+    model_dir = siglip_dir
     bundle = load_pretrained(str(model_dir), device="cpu", dtype="float32")
     encoded = jpeg_bytes(random_images(3, 48, seed=4))
     pixels = torch.from_numpy(np.stack([cpu_decode_to_input(data, bundle.config.preprocess) for data in encoded]))
     with torch.no_grad():
         reference = torch.stack([s.pooled for s in bundle.model.encode_images(pixels)]).float().numpy()
-    server = start_server(model_dir, {}, ready_timeout_s=120, device="cpu")
-    try:
-        served = post_image_embeddings(server.url, str(model_dir), encoded)
-        report = Report()
-        served_decode(report, server.url, str(model_dir), DecodeReference(encoded, reference))
-    finally:
-        server.stop()
+    served = post_image_embeddings(siglip_server.url, str(model_dir), encoded)
+    report = Report()
+    served_decode(report, siglip_server.url, str(model_dir), DecodeReference(encoded, reference))
     assert served.shape == reference.shape
     cosines = (served * reference).sum(1) / np.linalg.norm(served, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosines.min() >= MIN_COSINE_DECODE
@@ -149,13 +161,13 @@ def test_the_several_device_part_says_when_there_is_no_cuda(capsys, monkeypatch)
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-def test_the_several_device_part_serves_and_checks_two_engines_on_the_cpu(tmp_path):
+def test_the_several_device_part_serves_and_checks_two_engines_on_the_cpu(siglip_dir: Path):
     """The GPU script's own path (start, wait for every engine, wrk, the checks) with ``--devices cpu,cpu``."""
     from benchmarks.gpu.engines import EngineRun, parse_args, serve_each
     from benchmarks.gpu.report import Deadline, Report
 
     find_wrk_binary()
-    model_dir = write_siglip(tmp_path / "tiny-siglip")
+    model_dir = siglip_dir
     args = parse_args(["--batch-size", "4", "--rows-per-request", "2", "--connections", "2", "--duration-s", "2",
                        "--image-side", "32", "--dtype", "float32"])
     report = Report()
