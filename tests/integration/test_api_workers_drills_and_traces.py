@@ -234,15 +234,22 @@ def test_exemplars_of_every_api_process_reach_the_merged_openmetrics_scrape(work
     kept = [fresh_connection_infer(workers.url, {"text": f"exemplar {index}"}) for index in range(6)]
     assert all(answer.status_code == 200 for answer in kept)
     latest = kept[-1].headers["traceparent"].split("-")[1]  # the newest exemplar of its bucket, in one process
-    time.sleep(1.5)  # every API process has written its snapshot since
-    for _ in range(6):  # whichever process answers the scrape, its own exemplar or the other's
+
+    def scraped_exemplars() -> set[str]:  # on a new connection: either API process answers
         scrape = httpx.get(f"{workers.url}/metrics", headers={
             "Accept": "application/openmetrics-text; version=1.0.0", "Connection": "close"}, timeout=30)
         assert scrape.headers["content-type"].startswith("application/openmetrics-text")
-        exemplars = {sample.exemplar.labels["trace_id"] for family in text_string_to_metric_families(scrape.text)
-                     if family.name == "mmserve_request_duration_seconds" for sample in family.samples
-                     if sample.exemplar is not None and sample.labels.get("route") == "text"}
-        assert latest in exemplars
+        return {sample.exemplar.labels["trace_id"] for family in text_string_to_metric_families(scrape.text)
+                if family.name == "mmserve_request_duration_seconds" for sample in family.samples
+                if sample.exemplar is not None and sample.labels.get("route") == "text"}
+
+    # Every API process has written its snapshot since: a scrape asks each for one, so this is soon; it waited a
+    # fixed 1.5 s before, which stays the bound.
+    settled_by = time.monotonic() + 1.5
+    while latest not in scraped_exemplars() and time.monotonic() < settled_by:
+        time.sleep(0.05)
+    for _ in range(6):  # whichever process answers the scrape, its own exemplar or the other's
+        assert latest in scraped_exemplars()
     plain = httpx.get(f"{workers.url}/metrics", timeout=30)
     assert plain.headers["content-type"].startswith("text/plain") and "trace_id" not in plain.text
 

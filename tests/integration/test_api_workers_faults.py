@@ -81,10 +81,17 @@ def cpu_time_s(pid: int) -> float:
     return total_ns / 1e9
 
 
+# Far above what any test here sends from its one address (the load test's four threads included): no 429, but a
+# shared bucket table the killed supervisor leaves behind (test_the_children_exit_when_the_supervisor_is_killed).
+UNREACHED_RATE_LIMIT = "100000/s"
+
+
 @pytest.fixture(scope="module")
 def tiny_workers() -> Iterator[ServeProcess]:
-    """One ``--api-workers 2`` tiny server for the tests below that leave it serving (idle first)."""
-    with run_serve_process(TINY) as served:
+    """One ``--api-workers 2`` tiny server (with a rate limit nobody reaches) for the tests below: idle first, then
+    those that kill an API process and wait until its successor serves, and last the one that kills its supervisor
+    (one start fewer than a server of its own for that test)."""
+    with run_serve_process(TINY, {"MMSERVE_RATE_LIMIT": UNREACHED_RATE_LIMIT}) as served:
         yield served
 
 
@@ -312,14 +319,6 @@ def test_a_crash_loop_stops_the_server_with_its_own_exit_status(tmp_path):
     assert is_gone(api_pids[1])
 
 
-@pytest.fixture(scope="module")
-def doomed() -> Iterator[dict[str, ServeProcess]]:
-    """An ``--api-workers 2`` tiny server for the test below that kills a process of its own: the supervisor (with a
-    rate limit, so there is a shared bucket table it leaves behind). An engine's death: test_engines_faults."""
-    with run_serve_process(TINY, {"MMSERVE_RATE_LIMIT": "100/s"}) as killed:
-        yield {"supervisor killed": killed}
-
-
 def is_gone(pid: int) -> bool:
     return not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
@@ -329,11 +328,13 @@ def environment_entry(pid: int, name: str) -> str:
                 if entry.startswith(f"{name}="))
 
 
-def test_the_children_exit_when_the_supervisor_is_killed(doomed):
+def test_the_children_exit_when_the_supervisor_is_killed(tiny_workers):
     """A supervisor killed with SIGKILL runs no clean-up: the engine and API processes must notice alone,
-    and remove what it would have: the run directory and the shared rate-limit table."""
-    served = doomed["supervisor killed"]
-    supervisor = served.process
+    and remove what it would have: the run directory and the shared rate-limit table.
+
+    The last test of ``tiny_workers`` (it ends the server); its API processes were killed and started again
+    before, so their successors notice too. An engine's death: test_engines_faults."""
+    supervisor = tiny_workers.process
     children = children_of(supervisor.pid)
     assert len(children) == 4  # the engine, the API processes' fork server and two API processes
     run_directory = Path(environment_entry(children[0], RUN_DIRECTORY_VARIABLE))

@@ -45,7 +45,7 @@ from server.http.access_policy import RouteClass, is_never_rate_limited
 from server.http.auth import access_policy
 from server.settings import Settings
 from server.workers.engine_routes import ENGINE_PATHS
-from tests.conftest import ServeProcess, run_serve_process
+from tests.conftest import ServeProcess, run_serve_processes
 
 KEY = "inference-key-Gd7q2Lm9"
 ADMIN_KEY = "admin-key-Hx4v8Np3"
@@ -122,21 +122,34 @@ class ServerUnderTest:
                        if match is not None and match.group(2, 3, 4) == (method, path, str(status)))
 
 
-@pytest.fixture(scope="module", params=[2, 1], ids=["api-workers-2", "api-workers-1"])
-def server(request: pytest.FixtureRequest) -> Iterator[ServerUnderTest]:
+NUM_API_WORKERS = (2, 1)
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[dict[int, ServerUnderTest]]:
+    """The ``--api-workers 2`` and the one-process server, started side by side once for the module (a start is
+    mostly one interpreter importing torch and loading the model: two overlap instead of waiting for each other);
+    the tests ask the first, then the second (``server``)."""
     settings = served_settings()
     env = {"MMSERVE_API_KEYS": settings.api_keys.get_secret_value(),  # type: ignore[union-attr]
            "MMSERVE_ADMIN_API_KEYS": settings.admin_api_keys.get_secret_value(),  # type: ignore[union-attr]
            "MMSERVE_RATE_LIMIT": RATE_LIMIT, "MMSERVE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
            "MMSERVE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S), "MMSERVE_MAX_BODY_BYTES": str(MAX_BODY_BYTES),
            "MMSERVE_LOG_LEVEL": "info"}
-    args = ["--preset", "tiny", "--device", "cpu", "--api-workers", str(request.param), "--enable-fault-injection"]
-    with run_serve_process(args, env, ready_timeout_s=300) as served:  # three processes start on a busy machine
-        under_test = ServerUnderTest(served, request.param)
-        reader = threading.Thread(target=lambda: under_test.lines.extend(iter(served.process.stdout.readline, "")),
-                                  daemon=True)  # also keeps the pipe from filling while the server logs
-        reader.start()
+    specs = [(["--preset", "tiny", "--device", "cpu", "--api-workers", str(num), "--enable-fault-injection"], env)
+             for num in NUM_API_WORKERS]
+    with run_serve_processes(specs, ready_timeout_s=300) as started:  # three processes start on a busy machine
+        under_test = {num: ServerUnderTest(served, num) for num, served in zip(NUM_API_WORKERS, started)}
+        for each in under_test.values():
+            reader = threading.Thread(target=lambda each=each: each.lines.extend(
+                iter(each.served.process.stdout.readline, "")), daemon=True)  # keeps the pipe from filling too
+            reader.start()
         yield under_test
+
+
+@pytest.fixture(scope="module", params=NUM_API_WORKERS, ids=[f"api-workers-{num}" for num in NUM_API_WORKERS])
+def server(request: pytest.FixtureRequest, servers: dict[int, ServerUnderTest]) -> ServerUnderTest:
+    return servers[request.param]
 
 
 @pytest.fixture(scope="module")
