@@ -259,7 +259,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from server.export_command import run_export
     from server.runtime.log_output import configure_logging
     from server.settings import load_settings
 
@@ -276,6 +275,8 @@ def _export(args: argparse.Namespace) -> int:
     except ValidationError as e:
         raise settings_error(e, flags=vars(args)) from e
     configure_logging(settings.log_level, "%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from server.export_command import run_export  # imports torch: after the settings are known to be good
+
     return run_export(settings)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
 import socket
 import subprocess
@@ -86,10 +88,13 @@ def test_bad_arguments_exit_with_usage(bad):
 
 @pytest.mark.parametrize("command", ["serve", "export"])
 def test_a_missing_config_file_is_refused_naming_config_and_the_path(command: str):
-    """Not served (or exported) on defaults as if the file were empty."""
+    """Not served (or exported) on defaults as if the file were empty; refused before torch is imported, in a
+    second rather than after the model libraries' import (PYTHONPROFILEIMPORTTIME: a line per imported module)."""
     done = subprocess.run([*MMSERVE, command, "--preset", "tiny", "--config", "/nonexistent/mmserve.yaml",
                            *(("--port", str(_free_port())) if command == "serve" else ())],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    shown = [line for line in done.stderr.splitlines() if line.strip() and not line.startswith("import time:")]
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("mmserve: --config /nonexistent/mmserve.yaml: cannot read")
+    assert shown[-1].startswith("mmserve: --config /nonexistent/mmserve.yaml: cannot read")
     assert "Traceback" not in done.stderr
+    assert not re.search(r"^import time:.*\|\s*(torch|transformers|timm|open_clip)$", done.stderr, re.MULTILINE)
