@@ -101,6 +101,8 @@ def check_without_torch(settings: Settings) -> None:
     export cache's directory. Each is judged again where it is used (the loaders, ``plan_device``, the export):
     the same refusal, in the same words, from there too."""
     access_policy(settings)  # reads every key file: ApiKeyConfigError names the variable and the file
+    if settings.fusion_head is not None:  # a path of the wrong kind, named before the model's files are read
+        _check_fusion_head_path(Path(settings.fusion_head))
     if settings.model is not None:
         from models.loading.hub import resolve_model_directory
 
@@ -112,8 +114,6 @@ def check_without_torch(settings: Settings) -> None:
                                        "directory: write one with `mmserve init-model-repo DIR --preset NAME`")
         repository = Path(settings.model_repo)
         text_folder(repository, read_repository_config(repository)[1])  # model.yaml parsed, the tokenizer's folder
-    if settings.fusion_head is not None:
-        _check_fusion_head_path(Path(settings.fusion_head))
     if settings.devices is None:  # --devices: each engine's device is judged with the entry it runs on named
         refuse_on_cpu(device=settings.device, dtype=settings.dtype, decode_device=settings.decode_device)
     if settings.runtime == "onnxruntime":  # auto never refuses for the cache: it serves torch and logs why

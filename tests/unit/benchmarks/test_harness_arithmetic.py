@@ -7,8 +7,8 @@ worked out by hand, or to a property it must have.
 from __future__ import annotations
 
 import math
-import os
-import time
+import subprocess
+import sys
 
 import pytest
 
@@ -53,13 +53,34 @@ def test_other_processes_cpus_are_the_machines_busy_time_less_ours_over_the_wall
     assert CpuSpent(wall_s=10.0, server_s=3.0, ours_s=12.0, machine_s=11.9).other_cpus == 0.0
 
 
+_BURN_ON_CUE = """
+import sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+started_s = time.process_time()
+while time.process_time() - started_s < 0.3:
+    sum(range(1000))
+print("burned", flush=True)
+sys.stdin.readline()
+"""
+
+
 def test_a_process_groups_cpu_counts_what_its_processes_burned():
-    before_s = group_cpu_s(os.getpgrp())
-    started_s = time.process_time()
-    while time.process_time() - started_s < 0.3:
-        sum(range(1000))
-    assert group_cpu_s(os.getpgrp()) - before_s >= 0.25  # clock ticks are 10 ms
-    assert group_cpu_s(2**22 + 12345) == 0.0  # a group with no live process
+    # A group of its own: the test run's group also holds other workers' servers, and one of them exiting
+    # between the two readings takes its CPU out of the sum.
+    burner = subprocess.Popen([sys.executable, "-c", _BURN_ON_CUE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert burner.stdout.readline().strip() == "ready"
+        before_s = group_cpu_s(burner.pid)  # a new session's group id is its leader's pid
+        burner.stdin.write("go\n")
+        burner.stdin.flush()
+        assert burner.stdout.readline().strip() == "burned"
+        assert group_cpu_s(burner.pid) - before_s >= 0.25  # clock ticks are 10 ms
+    finally:
+        burner.stdin.close()
+        burner.wait(timeout=10)
+    assert group_cpu_s(burner.pid) == 0.0  # a group with no live process
 
 
 # -- figures from samples ---------------------------------------------------------------------------
