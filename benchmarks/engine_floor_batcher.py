@@ -113,10 +113,7 @@ def compute_thread_start(bundle: object) -> Callable[[], None]:
 
 async def handle_connection(lane: TextLane, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     corked = CorkedFrameWriter(writer)
-
-    def reply(*message: object) -> None:
-        if not corked.is_closing():
-            corked.write(message)
+    reply = corked.reply
 
     try:
         while True:

@@ -142,10 +142,7 @@ class Engine:
         calls: dict[int, asyncio.Task] = {}
 
         corked = CorkedFrameWriter(writer)
-
-        def reply(*message: object) -> None:
-            if not corked.is_closing():
-                corked.write(message)
+        reply = corked.reply  # one bound method: the fault watchers' set adds and discards this very object
 
         try:
             while True:

@@ -103,6 +103,11 @@ class CorkedFrameWriter:
             self._loop.call_soon(self.flush)
         self._pending.append(payload)
 
+    def reply(self, *message: object) -> None:
+        """``write`` the message unless the connection is closing: an answer to a peer that went away is dropped."""
+        if not self._writer.is_closing():
+            self.write(message)
+
     def flush(self) -> None:
         if not self._pending:
             return
