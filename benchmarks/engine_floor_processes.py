@@ -13,14 +13,14 @@ the batcher's from its ``batches`` call.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from server.workers.frames import encode_frame, read_frame_blocking
+from benchmarks.engine_floor_table import BATCHER, MMSERVE
+from server.workers.engine_connection import call_engine_blocking
 
 READY_TIMEOUT_S = 120.0
 
@@ -53,11 +53,7 @@ class EngineUnderTest:
 
 def call(socket_path: str, *message: object, timeout_s: float = 10.0) -> tuple:
     """One call on a short connection of its own: the answer's (kind, id, *fields)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(timeout_s)
-        connection.connect(socket_path)
-        connection.sendall(encode_frame((message[0], 0, *message[1:])))
-        return read_frame_blocking(connection)
+    return call_engine_blocking(socket_path, *message, timeout_s=timeout_s)
 
 
 def wait_ready(engine: EngineUnderTest, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -102,7 +98,7 @@ def _started(name: str, argv: list[str], environment: dict[str, str], socket_pat
 def start_mmserve_engine(run_directory: Path, text_ms: float, vision_ms: float) -> EngineUnderTest:
     socket_path = str(run_directory / "engine-0.sock")
     environment = engine_environment(run_directory, socket_path, text_ms, vision_ms)
-    return _started("mmserve engine", [sys.executable, "-m", "server.workers.engine_process"], environment,
+    return _started(MMSERVE, [sys.executable, "-m", "server.workers.engine_process"], environment,
                     socket_path, run_directory)
 
 
@@ -110,15 +106,15 @@ def start_batcher(run_directory: Path, text_ms: float, vision_ms: float) -> Engi
     socket_path = str(run_directory / "batcher.sock")
     argv = [sys.executable, "-m", "benchmarks.engine_floor_batcher", "--socket", socket_path,
             "--text-ms", str(text_ms), "--vision-ms", str(vision_ms)]
-    return _started("bare batcher", argv, dict(os.environ), socket_path, run_directory)
+    return _started(BATCHER, argv, dict(os.environ), socket_path, run_directory)
 
 
 def text_batches(engine: EngineUnderTest) -> tuple[float, float]:
     """(batches, texts) the engine's text lane has run so far."""
-    kind, _, answer = call(engine.socket_path, "batches" if engine.name == "bare batcher" else "metrics")
+    kind, _, answer = call(engine.socket_path, "batches" if engine.name == BATCHER else "metrics")
     if kind != "ok":
         raise RuntimeError(f"{engine.name} answered {kind}: {answer!r}")
-    if engine.name == "bare batcher":
+    if engine.name == BATCHER:
         return float(answer[0]), float(answer[1])
     return batch_size_sum_count(answer[0], "text")
 

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from benchmarks.harness.figures import Figure
 
-FLOOR = "HTTP floor (wrk)"
 MMSERVE = "mmserve engine"
 BATCHER = "bare batcher"
+FLOOR = "HTTP floor (wrk)"
 TARGET_X_FLOOR = 0.6  # issue #42: the engine's CPU per text at most 0.6x the floor's
-FIGURE_ROW = "engine_floor"  # benchmarks.headline has no such row yet: it is added with BENCHMARKS.md's section
+FIGURE_ROW = "engine_floor"  # benchmarks.headline's row
 
 
 @dataclass(frozen=True)

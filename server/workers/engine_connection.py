@@ -207,15 +207,21 @@ async def describe_engine(socket_path: str, timeout_s: float) -> tuple:
         writer.close()
 
 
-def clear_engine_cache(socket_path: str) -> int:
-    """``DELETE /v1/cache`` on one engine: a blocking round trip on its own short connection (an operator's
-    call, rare, well under a millisecond); the entries it removed."""
+def call_engine_blocking(socket_path: str, *message: object, timeout_s: float = 10.0) -> tuple:
+    """One call on a blocking connection of its own: the answer's ``(kind, call_id, *fields)`` (an operator's
+    call, rare; or a benchmark asking an engine it started)."""
     import socket
 
     from server.workers.frames import read_frame_blocking
 
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-        connection.settimeout(10.0)
+        connection.settimeout(timeout_s)
         connection.connect(socket_path)
-        connection.sendall(encode_frame(("clear_cache", 0)))
-        return read_frame_blocking(connection)[2]
+        connection.sendall(encode_frame((message[0], 0, *message[1:])))
+        return read_frame_blocking(connection)
+
+
+def clear_engine_cache(socket_path: str) -> int:
+    """``DELETE /v1/cache`` on one engine: a blocking round trip on its own short connection (an operator's
+    call, rare, well under a millisecond); the entries it removed."""
+    return call_engine_blocking(socket_path, "clear_cache")[2]
