@@ -35,7 +35,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -61,6 +62,7 @@ from server.state import ServerState
 from server.workers.engine_routes import ForwardToEngine
 from server.workers.engine_monitor import EngineMonitor
 from server.workers.engine_client import EngineClient, describe_engine
+from server.workers.engine_connection import EngineConnection
 from server.workers.engine_router import EngineRouter
 from server.workers.handoff import (
     RATE_BUCKETS_VARIABLE,
@@ -83,6 +85,22 @@ from server.workers.zero_shot_client import ZeroShotClient
 logger = logging.getLogger(__name__)
 
 ENGINE_CONNECT_TIMEOUT_S = 600.0  # the engine loads and warms its model meanwhile
+FIRST_STATUS_WAIT_S = 2.0  # an engine that listens answers its first status poll in milliseconds
+
+
+async def wait_for_a_serving_engine(engines: Sequence[EngineConnection], timeout_s: float) -> None:
+    """Until one engine's polled status says it serves, or ``timeout_s``.
+
+    Once the lifespan ends, this process accepts from the socket every API
+    process shares. Connected but not yet polled, an engine counts as not
+    serving, so a request taken then was answered 503 ``engine_unavailable``
+    although the engine served: at start-up, and on every restart of an API
+    process. With no engine serving by ``timeout_s`` (each starting again)
+    the process serves anyway and answers so, as before.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not any(engine.is_serving for engine in engines) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 def create_api_app(settings: Settings, socket_paths: list[str], run_directory: str,
@@ -111,6 +129,7 @@ def create_api_app(settings: Settings, socket_paths: list[str], run_directory: s
                               is_text_cache_on=settings.cache_text_bytes > 0,
                               wait_bound_s=settings.engine_wait_bound_ms / 1e3, dispatch_mode=settings.engine_dispatch)
         await client.connect(ENGINE_CONNECT_TIMEOUT_S)
+        await wait_for_a_serving_engine(client.engines, FIRST_STATUS_WAIT_S)
         tracing = build_tracing(settings, facts, process=TracedProcess("api", send_batches=client.send_batch_spans))
         marks = ReadyMarks(run_directory)
         router = EngineRouter(client, marks)
